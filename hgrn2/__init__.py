@@ -1,0 +1,3 @@
+"""hgrn2: gated linear RNNs with state expansion (HGRN2, COLM 2024) — ops, kernels, models, training."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,154 @@
+"""HGRN2 and HGRN1 recurrences as pure functions on tensors, with one dispatch point each.
+
+Backends (one file each):
+  reference — `reference.py`, the step loop; the fp64 oracle, and the torch path for decoding a few tokens
+  chunk     — `chunk.py`, chunkwise-parallel PyTorch (HGRN2) / `scan.py`, chunked scan (HGRN1); CPU and GPU
+  triton    — `triton/`, fused kernels for CUDA tensors
+
+`backend=None` picks Triton for CUDA tensors when Triton is importable, else the torch paths; pass a name to
+override. Every backend takes the same arguments and returns `(output, final_state_or_None)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from .checks import _fail, check_cu_seqlens, check_float, check_same, check_state
+from .gates import ACTIVATIONS, activate, log_forget, lower_bounds_from_logits, one_minus_forget
+from .reference import hgrn1_reference, hgrn2_reference
+
+__all__ = [
+    "hgrn2", "hgrn1", "available_backends", "hgrn2_reference", "hgrn1_reference", "activate", "log_forget",
+    "one_minus_forget", "lower_bounds_from_logits", "ACTIVATIONS",
+]
+
+HGRN2_BACKENDS = ("reference", "chunk", "triton")
+HGRN1_BACKENDS = ("reference", "scan", "triton")
+DECODE_MAX_T = 16  # at or below this many tokens the step loop beats the chunked torch path on the CPU
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None and torch.cuda.is_available()
+
+
+def available_backends() -> dict[str, list[str]]:
+    extra = ["triton"] if triton_available() else []
+    return {"hgrn2": ["reference", "chunk", *extra], "hgrn1": ["reference", "scan", *extra]}
+
+
+def _pick(backend: str | None, names: tuple[str, ...], x: torch.Tensor, fast_torch: str) -> str:
+    if backend is not None:
+        if backend not in names:
+            _fail("backend", f"one of {names} or None", repr(backend))
+        return backend
+    if x.is_cuda and triton_available():
+        return "triton"
+    return "reference" if x.shape[1] <= DECODE_MAX_T else fast_torch
+
+
+def _check_common(name, x, lower_bound, lb_shape, initial_state, state_shape, cu_seqlens):
+    B, T = x.shape[:2]
+    if T == 0:
+        _fail(name, "at least one token (T >= 1)", f"shape {tuple(x.shape)}")
+    n = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T)
+    if lower_bound is not None:
+        check_float("lower_bound", lower_bound, len(lb_shape))
+        check_state("lower_bound", lower_bound, lb_shape, x.device)
+    if initial_state is not None:
+        check_state("initial_state", initial_state, (n, *state_shape), x.device)
+
+
+def hgrn2(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
+          output_final_state=False, cu_seqlens=None, backend=None):
+    """The HGRN2 recurrence (GLA with q = o, k = 1 − f, v = i, α = f), per head:
+
+        f_t = β + (1 − β)·σ(g_t),   h_t = h_{t-1}·Diag(f_t) + i_t ⊗ (1 − f_t),   y_t = scale · h_t·o_t
+
+    Args:
+        o: [B, T, H, K] output gate (pre-activation if `o_act` is set).
+        g: [B, T, H, K] forget-gate logits.
+        i: [B, T, H, V] input (pre-activation if `i_act` is set).
+        lower_bound: [H, K] β in [0, 1), or None for β = 0.
+        scale: multiplies the output (fla's checkpoints use K ** -0.5).
+        o_act, i_act: None, "silu" or "sigmoid", applied to `o` / `i` inside the op (fused on Triton).
+        initial_state: [N, H, V, K] with N = B, or the number of packed sequences with `cu_seqlens`.
+        output_final_state: also return the state after the last token, [N, H, V, K] float32.
+        cu_seqlens: [N + 1] int offsets of packed sequences in a batch of size 1, each with its own state.
+        backend: None (auto) or one of "reference", "chunk", "triton".
+
+    Returns:
+        (y [B, T, H, V] in i's dtype, final state or None)
+    """
+    check_float("o", o, 4)
+    check_same("g", g, "o", o)
+    check_float("i", i, 4)
+    check_same("i", i, "o", o, slice(0, 3))
+    B, T, H, K = o.shape
+    _check_common("o", o, lower_bound, (H, K), initial_state, (H, i.shape[-1], K), cu_seqlens)
+    for name, act in (("o_act", o_act), ("i_act", i_act)):
+        if act not in ACTIVATIONS:
+            _fail(name, f"one of {ACTIVATIONS}", repr(act))
+    name = _pick(backend, HGRN2_BACKENDS, o, "chunk")
+    kw = dict(scale=scale, o_act=o_act, i_act=i_act, initial_state=initial_state,
+              output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    if name == "reference":
+        return hgrn2_reference(o, g, i, lower_bound, **kw)
+    if name == "chunk":
+        from .chunk import hgrn2_chunk
+        return hgrn2_chunk(o, g, i, lower_bound, **kw)
+    _require_cuda("o", o)
+    from .triton import hgrn2_triton
+    return hgrn2_triton(o, g, i, lower_bound, **kw)
+
+
+def hgrn1(i, g, lower_bound=None, *, theta=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+          backend=None):
+    """HGRN1's element-wise recurrence, h_t = f_t ⊙ e^{iθ} ⊙ h_{t-1} + (1 − f_t) ⊙ i_t, f_t = β + (1−β)σ(g_t).
+
+    Args:
+        i: [B, T, D] input; complex when `theta` is given (the complex HGRU of the HGRN paper).
+        g: [B, T, D] forget-gate logits (real).
+        lower_bound: [D] β in [0, 1), or None.
+        theta: [D] rotation angles, or None for the real recurrence.
+        initial_state: [N, D]; cu_seqlens, output_final_state, backend as in `hgrn2`.
+
+    Returns:
+        (h [B, T, D] in i's dtype, final state [N, D] or None)
+    """
+    check_float("i", i, 3)
+    check_float("g", g, 3)
+    check_same("g", g, "i", i)
+    if g.is_complex():
+        _fail("g", "real forget-gate logits", g.dtype)
+    if (theta is not None) != i.is_complex():
+        _fail("theta", "a tensor exactly when `i` is complex", f"theta={'set' if theta is not None else None}, "
+              f"i.dtype={i.dtype}")
+    D = i.shape[-1]
+    if theta is not None:
+        check_float("theta", theta, 1)
+        check_state("theta", theta, (D,), i.device)
+    _check_common("i", i, lower_bound, (D,), initial_state, (D,), cu_seqlens)
+    name = _pick(backend, HGRN1_BACKENDS, i, "scan")
+    kw = dict(theta=theta, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    if name == "reference":
+        return hgrn1_reference(i, g, lower_bound, **kw)
+    if name == "scan":
+        from .scan import hgrn1_scan
+        return hgrn1_scan(i, g, lower_bound, **kw)
+    _require_cuda("i", i)
+    from .triton import hgrn1_triton
+    return hgrn1_triton(i, g, lower_bound, **kw)
+
+
+def _require_cuda(name: str, x: torch.Tensor) -> None:
+    if not x.is_cuda and not _interpreting():
+        _fail(name, "a CUDA tensor for backend='triton' (or set TRITON_INTERPRET=1)", x.device)
+
+
+def _interpreting() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -1,0 +1,55 @@
+"""The HGRN2 forget gate with its lower bound, in log space.
+
+    f     = β + (1 − β)·σ(g)
+    log f = logaddexp(log β, log(1 − β) + logsigmoid(g))
+    1 − f = (1 − β)·σ(−g)
+
+`1 − f` is computed directly rather than as `1 − exp(log f)`, which cancels catastrophically when f → 1.
+Every torch backend goes through these two functions, so the gate is defined in exactly one place.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = (None, "silu", "sigmoid")
+
+
+def activate(x: torch.Tensor, act: str | None) -> torch.Tensor:
+    """Apply one of `ACTIVATIONS` (None is the identity)."""
+    if act is None:
+        return x
+    if act == "silu":
+        return F.silu(x)
+    if act == "sigmoid":
+        return torch.sigmoid(x)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {act!r}")
+
+
+def log_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tensor:
+    """log f for logits `g` [..., H, K] and bound `lower_bound` [H, K] (or None for β = 0)."""
+    log_sig = F.logsigmoid(g)
+    if lower_bound is None:
+        return log_sig
+    beta = lower_bound.to(log_sig.dtype)
+    # log(β) is -inf where β = 0; logaddexp handles that exactly (gives log σ(g)).
+    return torch.logaddexp(torch.log(beta), torch.log1p(-beta) + log_sig)
+
+
+def one_minus_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tensor:
+    """1 − f = (1 − β)·σ(−g), free of cancellation as f → 1."""
+    k = torch.sigmoid(-g)
+    if lower_bound is None:
+        return k
+    return (1 - lower_bound.to(k.dtype)) * k
+
+
+def lower_bounds_from_logits(gamma: torch.Tensor) -> torch.Tensor:
+    """The paper's cumax: Γ [L, D] → β [L, D], β = cumsum(softmax(Γ, 0), 0) − that of layer 0.
+
+    Layer 0 gets bound 0 and bounds rise monotonically with depth, staying below 1.
+    """
+    p = gamma.float().softmax(dim=0)
+    c = p.cumsum(dim=0)
+    return c - c[0]
