@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import time
@@ -23,6 +24,12 @@ def median_time(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
+
+
+def _step(xs, beta, K, backend, grad):
+    y, _ = hgrn2(*xs, beta, o_act="silu", scale=K**-0.5, backend=backend)
+    if grad:
+        y.sum().backward()
 
 
 def main() -> None:
@@ -44,12 +51,8 @@ def main() -> None:
         xs = [x.clone().requires_grad_(grad) for x in (o, g, i)]
         res = {}
         for backend in ("reference", "chunk"):
-            def step():
-                y, _ = hgrn2(*xs, beta, o_act="silu", scale=a.K**-0.5, backend=backend)
-                if grad:
-                    y.sum().backward()
             with torch.set_grad_enabled(grad):
-                res[backend] = median_time(step, a.reps)
+                res[backend] = median_time(functools.partial(_step, xs, beta, a.K, backend, grad), a.reps)
         rows.append({"mode": mode, **{f"{k}_s": v for k, v in res.items()}, "speedup": res["reference"] / res["chunk"]})
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or
             platform.machine(), "shape": dict(B=a.B, T=a.T, H=a.H, K=a.K, V=a.K), "date": time.strftime("%Y-%m-%d")}

@@ -93,7 +93,8 @@ def _intra(q, k, v, b):
         if i > 0:
             r = b[..., i * SUB - 1 : i * SUB, :]  # b at the end of the previous sub-block
             before = slice(0, i * SUB)
-            parts.insert(0, (qi * (bi - r).exp()) @ (k[..., before, :] * (r - b[..., before, :]).exp()).transpose(-1, -2))
+            k_before = k[..., before, :] * (r - b[..., before, :]).exp()
+            parts.insert(0, (qi * (bi - r).exp()) @ k_before.transpose(-1, -2))
         if i < CHUNK // SUB - 1:
             parts.append(qi.new_zeros(*qi.shape[:-1], CHUNK - (i + 1) * SUB))
         rows.append(torch.cat(parts, dim=-1))
