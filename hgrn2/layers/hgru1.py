@@ -15,7 +15,8 @@ class `Hgru1d`, used by OpenNLPLab/Zoology `zoology/mixers/hgrn1.py`):
     out = out_proj(LayerNorm([Re h, Im h]) ⊙ silu(gate x))
 
 Both keep a recurrent state of one vector per sequence ([B, expand·d] float32, or [B, d] complex64).
-Padded positions (attention_mask = 0) get f = 1 and zero input, so they leave the state exactly as it was.
+Padded positions (attention_mask = 0) get f = 1 and zero input (and, in the complex HGRU, no rotation), so
+they leave the state as it was, wherever they sit and whatever state comes in.
 """
 
 from __future__ import annotations
@@ -154,8 +155,18 @@ class HGRU1Complex(nn.Module):
         u = activate(self.input_proj(x), self.act)
         u = u.to(torch.promote_types(u.dtype, torch.float32)).unflatten(-1, (self.hidden_size, 2))
         i, g = mask_gates(torch.complex(u[..., 0], u[..., 1]), self.lambda_proj(x), attention_mask)
+        spin = None
+        if attention_mask is not None:
+            # f = 1 at a padded position still rotates the state by e^{iθ}. Feeding i_t·e^{iθP_t} (P_t = padded
+            # positions so far) makes the op return h_t·e^{iθP_t}, so multiplying back by e^{−iθP_t} is exact.
+            skipped = (attention_mask == 0).cumsum(1)[..., None] * self.theta.to(u.dtype)
+            spin = torch.polar(torch.ones_like(skipped), skipped)
+            i = i * spin
         h, new_state = ops.hgrn1(i, g, lower_bound, theta=self.theta, initial_state=state,
                                  output_final_state=use_cache, cu_seqlens=cu_seqlens, backend=self.backend)
+        if spin is not None:
+            h = h * spin.conj()
+            new_state = None if new_state is None else new_state * spin[:, -1].conj().to(new_state.dtype)
         feature = self.norm(torch.cat([h.real, h.imag], -1).to(x.dtype))
         return self.out_proj(feature * activate(self.gate(x), self.act)), new_state
 
