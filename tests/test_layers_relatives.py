@@ -9,7 +9,7 @@ from conftest import rel_err
 
 from hgrn2.layers.attention import Attention
 from hgrn2.layers.hgru1 import HGRU1, HGRU1Complex
-from hgrn2.layers.pese import GLTIPESE, GLTPESE, KPPESE, KRPPESE, LRPESE, NaivePESE, GroupLinear, Kronecker
+from hgrn2.layers.pese import GLTIPESE, GLTPESE, KPPESE, KRPPESE, LRPESE, GroupLinear, Kronecker, NaivePESE
 
 D = 16
 MIXERS = {
