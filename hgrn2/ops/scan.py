@@ -3,9 +3,9 @@
     h_t = a_t ⊙ h_{t-1} + u_t,   a_t = f_t·e^{iθ} (|a_t| ≤ 1),   u_t = (1 − f_t) ⊙ i_t
 
 The scan runs in float32 (float64 for float64 inputs, complex for the complex HGRU) with a square-root split
-of time: T tokens become ~√T chunks of ~√T tokens. One loop walks the positions of every chunk at once
-(keeping the running product A_t = Π a within the chunk), a second loop carries the state across chunk ends,
-and one element-wise fix-up adds A_t·carry. That is ~2√T small steps instead of T, only products of gates
+of time: T tokens become ~√T chunks of ~√T tokens. One loop walks the positions of every chunk at once from
+a zero state, a second loop carries the state across chunk ends, and one element-wise fix-up adds A_t·carry
+(A_t = Π a within the chunk, a cumulative product). That is ~2√T small steps instead of T, only products of gates
 of modulus ≤ 1 (no exponent of a positive number, so nothing overflows for any gate or length), and two
 passes over memory.
 
@@ -35,11 +35,11 @@ def _scan(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         a = torch.cat([a, a.new_ones(B, pad, D)], 1)
         u = torch.cat([u, u.new_zeros(B, pad, D)], 1)
     a, u = a.view(B, n, C, D), u.view(B, n, C, D)
-    h, A = torch.empty_like(u), torch.empty_like(a)
-    h[:, :, 0], A[:, :, 0] = u[:, :, 0], a[:, :, 0]
+    h = torch.empty_like(u)
+    h[:, :, 0] = u[:, :, 0]
     for t in range(1, C):  # all chunks in parallel, starting from a zero state
         h[:, :, t] = torch.addcmul(u[:, :, t], a[:, :, t], h[:, :, t - 1])
-        A[:, :, t] = A[:, :, t - 1] * a[:, :, t]
+    A = a.cumprod(2)  # products of moduli ≤ 1: they may underflow to 0, which is the right limit
     carry = torch.zeros_like(h[:, :, 0])  # carry[:, c] = true state just before chunk c
     for c in range(1, n):
         carry[:, c] = torch.addcmul(h[:, c - 1, -1], A[:, c - 1, -1], carry[:, c - 1])
