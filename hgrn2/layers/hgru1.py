@@ -30,7 +30,7 @@ from .. import ops
 from ..ops.gates import ACTIVATIONS, activate
 
 NORMS = ("layernorm", "rmsnorm", None)
-PAD_LOGIT = 1e4  # σ(1e4) = 1 and σ(−1e4) = 0 exactly in every float dtype: f = 1, 1 − f = 0
+PAD_LOGIT = 1e4  # σ(1e4) = 1, σ(−1e4) = 0 exactly in every float dtype: 1 − f = 0, f = 1 (to rounding with β)
 
 
 def build_norm(kind: str | None, dim: int, eps: float) -> nn.Module:
