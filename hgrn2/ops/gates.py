@@ -39,7 +39,9 @@ def log_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tenso
 
 def one_minus_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tensor:
     """1 − f = (1 − β)·σ(−g), free of cancellation as f → 1."""
-    k = torch.sigmoid(-g)
+    # exp(logsigmoid) rather than sigmoid: sigmoid's backward, σ(1 − σ), is 0 in fp32 once σ(−g) rounds to 1
+    # (g < −17), while this one keeps the derivative's relative accuracy for saturated gates.
+    k = F.logsigmoid(-g).exp()
     if lower_bound is None:
         return k
     return (1 - lower_bound.to(k.dtype)) * k
