@@ -147,3 +147,13 @@ def test_bad_input_errors():
         hgrn2(o, g, i, o_act="gelu")
     with pytest.raises(ValueError, match="`o`"):
         hgrn2(o.long(), g, i)
+
+
+def test_zero_lower_bound_has_finite_gradients():
+    o, g, i, _, _ = make(T=20, seed=6)
+    beta = torch.zeros(o.shape[2], o.shape[3], dtype=o.dtype, requires_grad=True)
+    y, _ = hgrn2(o, g, i, beta, backend="chunk")
+    y.sum().backward()
+    assert torch.isfinite(beta.grad).all()
+    yr, _ = hgrn2(o, g, i, None, backend="reference")
+    assert rel_err(y, yr) < 1e-12
