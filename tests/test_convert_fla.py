@@ -41,9 +41,10 @@ def fla_model(device="cpu", **kw):
     return m
 
 
+@pytest.mark.parametrize("short_conv", [False, True])
 @torch.no_grad()
-def test_convert_matches_fla_logits_and_greedy(tmp_path):
-    ref = fla_model()
+def test_convert_matches_fla_logits_and_greedy(tmp_path, short_conv):
+    ref = fla_model(use_short_conv=short_conv)
     ref.save_pretrained(tmp_path / "fla")
     assert cli_main(["convert-fla", str(tmp_path / "fla"), str(tmp_path / "ours")]) == 0
     ours = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").eval()
