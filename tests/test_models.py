@@ -146,3 +146,16 @@ def test_sequence_classification():
     out = m(ids, attention_mask=mask, labels=torch.tensor([0, 2]))
     alone = m(ids[1:, 2:]).logits
     assert out.logits.shape == (2, 3) and out.loss.isfinite() and rel_err(out.logits[1], alone[0]) < 1e-5
+
+
+@torch.no_grad()
+def test_packed_sequences_equal_separate():
+    m = randomised(tiny())
+    a, b = torch.randint(0, 128, (1, 5)), torch.randint(0, 128, (1, 4))
+    cu = torch.tensor([0, 5, 9])
+    packed = m(torch.cat([a, b], 1), cu_seqlens=cu).logits
+    assert rel_err(packed[:, :5], m(a).logits) < 1e-5 and rel_err(packed[:, 5:], m(b).logits) < 1e-5
+    ids = torch.cat([a, b], 1)
+    loss = m(ids, labels=ids, cu_seqlens=cu).loss
+    la, lb = m(a, labels=a).loss, m(b, labels=b).loss
+    assert rel_err(loss, (4 * la + 3 * lb) / 7) < 1e-5  # no target across the boundary

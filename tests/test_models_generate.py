@@ -103,3 +103,27 @@ def test_cache_reorder_and_repeat():
     assert torch.equal(cache[0], s.flip(0))
     cache.batch_repeat_interleave(2)
     assert cache[1].shape[0] == 4
+
+
+@torch.no_grad()
+def test_generate_from_embeddings_and_continue_with_cache():
+    m = model()
+    ids = torch.randint(1, 128, (2, 5))
+    mask = torch.ones_like(ids)
+    ref = m.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    emb = m.generate(inputs_embeds=m.get_input_embeddings()(ids), attention_mask=mask, max_new_tokens=4,
+                     do_sample=False)
+    assert torch.equal(emb, ref[:, 5:])
+    emb = m.generate(inputs_embeds=m.get_input_embeddings()(ids), max_new_tokens=4, do_sample=False)
+    assert torch.equal(emb, ref[:, 5:])
+    cache = m(ids[:, :3], use_cache=True).past_key_values  # continue from a user-supplied cache
+    cont = m.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=4, do_sample=False)
+    assert torch.equal(cont, ref)
+
+
+@torch.no_grad()
+def test_beam_search_with_cache_equals_without():
+    m = model()
+    ids = torch.randint(1, 128, (2, 5))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=4, num_beams=3, do_sample=False)
+    assert torch.equal(m.generate(ids, **kw), m.generate(ids, use_cache=False, **kw))

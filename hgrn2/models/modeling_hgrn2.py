@@ -211,8 +211,16 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
         if inputs_embeds is not None and seen == 0:
             inputs = {"inputs_embeds": inputs_embeds}
         else:
-            total = attention_mask.shape[1] if attention_mask is not None else input_ids.shape[1]
-            inputs = {"input_ids": input_ids[:, input_ids.shape[1] - (total - seen):].contiguous()}
+            # positions so far: the mask covers them all; without one, a prompt given as embeddings comes first
+            if attention_mask is not None:
+                total = attention_mask.shape[1]
+            else:
+                total = input_ids.shape[1] + (inputs_embeds.shape[1] if inputs_embeds is not None else 0)
+            new = total - seen
+            if not 1 <= new <= input_ids.shape[1]:
+                raise ValueError(f"`past_key_values`: the cache has consumed {seen} of {total} positions; "
+                                 f"cannot feed {new} new tokens from input_ids of length {input_ids.shape[1]}")
+            inputs = {"input_ids": input_ids[:, input_ids.shape[1] - new:].contiguous()}
         inputs.update(past_key_values=past_key_values, attention_mask=attention_mask, use_cache=use_cache,
                       logits_to_keep=1 if logits_to_keep is None else logits_to_keep)
         return inputs
