@@ -41,3 +41,19 @@ def test_bad_input():
         linear_cross_entropy(h, w, torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="weight"):
         linear_cross_entropy(h, torch.randn(5, 7), torch.zeros(4, dtype=torch.long))
+
+
+def test_autocast_uses_autocast_dtype_consistently():
+    h = torch.randn(10, 8, requires_grad=True)
+    w = torch.randn(13, 8, requires_grad=True)
+    labels = torch.randint(0, 13, (10,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(h, w, labels, chunk_size=3)
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    ref = linear_cross_entropy(h.bfloat16(), w.bfloat16(), labels, chunk_size=3)
+    rh, rw = torch.autograd.grad(ref, (h, w))
+    assert loss.dtype == torch.float32 and torch.equal(loss, ref)
+    assert gh.dtype == torch.float32 and torch.equal(gh, rh) and torch.equal(gw, rw)
+    # and bf16 is close to the fp32 truth
+    exact = F.cross_entropy(h @ w.t(), labels)
+    assert rel_err(loss, exact) < 2e-2

@@ -124,6 +124,8 @@ class HGRN2Model(HGRN2PreTrainedModel):
                 raise ValueError(f"`attention_mask`: expected [batch={B}, ≥{T}] 0/1 padding mask, "
                                  f"got {tuple(attention_mask.shape)}")
             attention_mask = attention_mask[:, -T:]
+            if bool(attention_mask.all()):  # one check here instead of one per layer
+                attention_mask = None
         gckpt = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         betas = lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None
         hidden_states = []

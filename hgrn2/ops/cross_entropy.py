@@ -35,6 +35,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
     if bool(bad.any()):
         raise ValueError(f"`labels`: expected values in [0, {V}) or ignore_index={ignore_index}")
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):  # as nn.Linear would under autocast: both operands in the autocast dtype
+        dt = torch.get_autocast_dtype(dev)
+        hidden, weight = hidden.to(dt), weight.to(dt)
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"`hidden`, `weight`: expected one dtype, got {hidden.dtype} and {weight.dtype}")
     if chunk_size is None:
         chunk_size = max(1, CHUNK_ELEMENTS // V)
     if chunk_size < 1:
@@ -44,6 +50,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
+    @torch.autocast("cuda", enabled=False)
+    @torch.autocast("cpu", enabled=False)
     def forward(ctx, hidden, weight, labels, ignore_index, chunk_size, reduction):
         valid = labels != ignore_index
         safe = torch.where(valid, labels, 0)
@@ -60,6 +68,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total / denom
 
     @staticmethod
+    @torch.autocast("cuda", enabled=False)
+    @torch.autocast("cpu", enabled=False)
     def backward(ctx, grad_out):
         hidden, weight, safe, valid, lse, denom = ctx.saved_tensors
         C = ctx.chunk_size
