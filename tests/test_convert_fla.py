@@ -76,6 +76,18 @@ def test_convert_bin_weights_and_tied_head(tmp_path):
     assert rel_err(loaded(ids).logits, ref(ids).logits) <= 1e-4
 
 
+@torch.no_grad()
+def test_convert_without_g_norm_weight(tmp_path):
+    ref = fla_model(elementwise_affine=False)
+    assert ref.model.layers[0].attn.g_norm.weight is None
+    ref.save_pretrained(tmp_path / "fla")
+    ours = convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
+    assert torch.equal(ours.model.layers[0].attn.g_norm.weight, torch.ones(32))
+    loaded = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").eval()
+    ids = torch.randint(0, 128, (1, 9))
+    assert rel_err(loaded(ids).logits, ref(ids).logits) <= 1e-4
+
+
 def _edit_config(path, **changes):
     cfg = json.loads((path / "config.json").read_text())
     cfg.update(changes)

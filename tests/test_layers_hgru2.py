@@ -107,6 +107,10 @@ def test_padding_errors():
     left = torch.tensor([[0, 0, 1, 1, 1], [1] * 5])
     with pytest.raises(ValueError, match="zero state"):
         m(x, state=torch.randn(2, 4, 8, 8), attention_mask=left)
+    mc = _layer(conv=True)
+    conv_state = (torch.zeros(2, 4, 8, 8), torch.randn(2, 32, 3), torch.zeros(2, 32, 3), torch.zeros(2, 32, 3))
+    with pytest.raises(ValueError, match="zero state"):
+        mc(x, state=conv_state, attention_mask=left)
 
 
 def test_bad_options():

@@ -69,7 +69,7 @@ class HGRU2(nn.Module):
         rec, convs = (state, (None,) * 3) if not isinstance(state, tuple) else (state[0], state[1:])
         q, f, i = self.q_proj(x), self.f_proj(x), self.i_proj(x)
         i_act = self.i_act
-        keep = _padding_keep(attention_mask, x, rec, cu_seqlens, use_cache)
+        keep = _padding_keep(attention_mask, x, state, cu_seqlens, use_cache)
         if keep is not None and self.use_short_conv:
             # zero the raw projections so padding looks like the conv's start-of-sequence zeros
             q, f, i = q * keep, f * keep, i * keep
@@ -95,7 +95,7 @@ class HGRU2(nn.Module):
         return out, ((new_rec, *new_convs) if self.use_short_conv else new_rec)
 
 
-def _padding_keep(mask: torch.Tensor | None, x: torch.Tensor, state: torch.Tensor | None,
+def _padding_keep(mask: torch.Tensor | None, x: torch.Tensor, state,
                   cu_seqlens: torch.Tensor | None, use_cache: bool) -> torch.Tensor | None:
     """[B, T, 1] 0/1 multiplier for the input at padded positions, or None when nothing is padded.
 
@@ -120,6 +120,7 @@ def _padding_keep(mask: torch.Tensor | None, x: torch.Tensor, state: torch.Tenso
                          "without a recurrent state in or out; other padding would change the state")
     if state is not None:
         padded = ~m[:, 0]
-        if bool(state[padded].ne(0).any()):
+        states = state if isinstance(state, tuple) else (state,)
+        if any(bool(s[padded].ne(0).any()) for s in states if s is not None):
             raise ValueError("`attention_mask`: padded rows must start from a zero state; pad only the first call")
     return m.unsqueeze(-1).to(x.dtype)
