@@ -26,4 +26,4 @@ class ShortConv(nn.Conv1d):
         prefix = xt.new_zeros(B, D, W - 1) if state is None else state.to(xt.dtype)
         xp = torch.cat([prefix, xt], dim=-1)
         y = F.conv1d(xp, self.weight, self.bias, groups=D)
-        return y.transpose(1, 2), xp[..., xp.shape[-1] - (W - 1):]
+        return y.transpose(1, 2).contiguous(), xp[..., xp.shape[-1] - (W - 1):]
