@@ -28,20 +28,9 @@ import torch.nn as nn
 
 from .. import ops
 from ..ops.gates import ACTIVATIONS, activate
+from .norm import build_norm
 
-NORMS = ("layernorm", "rmsnorm", None)
 PAD_LOGIT = 1e4  # σ(1e4) = 1, σ(−1e4) = 0 exactly in every float dtype: 1 − f = 0, f = 1 (to rounding with β)
-
-
-def build_norm(kind: str | None, dim: int, eps: float) -> nn.Module:
-    """LayerNorm, RMSNorm or identity over the last `dim` features."""
-    if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=eps)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(dim, eps=eps)
-    if kind is None:
-        return nn.Identity()
-    raise ValueError(f"`norm`: expected one of {NORMS}, got {kind!r}")
 
 
 def check_choice(name: str, value, choices) -> None:
