@@ -409,11 +409,15 @@ def run(args) -> int:
         for r in new:
             print(json.dumps({k: v for k, v in r.items() if k != "traceback"}), flush=True)
         rows += new
+        save(args.out, info, rows)  # after every row: a run killed by a time limit keeps what it measured
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    text = table(rows)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"info": info, "rows": rows, "table": text}, f, indent=1)
+    print(table(rows))
+    save(args.out, info, rows)
     return 0
+
+
+def save(path, info, rows) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"info": info, "rows": rows, "table": table(rows)}, f, indent=1)

@@ -62,14 +62,21 @@ def _store2(p, off, re, im, mask, CPLX: tl.constexpr):
 
 
 @triton.jit
-def _gates(g, lb, p_g, o_d, mask, HAS_LB: tl.constexpr):
-    """f, k = 1 − f, σ(g), σ(−g) and β for one token (β loaded per call: it stays in L1)."""
-    b_g = tl.load(g + p_g, mask=mask, other=0).to(tl.float32)
-    s_pos, s_neg = tl.sigmoid(b_g), tl.sigmoid(-b_g)
+def _bound(lb, o_d, mask, BD: tl.constexpr, HAS_LB: tl.constexpr):
+    """β for a block of channels (0 without a bound)."""
     if HAS_LB:
         beta = tl.load(lb + o_d, mask=mask, other=0).to(tl.float32)
-        return beta + (1 - beta) * s_pos, (1 - beta) * s_neg, s_pos, s_neg, beta
-    return s_pos, s_neg, s_pos, s_neg, tl.zeros_like(s_pos)
+    else:
+        beta = tl.zeros([BD], dtype=tl.float32)
+    return beta
+
+
+@triton.jit
+def _gates(g, beta, p_g, mask):
+    """f, k = 1 − f, σ(g), σ(−g) for one token."""
+    b_g = tl.load(g + p_g, mask=mask, other=0).to(tl.float32)
+    s_pos, s_neg = tl.sigmoid(b_g), tl.sigmoid(-b_g)
+    return beta + (1 - beta) * s_pos, (1 - beta) * s_neg, s_pos, s_neg
 
 
 @triton.jit
@@ -77,9 +84,9 @@ def _fwd_kernel(x, g, lb, theta, h_in, out, end, dec, cu_seqlens, T, CHUNK, NC,
                 D: tl.constexpr, BD: tl.constexpr, CPLX: tl.constexpr, HAS_LB: tl.constexpr, HAS_HIN: tl.constexpr,
                 STORE_OUT: tl.constexpr, STORE_DEC: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Scan chunk c of sequence n from h_in[n·NC + c] (or 0); write outputs and/or the end state and decay."""
-    i_d, i_j = tl.program_id(0), tl.program_id(1)
+    i_j, i_d = tl.program_id(0), tl.program_id(1)  # x: the large dimension
     i_n, i_c = i_j // NC, i_j % NC
-    _, bos, eos = _span(cu_seqlens, i_n, i_c, T, CHUNK, IS_VARLEN)
+    seq, bos, eos = _span(cu_seqlens, i_n, i_c, T, CHUNK, IS_VARLEN)
     o_d = i_d * BD + tl.arange(0, BD)
     mask = o_d < D
     p_j = i_j.to(tl.int64) * D + o_d
@@ -90,10 +97,11 @@ def _fwd_kernel(x, g, lb, theta, h_in, out, end, dec, cu_seqlens, T, CHUNK, NC,
     if CPLX == 2:
         th = tl.load(theta + o_d, mask=mask, other=0).to(tl.float32)
         cos, sin = tl.cos(th), tl.sin(th)
+    beta = _bound(lb, o_d, mask, BD, HAS_LB)
     prod = tl.full([BD], 1.0, dtype=tl.float32)
     for t in range(bos, eos):
         p_t = t * D + o_d
-        f, k, _, _, _ = _gates(g, lb, p_t, o_d, mask, HAS_LB)
+        f, k, _, _ = _gates(g, beta, p_t, mask)
         xr, xi = _load2(x, p_t, mask, CPLX)
         if CPLX == 2:
             hr, hi = f * (cos * hr - sin * hi) + k * xr, f * (cos * hi + sin * hr) + k * xi
@@ -116,7 +124,7 @@ def _fwd_kernel(x, g, lb, theta, h_in, out, end, dec, cu_seqlens, T, CHUNK, NC,
 def _carry_kernel(end, dec, init, carry, final, NC, D: tl.constexpr, BD: tl.constexpr, CPLX: tl.constexpr,
                   HAS_INIT: tl.constexpr, REVERSE: tl.constexpr):
     """Chain the chunks of sequence n: carry[c] = state entering chunk c; S ← A_c·S + E_c (conj(A_c) in reverse)."""
-    i_d, i_n = tl.program_id(0), tl.program_id(1)
+    i_n, i_d = tl.program_id(0), tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)
     mask = o_d < D
     if HAS_INIT:
@@ -124,7 +132,10 @@ def _carry_kernel(end, dec, init, carry, final, NC, D: tl.constexpr, BD: tl.cons
     else:
         sr, si = tl.zeros([BD], dtype=tl.float32), tl.zeros([BD], dtype=tl.float32)
     for cc in range(0, NC):
-        c = NC - 1 - cc if REVERSE else cc
+        if REVERSE:
+            c = NC - 1 - cc
+        else:
+            c = cc
         p_j = (i_n.to(tl.int64) * NC + c) * D + o_d
         _store2(carry, p_j, sr, si, mask, CPLX)
         ar, ai = _load2(dec, p_j, mask, CPLX)
@@ -147,7 +158,7 @@ def _bwd_kernel(x, g, lb, theta, h0, out, d_in, dout, dx, dg, dlb, dth, end, dec
     LOCAL: only the end carry and the decay (pass 1). Otherwise write dx, dg and per-program partial sums of
     dβ, dθ, and the carry leaving the chunk (the gradient of the state before it) into `end`.
     """
-    i_d, i_j = tl.program_id(0), tl.program_id(1)
+    i_j, i_d = tl.program_id(0), tl.program_id(1)  # x: the large dimension
     i_n, i_c = i_j // NC, i_j % NC
     seq, bos, eos = _span(cu_seqlens, i_n, i_c, T, CHUNK, IS_VARLEN)
     o_d = i_d * BD + tl.arange(0, BD)
@@ -163,10 +174,11 @@ def _bwd_kernel(x, g, lb, theta, h0, out, d_in, dout, dx, dg, dlb, dth, end, dec
     prod = tl.full([BD], 1.0, dtype=tl.float32)
     acc_lb = tl.zeros([BD], dtype=tl.float32)
     acc_th = tl.zeros([BD], dtype=tl.float32)
+    beta = _bound(lb, o_d, mask, BD, HAS_LB)
     for tt in range(bos, eos):
         t = bos + eos - 1 - tt
         p_t = t * D + o_d
-        f, k, s_pos, s_neg, beta = _gates(g, lb, p_t, o_d, mask, HAS_LB)
+        f, k, s_pos, s_neg = _gates(g, beta, p_t, mask)
         gr, gi = _load2(dout, p_t, mask, CPLX)
         dr, di = dr + gr, di + gi  # d = total gradient of h_t
         if LOCAL:
@@ -222,7 +234,7 @@ def _planes(z: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _layout(x: torch.Tensor, cu_seqlens, chunk: int):
-    """(N, T, D, BD, NC, CHUNK, grid over (channel blocks, N·NC)) for a launch."""
+    """(N, T, D, BD, NC, CHUNK, grid over (N·NC, channel blocks)) for a launch."""
     B, T, D = x.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     BD = min(128, max(16, triton.next_power_of_2(D)))
@@ -235,7 +247,7 @@ def _layout(x: torch.Tensor, cu_seqlens, chunk: int):
         NC = max(1, min(T // MIN_CHUNK, triton.cdiv(TARGET_PROGRAMS, N * nd)))
     CHUNK = triton.cdiv(T, NC)
     NC = triton.cdiv(T, CHUNK)
-    return N, T, D, BD, NC, CHUNK, (nd, N * NC)
+    return N, T, D, BD, NC, CHUNK, (N * NC, nd)
 
 
 def _warps(BD: int) -> int:
@@ -261,7 +273,7 @@ def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
         _fwd_kernel[grid](xs, gs, lb, theta, None, None, ends, decs, cu_seqlens, T, CHUNK, NC, HAS_HIN=False,
                           STORE_OUT=False, STORE_DEC=True, **common)
         h_in = torch.empty_like(ends)
-        _carry_kernel[(grid[0], N)](ends, decs, h0s, h_in, _planes(final), NC, D=D, BD=BD, CPLX=CPLX,
+        _carry_kernel[(N, grid[1])](ends, decs, h0s, h_in, _planes(final), NC, D=D, BD=BD, CPLX=CPLX,
                                     HAS_INIT=h0 is not None, REVERSE=False, num_warps=_warps(BD))
         end = ends  # pass 3 rewrites the chunk end states; the final state came from pass 2
     else:
@@ -286,7 +298,7 @@ def _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk):
         _bwd_kernel[grid](None, gs, lb, theta, None, None, None, douts, None, None, None, None, ends, decs,
                           cu_seqlens, T, CHUNK, NC, HAS_H0=False, HAS_DIN=False, LOCAL=True, **common)
         d_in = torch.empty_like(ends)
-        _carry_kernel[(grid[0], N)](ends, decs, dfs, d_in, _planes(dh0), NC, D=D, BD=BD, CPLX=CPLX,
+        _carry_kernel[(N, grid[1])](ends, decs, dfs, d_in, _planes(dh0), NC, D=D, BD=BD, CPLX=CPLX,
                                     HAS_INIT=dfs is not None, REVERSE=True, num_warps=_warps(BD))
         end = ends
     else:

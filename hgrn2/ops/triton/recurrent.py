@@ -6,7 +6,7 @@ for the whole loop over tokens. The gate is computed in registers from the raw l
     f = β + (1 − β)·σ(g),   1 − f = (1 − β)·σ(−g)      (both sums of positive terms: no cancellation)
     h ← h·Diag(f) + i ⊗ (1 − f),   y = scale · h·act_o(o)
 
-so neither k = 1 − f nor log f is ever written to memory. The grid is (V / BV, N·H): splitting V keeps a
+so neither k = 1 − f nor log f is ever written to memory. The grid is (N·H, V / BV): splitting V keeps a
 batch of one sequence spread over the GPU. Forward only; training goes through the chunk kernels.
 """
 
@@ -37,7 +37,7 @@ def _hgrn2_recurrent_kernel(
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)  # x: the large dimension
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -123,11 +123,11 @@ def _hgrn2_recurrent_op(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lb: t
     BK = triton.next_power_of_2(K)
     # Enough programs to fill the GPU at B = 1, fewer and larger blocks once there are many heads.
     BV = min(triton.next_power_of_2(V), 16 if N * H < 512 else 32)
-    _hgrn2_recurrent_kernel[(triton.cdiv(V, BV), N * H)](
+    _hgrn2_recurrent_kernel[(N * H, triton.cdiv(V, BV))](
         o, g, i, lb, h0, y, ht, cu_seqlens, scale, T,
         H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lb is not None,
         HAS_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=cu_seqlens is not None,
-        num_warps=4 if BV * BK <= 4096 else 8,
+        num_warps=4 if BV * BK < 4096 else 8,  # at most 16 fp32 state values per thread
     )
     return y
 
