@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU job in one call, from the repository root: GPU tests, then the ops benchmark (< 8 minutes).
-#   OUT=/some/dir bash benchmarks/gpu_suite.sh
+#   OUT=/some/dir bash benchmarks/gpu_suite.sh          (BENCH_ARGS="--quick" for a smoke run)
 # Writes $OUT/gpu_tests.log, $OUT/bench_ops.json, $OUT/bench_ops.txt; prints a short table last.
 # Installs only wheels carried in .whl/ (no internet on the GPU machine); runs the package from the checkout.
 set -uo pipefail
@@ -26,7 +26,7 @@ echo "pytest exit code $? (124 = timed out)"
 tail -n 15 "$OUT/gpu_tests.log"
 
 echo "== ops benchmark (json: $OUT/bench_ops.json)"
-timeout 300 python3 -m hgrn2.cli bench ops --budget-s 220 --out "$OUT/bench_ops.json" \
+timeout 300 python3 -m hgrn2.cli bench ops --budget-s 220 --out "$OUT/bench_ops.json" ${BENCH_ARGS:-} \
   > "$OUT/bench_ops.txt" 2>&1
 echo "bench exit code $? (124 = timed out; rows measured so far are in the json)"
 grep -iE "error|traceback" "$OUT/bench_ops.txt" | tail -n 8

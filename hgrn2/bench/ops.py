@@ -278,7 +278,7 @@ def layer_rows(ctx) -> list[dict]:
     x = torch.randn(B, T, d, device=dev, dtype=dt, requires_grad=True)
     dy = torch.randn_like(x)
     lb = torch.rand(d, device=dev) * 0.9
-    mine = HGRU2(d, layer_idx=1).to(dev, dt)
+    mine = HGRU2(d, layer_idx=1, expand_ratio=ctx["D"]).to(dev, dt)
     row["ours_ms"] = try_time(row, "ours", lambda: timer(lambda: mine(x, lower_bound=lb)[0].backward(dy),
                                                          grad_to_none=[x]))
     if fla:

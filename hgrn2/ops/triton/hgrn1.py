@@ -250,6 +250,11 @@ def _layout(x: torch.Tensor, cu_seqlens, chunk: int):
     return N, T, D, BD, NC, CHUNK, (N * NC, nd)
 
 
+def _contiguous(*ts):
+    """Contiguous tensors (outputs made with empty_like then share the kernels' row-major indexing)."""
+    return [None if t is None else t.contiguous() for t in ts]
+
+
 def _warps(BD: int) -> int:
     return max(1, BD // 64)
 
@@ -261,7 +266,8 @@ def _state_dtype(x: torch.Tensor) -> torch.dtype:
 def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
     N, T, D, BD, NC, CHUNK, grid = _layout(x, cu_seqlens, chunk)
     CPLX = 2 if x.is_complex() else 1
-    xs, gs, h0s = _planes(x), g.contiguous(), _planes(h0)
+    x, g, lb, theta = _contiguous(x, g, lb, theta)
+    xs, h0s = _planes(x), _planes(h0)
     out = torch.empty_like(x)
     final = x.new_empty(N, D, dtype=_state_dtype(x))
     common = dict(D=D, BD=BD, CPLX=CPLX, HAS_LB=lb is not None, IS_VARLEN=cu_seqlens is not None,
@@ -270,7 +276,7 @@ def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
     if NC > 1:  # passes 1 and 2: the state entering every chunk
         ends = x.new_empty(N * NC, D, CPLX, dtype=torch.float32)
         decs = torch.empty_like(ends)
-        _fwd_kernel[grid](xs, gs, lb, theta, None, None, ends, decs, cu_seqlens, T, CHUNK, NC, HAS_HIN=False,
+        _fwd_kernel[grid](xs, g, lb, theta, None, None, ends, decs, cu_seqlens, T, CHUNK, NC, HAS_HIN=False,
                           STORE_OUT=False, STORE_DEC=True, **common)
         h_in = torch.empty_like(ends)
         _carry_kernel[(N, grid[1])](ends, decs, h0s, h_in, _planes(final), NC, D=D, BD=BD, CPLX=CPLX,
@@ -278,7 +284,7 @@ def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
         end = ends  # pass 3 rewrites the chunk end states; the final state came from pass 2
     else:
         end = _planes(final)
-    _fwd_kernel[grid](xs, gs, lb, theta, h_in, _planes(out), end, None, cu_seqlens, T, CHUNK, NC,
+    _fwd_kernel[grid](xs, g, lb, theta, h_in, _planes(out), end, None, cu_seqlens, T, CHUNK, NC,
                       HAS_HIN=h_in is not None, STORE_OUT=True, STORE_DEC=False, **common)
     return out, (final if want_final else final.new_empty(0))
 
@@ -286,7 +292,8 @@ def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
 def _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk):
     N, T, D, BD, NC, CHUNK, grid = _layout(x, cu_seqlens, chunk)
     CPLX = 2 if x.is_complex() else 1
-    xs, gs, h0s, douts = _planes(x), g.contiguous(), _planes(h0), _planes(dout)
+    x, g, lb, theta = _contiguous(x, g, lb, theta)
+    xs, h0s, douts = _planes(x), _planes(h0), _planes(dout)
     dfs = _planes(dfinal)
     common = dict(D=D, BD=BD, CPLX=CPLX, HAS_LB=lb is not None, IS_VARLEN=cu_seqlens is not None,
                   num_warps=_warps(BD))
@@ -295,7 +302,7 @@ def _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk):
     if NC > 1:
         ends = x.new_empty(N * NC, D, CPLX, dtype=torch.float32)
         decs = torch.empty_like(ends)
-        _bwd_kernel[grid](None, gs, lb, theta, None, None, None, douts, None, None, None, None, ends, decs,
+        _bwd_kernel[grid](None, g, lb, theta, None, None, None, douts, None, None, None, None, ends, decs,
                           cu_seqlens, T, CHUNK, NC, HAS_H0=False, HAS_DIN=False, LOCAL=True, **common)
         d_in = torch.empty_like(ends)
         _carry_kernel[(N, grid[1])](ends, decs, dfs, d_in, _planes(dh0), NC, D=D, BD=BD, CPLX=CPLX,
@@ -306,7 +313,7 @@ def _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk):
     dx, dg = torch.empty_like(x), torch.empty_like(g)
     part_lb = None if lb is None else x.new_empty(N * NC, D, dtype=torch.float32)
     part_th = None if theta is None else x.new_empty(N * NC, D, dtype=torch.float32)
-    _bwd_kernel[grid](xs, gs, lb, theta, h0s, _planes(out), d_in, douts, _planes(dx), dg, part_lb, part_th, end,
+    _bwd_kernel[grid](xs, g, lb, theta, h0s, _planes(out), d_in, douts, _planes(dx), dg, part_lb, part_th, end,
                       None, cu_seqlens, T, CHUNK, NC, HAS_H0=h0 is not None, HAS_DIN=d_in is not None, LOCAL=False,
                       **common)
     # custom ops may not return one tensor twice: a fresh empty tensor for each absent gradient

@@ -103,16 +103,15 @@ def hgrn2_recurrent_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, 
     ht = None
     if output_final_state:
         ht = final_state_out if final_state_out is not None else o.new_empty(N, H, V, K, dtype=torch.float32)
-    y = _hgrn2_recurrent_op(o, g, i, lower_bound, initial_state, ht, cu_seqlens, float(scale), ACT_CODES[o_act],
-                            ACT_CODES[i_act])
+    args = (o, g, i, lower_bound, initial_state, ht, cu_seqlens, float(scale), ACT_CODES[o_act], ACT_CODES[i_act])
+    # The custom op is what torch.compile sees; eagerly, launching directly saves its dispatch overhead, which
+    # is larger than the whole kernel for a small decode step.
+    y = _hgrn2_recurrent_op(*args) if torch.compiler.is_compiling() else _launch(*args)
     return y, ht
 
 
-@torch.library.custom_op("hgrn2::hgrn2_recurrent", mutates_args=("ht",))
-def _hgrn2_recurrent_op(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lb: torch.Tensor | None,
-                        h0: torch.Tensor | None, ht: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                        scale: float, o_act: int, i_act: int) -> torch.Tensor:
-    """y [B, T, H, V]; writes the final state into `ht` when given (an opaque op under torch.compile)."""
+def _launch(o, g, i, lb, h0, ht, cu_seqlens, scale: float, o_act: int, i_act: int) -> torch.Tensor:
+    """y [B, T, H, V]; writes the final state into `ht` when given."""
     B, T, H, K = o.shape
     V = i.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -130,6 +129,14 @@ def _hgrn2_recurrent_op(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lb: t
         num_warps=4 if BV * BK < 4096 else 8,  # at most 16 fp32 state values per thread
     )
     return y
+
+
+@torch.library.custom_op("hgrn2::hgrn2_recurrent", mutates_args=("ht",))
+def _hgrn2_recurrent_op(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lb: torch.Tensor | None,
+                        h0: torch.Tensor | None, ht: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+                        scale: float, o_act: int, i_act: int) -> torch.Tensor:
+    """`_launch` as an opaque op for torch.compile."""
+    return _launch(o, g, i, lb, h0, ht, cu_seqlens, scale, o_act, i_act)
 
 
 @_hgrn2_recurrent_op.register_fake
