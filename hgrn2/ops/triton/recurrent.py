@@ -120,13 +120,13 @@ def _launch(o, g, i, lb, h0, ht, cu_seqlens, scale: float, o_act: int, i_act: in
     lb = None if lb is None else lb.contiguous()
     y = torch.empty_like(i)
     BK = triton.next_power_of_2(K)
-    # Enough programs to fill the GPU at B = 1, fewer and larger blocks once there are many heads.
-    BV = min(triton.next_power_of_2(V), 16 if N * H < 512 else 32)
+    # Enough programs to fill the GPU at B = 1 (16 heads → 256 programs), larger blocks once there are many heads.
+    BV = min(triton.next_power_of_2(V), 8 if N * H < 64 else 16 if N * H < 512 else 32)
     _hgrn2_recurrent_kernel[(N * H, triton.cdiv(V, BV))](
         o, g, i, lb, h0, y, ht, cu_seqlens, scale, T,
         H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lb is not None,
         HAS_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=cu_seqlens is not None,
-        num_warps=4 if BV * BK < 4096 else 8,  # at most 16 fp32 state values per thread
+        num_warps=max(1, min(8, BV * BK // 512)),  # about 16 fp32 state values per thread
     )
     return y
 
