@@ -208,3 +208,13 @@ def test_non_contiguous_inputs(complex_):
     assert not x.is_contiguous() and not g.is_contiguous()
     ours, ref = run_both(x, g, lb, theta, h0, chunk_size=4)
     assert_close(ours, ref, 1e-4)
+
+
+def test_real_initial_state_for_complex_input():
+    x, g, lb, theta, _ = inputs(2, 5, 8, complex_=True)
+    h0 = torch.randn(2, 8, device=DEV, requires_grad=True)
+    ours, ref = run_both(x, g, lb, theta, h0)
+    assert ours[-1].dtype == torch.float32
+    assert_close(ours, ref, 1e-4)
+    with pytest.raises(ValueError, match="initial_state"):
+        hgrn1_triton(x.real.detach(), g, lb, initial_state=h0.detach().to(torch.complex64))

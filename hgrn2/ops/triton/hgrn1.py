@@ -384,6 +384,10 @@ def hgrn1_triton(i, g, lower_bound=None, *, theta=None, initial_state=None, outp
     float64 / complex128 for double inputs) or None. `chunk_size` forces the time-chunk length of the
     three-pass scan (None: chosen from the shape so that the GPU fills).
     """
+    if initial_state is not None and initial_state.is_complex() != i.is_complex():
+        if not i.is_complex():
+            raise ValueError(f"`initial_state`: expected a real tensor for real `i`, got {initial_state.dtype}")
+        initial_state = initial_state.to(i.dtype)  # a real start for the complex recurrence (differentiable)
     h, final = _hgrn1_fwd_op(i, g, lower_bound, theta, initial_state, cu_seqlens, bool(output_final_state),
                              int(chunk_size or 0))
     return h, (final if output_final_state else None)
