@@ -20,13 +20,13 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 python3 -c "import fla; print('fla', getattr(fla, '__version__', '?'))" 2>&1 | tail -1
 
 echo "== GPU tests (log: $OUT/gpu_tests.log)"
-timeout 200 python3 -m pytest -q tests --maxfail=5 -k "triton or gpu or cuda" -p no:cacheprovider \
+timeout 180 python3 -m pytest -q tests --maxfail=5 -k "triton or gpu or cuda" -p no:cacheprovider \
   > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit code $? (124 = timed out)"
 tail -n 15 "$OUT/gpu_tests.log"
 
 echo "== ops benchmark (json: $OUT/bench_ops.json)"
-timeout 300 python3 -m hgrn2.cli bench ops --budget-s 220 --out "$OUT/bench_ops.json" ${BENCH_ARGS:-} \
+timeout 270 python3 -m hgrn2.cli bench ops --budget-s 200 --out "$OUT/bench_ops.json" ${BENCH_ARGS:-} \
   > "$OUT/bench_ops.txt" 2>&1
 echo "bench exit code $? (124 = timed out; rows measured so far are in the json)"
 grep -iE "error|traceback" "$OUT/bench_ops.txt" | tail -n 8
