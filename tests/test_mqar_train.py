@@ -33,6 +33,11 @@ class ShiftedKeyAttention(nn.Module):
         return self.out_proj(y), None
 
 
+class Broken(ShiftedKeyAttention):
+    def forward(self, x, **kwargs):
+        raise RuntimeError("broken mixer")
+
+
 def tiny_spec(**kw):
     base = dict(mixer=STAND_IN, d_model=32, seq_len=16, kv_pairs=2, lr=3e-3, batch_size=32, epochs=12,
                 train_examples=512, test_examples=128, vocab_size=64)
@@ -137,6 +142,13 @@ def test_cli_concurrent_workers(tmp_path):
     assert _cli(tmp_path, "--lrs", "1e-3,3e-3", "--concurrent", "2") == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert len(results) == 2 and all(r["complete"] for r in results)
+
+
+def test_cli_reports_failing_runs(tmp_path, capsys):
+    assert _cli(tmp_path, "--mixers", STAND_IN, "test_mqar_train:Broken") == 1
+    out = capsys.readouterr().out
+    assert "broken mixer" in out and "1 run(s) failed" in out
+    assert len(json.loads((tmp_path / "out" / "results.json").read_text())) == 1
 
 
 def test_table_takes_max_over_lrs():

@@ -26,6 +26,7 @@ import os
 import re
 import tempfile
 import time
+import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -183,12 +184,18 @@ def _read_result(path: Path) -> dict | None:
         return None
 
 
-def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: float | None, threads: int) -> dict:
-    """Worker entry point: train one run (unless the budget is spent) and save its result."""
-    torch.set_num_threads(threads)
+def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: float | None, threads: int | None,
+                  progress: bool = False) -> dict:
+    """Train one run (unless the budget is spent) and save its result. A failing run is reported, not raised,
+    so that one bad setting does not end the sweep."""
+    if threads:
+        torch.set_num_threads(threads)
     if deadline is not None and time.time() > deadline:
         return dict(run_id=spec.run_id, spec=asdict(spec), not_run=True)
-    result = train_run(spec, device, data_dir, deadline)
+    try:
+        result = train_run(spec, device, data_dir, deadline, progress)
+    except Exception:
+        return dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
     _write_json(out / "runs" / f"{spec.run_id}.json", result)
     return result
 
@@ -210,16 +217,15 @@ def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
 
 def _summary_line(r: dict) -> str:
     s = r["spec"]
-    if r.get("not_run"):
-        return f"{r['run_id']}: not run (budget spent)"
     flags = "".join(f" [{k}]" for k in ("early_stopped", "diverged") if r[k]) + ("" if r["complete"] else " [cut]")
     return (f"{s['mixer']} d={s['d_model']} L={s['seq_len']} lr={s['lr']:g}: acc {r['final_accuracy']:.4f} "
             f"after {r['epochs_run']} epochs, {r['seconds']:.0f}s ({r['steps_per_second']:.0f} steps/s){flags}")
 
 
 def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data_dir=None,
-          max_minutes: float | None = None) -> list[dict]:
-    """Run (or resume) the sweep; returns the results of every run in `runs` (finished before or now)."""
+          max_minutes: float | None = None) -> tuple[list[dict], int]:
+    """Run (or resume) the sweep; returns the results of the runs in `runs` (finished before or now) and the
+    number of runs that failed."""
     deadline = time.time() + 60 * max_minutes if max_minutes else None
     done = {r.run_id: res for r in runs if (res := _read_result(out / "runs" / f"{r.run_id}.json"))}
     todo = [r for r in runs if not done.get(r.run_id, {}).get("complete")]
@@ -228,32 +234,42 @@ def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data
     print(f"MQAR: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to train on {device}"
           + (f" ({concurrent} at a time)" if concurrent > 1 else "") + f"; results in {out}")
     if not todo:
-        return [done[r.run_id] for r in runs]
+        return [done[r.run_id] for r in runs], 0
     _prepare_data(todo, data_dir, workers=min(os.cpu_count() or 1, 8))
     devices = _devices(device)
     threads = max(1, (os.cpu_count() or 1) // max(concurrent, 1))
     bar = tqdm(total=len(todo), desc="MQAR runs")
+    errors = 0
+
+    def report(result: dict) -> None:
+        nonlocal errors
+        if "error" in result:
+            errors += 1
+            # the whole traceback once; after that, its last line
+            tqdm.write(f"{result['run_id']} failed:\n" + (result["error"] if errors == 1 else
+                                                            result["error"].strip().splitlines()[-1]))
+        elif not result.get("not_run"):
+            done[result["run_id"]] = result
+            tqdm.write(_summary_line(result))
+        bar.update()
+
     if concurrent <= 1:
         for i, spec in enumerate(todo):
-            if deadline is not None and time.time() > deadline:
-                break
-            result = train_run(spec, devices[i % len(devices)], data_dir, deadline, progress=True)
-            _write_json(out / "runs" / f"{spec.run_id}.json", result)
-            done[spec.run_id] = result
-            bar.update()
-            tqdm.write(_summary_line(result))
+            report(_run_and_save(spec, devices[i % len(devices)], data_dir, out, deadline, None, progress=True))
     else:
         with ProcessPoolExecutor(concurrent, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_run_and_save, spec, devices[i % len(devices)], data_dir, out, deadline, threads)
-                       for i, spec in enumerate(todo)]
+            futures = {pool.submit(_run_and_save, spec, devices[i % len(devices)], data_dir, out, deadline,
+                                   threads): spec for i, spec in enumerate(todo)}
             for f in as_completed(futures):
-                result = f.result()
-                if not result.get("not_run"):
-                    done[result["run_id"]] = result
-                bar.update()
-                tqdm.write(_summary_line(result))
+                try:
+                    report(f.result())
+                except Exception:  # a worker died (out of memory, a crash in a kernel)
+                    spec = futures[f]
+                    report(dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc()))
     bar.close()
-    return [done[r.run_id] for r in runs if r.run_id in done]
+    if errors:
+        print(f"{errors} run(s) failed; their results are missing from the table")
+    return [done[r.run_id] for r in runs if r.run_id in done], errors
 
 
 def _devices(device: str) -> list[str]:
@@ -425,7 +441,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     device = args.device or best_device()
     concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
-    results = sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"])
+    results, errors = sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"])
     text = table(results, grid["mixers"], grid["dims"], grid["seq_lens"])
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
@@ -437,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
     missing = len(runs) - sum(1 for r in results if r["complete"])
     if missing:
         print(f"{missing} of {len(runs)} runs are not complete: run the same command again to continue")
-    return 0
+    return 1 if errors else 0
 
 
 __all__ = ["RunSpec", "train_run", "evaluate", "sweep", "table", "plot", "build_runs", "add_arguments", "run"]
