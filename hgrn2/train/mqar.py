@@ -27,7 +27,7 @@ import re
 import tempfile
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -105,11 +105,12 @@ def evaluate(model: ZoologyLM, inputs, positions, targets, batch_size: int) -> t
 
 
 def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str | Path | None = None,
-              deadline: float | None = None, progress: bool = False) -> dict:
+              deadline: float | None = None, on_epoch=None) -> dict:
     """Train and test one run; returns its result (spec, final/best accuracy, per-epoch history, timing).
 
     `deadline` (a `time.time()` value) cuts the run after the step that passes it: the result then has
     complete=False. A run whose training loss turns non-finite stops (diverged=True, complete=True).
+    `on_epoch(record)` is called after every epoch with that epoch's record (for progress bars).
     """
     dev = torch.device(device)
     torch.manual_seed(spec.seed)
@@ -127,8 +128,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     n, bs = len(inputs), spec.batch_size
     history, steps, cut, diverged, early = [], 0, False, False, False
     start = time.time()
-    bar = tqdm(range(spec.epochs), desc=spec.run_id, leave=False, disable=not progress)
-    for epoch in bar:
+    for epoch in range(spec.epochs):
         model.train()
         loss_sum = torch.zeros((), device=dev)
         for s in range(0, n, bs):
@@ -147,7 +147,8 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
         acc, test_loss = evaluate(model, *test, bs)
         history.append(dict(epoch=epoch, lr=sched.get_last_lr()[0], train_loss=train_loss, test_loss=test_loss,
                             accuracy=acc, seconds=round(time.time() - start, 2)))
-        bar.set_postfix(acc=f"{acc:.3f}", loss=f"{train_loss:.3f}")
+        if on_epoch is not None:
+            on_epoch(history[-1])
         diverged = not math.isfinite(train_loss)
         early = acc > spec.early_stop_accuracy
         if cut or diverged or early:
@@ -185,15 +186,16 @@ def _read_result(path: Path) -> dict | None:
 
 
 def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: float | None, threads: int | None,
-                  progress: bool = False) -> dict:
+                  events=None) -> dict:
     """Train one run (unless the budget is spent) and save its result. A failing run is reported, not raised,
-    so that one bad setting does not end the sweep."""
+    so that one bad setting does not end the sweep. `events`: a queue (or callable) told of every epoch."""
     if threads:
         torch.set_num_threads(threads)
     if deadline is not None and time.time() > deadline:
         return dict(run_id=spec.run_id, spec=asdict(spec), not_run=True)
     try:
-        result = train_run(spec, device, data_dir, deadline, progress)
+        on_epoch = events if callable(events) or events is None else (lambda rec: events.put(spec.run_id))
+        result = train_run(spec, device, data_dir, deadline, on_epoch)
     except Exception:
         return dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
     _write_json(out / "runs" / f"{spec.run_id}.json", result)
@@ -238,11 +240,17 @@ def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data
     _prepare_data(todo, data_dir, workers=min(os.cpu_count() or 1, 8))
     devices = _devices(device)
     threads = max(1, (os.cpu_count() or 1) // max(concurrent, 1))
-    bar = tqdm(total=len(todo), desc="MQAR runs")
-    errors = 0
+    # one bar over all epochs of all runs; a run that stops early (or is cut) counts its remaining epochs
+    bar = tqdm(total=sum(r.epochs for r in todo), desc="MQAR epochs", unit="ep")
+    seen = dict.fromkeys((r.run_id for r in todo), 0)
+    errors, finished = 0, 0
 
-    def report(result: dict) -> None:
-        nonlocal errors
+    def advance(run_id: str) -> None:
+        seen[run_id] += 1
+        bar.update()
+
+    def report(spec: RunSpec, result: dict) -> None:
+        nonlocal errors, finished
         if "error" in result:
             errors += 1
             # the whole traceback once; after that, its last line
@@ -251,21 +259,33 @@ def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data
         elif not result.get("not_run"):
             done[result["run_id"]] = result
             tqdm.write(_summary_line(result))
-        bar.update()
+        finished += 1
+        bar.update(max(0, spec.epochs - seen[spec.run_id]))
+        bar.set_postfix(runs=f"{finished}/{len(todo)}")
 
     if concurrent <= 1:
         for i, spec in enumerate(todo):
-            report(_run_and_save(spec, devices[i % len(devices)], data_dir, out, deadline, None, progress=True))
+            result = _run_and_save(spec, devices[i % len(devices)], data_dir, out, deadline, None,
+                                   lambda rec, rid=spec.run_id: advance(rid))
+            report(spec, result)
     else:
-        with ProcessPoolExecutor(concurrent, mp_context=get_context("spawn")) as pool:
+        ctx = get_context("spawn")
+        with ctx.Manager() as manager, ProcessPoolExecutor(concurrent, mp_context=ctx) as pool:
+            events = manager.Queue()
             futures = {pool.submit(_run_and_save, spec, devices[i % len(devices)], data_dir, out, deadline,
-                                   threads): spec for i, spec in enumerate(todo)}
-            for f in as_completed(futures):
-                try:
-                    report(f.result())
-                except Exception:  # a worker died (out of memory, a crash in a kernel)
+                                   threads, events): spec for i, spec in enumerate(todo)}
+            pending = set(futures)
+            while pending:
+                ready, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                while not events.empty():  # every epoch a worker reported before its result arrived
+                    advance(events.get())
+                for f in ready:
                     spec = futures[f]
-                    report(dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc()))
+                    try:
+                        result = f.result()
+                    except Exception:  # a worker died (out of memory, a crash in a kernel)
+                        result = dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
+                    report(spec, result)
     bar.close()
     if errors:
         print(f"{errors} run(s) failed; their results are missing from the table")
@@ -299,7 +319,8 @@ def table(results: list[dict], mixers, dims, seq_lens) -> str:
     best = best_over_lrs(results)
     kv = {r["spec"]["seq_len"]: r["spec"]["kv_pairs"] for r in results}
     titles = [f"L={L} kv={kv.get(L, '?')}" for L in seq_lens]
-    head = f"{'mixer':<16}{'d':>5}" + "".join(f"{t:>15}" for t in titles)
+    w = max([16, *(len(m) + 2 for m in mixers)])
+    head = f"{'mixer':<{w}}{'d':>5}" + "".join(f"{t:>15}" for t in titles)
     lines = ["MQAR test accuracy (max over learning rates of the final accuracy; * = cut by the budget)", head]
     for m in mixers:
         for d in dims:
@@ -307,7 +328,7 @@ def table(results: list[dict], mixers, dims, seq_lens) -> str:
             for L in seq_lens:
                 r = best.get((m, d, L))
                 cells.append("-" if r is None else f"{r['final_accuracy']:.3f}" + ("" if r["complete"] else "*"))
-            lines.append(f"{m:<16}{d:>5}" + "".join(f"{c:>15}" for c in cells))
+            lines.append(f"{m:<{w}}{d:>5}" + "".join(f"{c:>15}" for c in cells))
     return "\n".join(lines)
 
 
@@ -373,7 +394,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrent", type=int,
                    help="runs trained at once in worker processes sharing the device (default: 8 on CUDA, else 1)")
     p.add_argument("--max-minutes", type=float,
-                   help="stop the sweep after this many minutes (quick: 8); cut runs are marked, resumed later")
+                   help="stop the sweep after this many minutes (quick: 7); cut runs are marked, resumed later")
     p.add_argument("--list", action="store_true", help="print the runs of the sweep and exit")
 
 
