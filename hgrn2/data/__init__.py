@@ -1,0 +1,1 @@
+"""Data: synthetic tasks (MQAR) and text corpora. Import the submodules directly."""

@@ -1,0 +1,1 @@
+"""Training loops and sweeps. Import the submodules directly."""
