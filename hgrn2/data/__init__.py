@@ -1,0 +1,1 @@
+"""Text corpora: tokenise (prepare), pack into fixed-length sequences, load (packed)."""

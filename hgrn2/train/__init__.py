@@ -1,0 +1,1 @@
+"""Language-model training: config, trainer loop, optimisers and schedules, checkpoints, distributed."""
