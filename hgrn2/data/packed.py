@@ -91,9 +91,12 @@ class StepSampler(Sampler):
 
 
 def train_loader(dataset: PackedDataset, sampler: StepSampler, num_workers: int = 0) -> DataLoader:
-    """Batches of input ids [b, T] in the sampler's order (DataLoader keeps batch order with any worker count)."""
+    """Batches of input ids [b, T] in the sampler's order (DataLoader keeps batch order with any worker count).
+
+    The loader gets its own generator: creating an iterator then leaves the global RNG (dropout, resume) untouched.
+    """
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=torch.cuda.is_available(),
-                      persistent_workers=False)
+                      generator=torch.Generator().manual_seed(0))
 
 
 def eval_batches(dataset: PackedDataset, micro_batch: int, rank: int, world: int, max_sequences: int | None = None):

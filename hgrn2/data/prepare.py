@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -50,18 +51,26 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    meta = prepare(
+    try:
+        meta = _run(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"hgrn2 data prepare: error: {e}", file=sys.stderr)
+        return 2
+    s = meta["splits"]
+    print(f"wrote {args.out}: train {s['train']['tokens']:,} tokens ({s['train']['documents']:,} docs), "
+          f"val {s['val']['tokens']:,} tokens ({s['val']['documents']:,} docs), vocab {meta['vocab_size']}, "
+          f"{meta['dtype']}")
+    return 0
+
+
+def _run(args) -> dict:
+    return prepare(
         inputs=args.inputs, out=args.out, tokenizer=args.tokenizer, train_tokenizer=args.train_tokenizer,
         val_inputs=args.val_inputs, dataset=args.dataset, dataset_config=args.dataset_config, split=args.split,
         val_split=args.val_split, text_field=args.text_field, sample_by=args.sample_by, eos=args.eos,
         add_eos=not args.no_eos, val_fraction=args.val_fraction, batch_docs=args.batch_docs,
         overwrite=args.overwrite,
     )
-    s = meta["splits"]
-    print(f"wrote {args.out}: train {s['train']['tokens']:,} tokens ({s['train']['documents']:,} docs), "
-          f"val {s['val']['tokens']:,} tokens ({s['val']['documents']:,} docs), vocab {meta['vocab_size']}, "
-          f"{meta['dtype']}")
-    return 0
 
 
 def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inputs=None, dataset=None,
