@@ -268,8 +268,25 @@ def _atomic_json(path: str, obj) -> None:
     os.replace(path + ".tmp", path)
 
 
-def copy_tokenizer(prepared_dir: str, dest: str) -> None:
-    """Copy a prepared corpus' tokenizer.json next to a saved model (so the model directory decodes on its own)."""
-    src = os.path.join(prepared_dir, "tokenizer.json")
-    if os.path.isfile(src):
-        shutil.copy(src, os.path.join(dest, "tokenizer.json"))
+def write_corpus(out: str, splits: dict, vocab_size: int, eos_id: int | None = None) -> dict:
+    """Write already-tokenised splits ({"train": ids, "val": ids}, 1-D integer arrays) in the prepared format
+    (synthetic data, tests, or corpora tokenised elsewhere). Returns the metadata."""
+    dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
+    os.makedirs(out, exist_ok=True)
+    counts = {}
+    for name, ids in splits.items():
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= vocab_size)):
+            raise ValueError(f"split {name!r}: expected 1-D ids in [0, {vocab_size}), got shape {ids.shape}")
+        _atomic_write_array(os.path.join(out, f"{name}.bin"), ids.astype(dtype))
+        counts[name] = {"file": f"{name}.bin", "tokens": int(ids.size), "documents": None}
+    meta = {"format": FORMAT, "dtype": np.dtype(dtype).name, "vocab_size": vocab_size, "eos_id": eos_id,
+            "tokenizer": None, "splits": counts, "sources": "write_corpus"}
+    _atomic_json(os.path.join(out, "meta.json"), meta)
+    return meta
+
+
+def _atomic_write_array(path: str, arr: np.ndarray) -> None:
+    with open(path + ".tmp", "wb") as f:
+        arr.tofile(f)
+    os.replace(path + ".tmp", path)

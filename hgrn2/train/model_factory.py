@@ -11,8 +11,10 @@ from .config import unknown_key_error
 
 def config_class(arch: str):
     if arch == "hgrn2":
-        from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
-
+        try:
+            from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
+        except ImportError as e:
+            raise ValueError(f"arch=hgrn2 needs hgrn2.models ({e}); arch=llama trains the baseline") from e
         return HGRN2Config, HGRN2ForCausalLM
     if arch == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM

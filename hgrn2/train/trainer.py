@@ -33,7 +33,8 @@ class Trainer:
         self.accum = cfg.grad_accum(self.d.world)
         meta = read_meta(cfg.data)
         self.train_set = PackedDataset(cfg.data, "train", cfg.seq_len)
-        self.val_set = PackedDataset(cfg.data, "val", cfg.seq_len) if meta["splits"]["val"]["tokens"] else None
+        has_val = meta["splits"].get("val", {}).get("tokens", 0) > 0
+        self.val_set = PackedDataset(cfg.data, "val", cfg.seq_len) if has_val else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = build_model(cfg.arch, cfg.model, meta["vocab_size"], cfg.init_from)
         self.n_params = sum(p.numel() for p in model.parameters())
