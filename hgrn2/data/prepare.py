@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 
