@@ -55,7 +55,7 @@ def test_overrides_typed_and_checked():
 def test_model_key_typo():
     from hgrn2.train.model_factory import model_config
 
-    with pytest.raises(ValueError, match=r"unknown model \(LlamaConfig\) key 'hiden_size' \(did you mean 'hidden_size'"):
+    with pytest.raises(ValueError, match=r"model \(LlamaConfig\) key 'hiden_size' \(did you mean 'hidden_size'"):
         model_config("llama", {"hiden_size": 8}, 100)
     with pytest.raises(ValueError, match="smaller than the tokenizer's vocabulary"):
         model_config("llama", {"vocab_size": 50}, 100)
