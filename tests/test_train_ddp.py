@@ -5,6 +5,7 @@ import os
 import shutil
 
 import pytest
+import torch
 from test_train_helpers import base_overrides, losses, make_corpus, run_train
 
 STEPS = 12
@@ -51,3 +52,15 @@ def test_two_ranks_match_one_process_with_accumulation(reference, parallel):
     assert "resumed from step 8" in p.stdout
     _close(losses(out), ref)
     assert os.path.isfile(os.path.join(out, "final", "model.safetensors"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_gpus_match_one_gpu_with_accumulation(tmp_path, parallel):
+    """NCCL version of the test above (fp32: TF32 is off by default, so only reduction order differs)."""
+    data = make_corpus(tmp_path / "data")
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    run_train(base_overrides(data, one, dropout=0.0, max_steps=STEPS, device="cuda"))
+    run_train(base_overrides(data, two, dropout=0.0, max_steps=STEPS, device="cuda", parallel=parallel), nproc=2)
+    _close(losses(two), losses(one), tol=1e-4)

@@ -42,7 +42,7 @@ def base_overrides(data, out_dir, dropout=0.1, **kw) -> list[str]:
     settings = {"data": data, "out_dir": out_dir, "seq_len": 32, "batch_size": 8, "micro_batch_size": 4,
                 "max_steps": 24, "warmup_steps": 4, "lr": 3e-3, "schedule": "cosine", "precision": "fp32",
                 "log_every": 1, "eval_every": 8, "eval_sequences": 8, "save_every": 4, "keep_last": 3,
-                "num_workers": 0, "progress": False, "tensorboard": False, "grad_clip": 1.0}
+                "num_workers": 0, "progress": False, "tensorboard": False, "grad_clip": 1.0, "device": "cpu"}
     settings.update(kw)
     return [f"{k}={v}" for k, v in settings.items()] + tiny_model_overrides(dropout)
 

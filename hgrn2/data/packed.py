@@ -63,7 +63,8 @@ class PackedDataset(Dataset):
 
 @lru_cache(maxsize=4)
 def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
+    perm = np.random.default_rng([seed, epoch]).permutation(n)
+    return perm.astype(np.int32) if n < 2**31 else perm  # half the memory for corpora of < 2^31 sequences
 
 
 class StepSampler(Sampler):

@@ -34,7 +34,7 @@ def run(args) -> int:
         if args.print_config:
             print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
             return 0
-        d = D.init()
+        d = D.init(cfg.device)
         trainer = Trainer(cfg, d)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"hgrn2 train: error: {e}", file=sys.stderr)

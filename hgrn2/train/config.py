@@ -46,6 +46,7 @@ class TrainConfig:
     activation_checkpointing: bool = False
     compile: bool = False
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2 fully_shard per block) when launched with torchrun
+    device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu" (gloo when distributed)
     # run
     out_dir: str = "runs/lm"
     seed: int = 1234
@@ -60,7 +61,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         choices = {"arch": ("hgrn2", "llama"), "optimizer": ("adamw", "adam"), "precision": ("bf16", "fp32"),
-                   "schedule": ("inverse_sqrt", "cosine", "constant"), "parallel": ("ddp", "fsdp")}
+                   "schedule": ("inverse_sqrt", "cosine", "constant"), "parallel": ("ddp", "fsdp"),
+                   "device": ("auto", "cuda", "cpu")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")

@@ -24,11 +24,14 @@ class Dist:
         return self.rank == 0
 
 
-def init() -> Dist:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1): NCCL on GPUs, gloo on CPU."""
+def init(want: str = "auto") -> Dist:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): NCCL on GPUs, gloo on CPU.
+    `want`: "auto" (CUDA when available), "cuda" or "cpu"."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda but CUDA is not available")
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     else:

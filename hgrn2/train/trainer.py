@@ -29,7 +29,7 @@ from .optim import build_optimizer, lr_at, set_lr
 class Trainer:
     def __init__(self, cfg: TrainConfig, d: D.Dist | None = None):
         """Everything that can be wrong with the input is checked here, before the first step."""
-        self.cfg, self.d = cfg, d or D.init()
+        self.cfg, self.d = cfg, d or D.init(cfg.device)
         self.accum = cfg.grad_accum(self.d.world)
         meta = read_meta(cfg.data)
         self.train_set = PackedDataset(cfg.data, "train", cfg.seq_len)
@@ -97,7 +97,7 @@ class Trainer:
                 self._flush_pending()
                 dt = time.time() - t_last
                 rec = {"kind": "train", "step": self.step, "loss": self.loss_sum / self.loss_count, "lr": lr,
-                       "grad_norm": grad_norm, "tokens": self.step * tokens_per_step,
+                       "grad_norm": float(grad_norm), "tokens": self.step * tokens_per_step,
                        "tok_per_s": steps_since * tokens_per_step / max(dt, 1e-9)}
                 self.log.log(rec)
                 if bar is not None:
@@ -119,12 +119,10 @@ class Trainer:
     def _log_now(self) -> bool:
         return self.step % self.cfg.log_every == 0 or self.step == self.cfg.max_steps
 
-    def _clip(self) -> float | None:
-        if not self.cfg.grad_clip:
-            return None
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 returns a DTensor
-        return float(norm)
+    def _clip(self) -> torch.Tensor:
+        """Global gradient norm before clipping (clipped to grad_clip when set; always measured for the log)."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or float("inf"))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 returns a DTensor
 
     def _progress(self):
         if not (self.d.main and self.cfg.progress):
