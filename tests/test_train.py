@@ -157,6 +157,8 @@ def test_short_run_logs_saves_and_plots(data, tmp_path, capsys):
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert main(["plot", str(tmp_path / "missing")]) == 2
+    assert main(["train", "--set", *base_overrides(data, out, max_steps=6, resume=False)]) == 2
+    assert "holds checkpoints of an earlier run" in capsys.readouterr().err
 
 
 def test_accumulation_equals_larger_micro_batch(data, tmp_path):

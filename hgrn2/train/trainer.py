@@ -50,6 +50,9 @@ class Trainer:
         self.step, self.loss_sum, self.loss_count, self.pending = 0, 0.0, 0, []
         if cfg.resume:
             self._resume()
+        elif ckpt.list_checkpoints(self.ckpt_dir):
+            raise ValueError(f"resume=false but {self.ckpt_dir} holds checkpoints of an earlier run; use another "
+                             f"out_dir (they would be mixed with this run's)")
         if self.step == 0:
             torch.manual_seed(cfg.seed + 1 + self.d.rank)  # per-rank dropout streams (restored when resuming)
         self.log = RunLogger(cfg.out_dir, enabled=self.d.main, start_step=self.step, tensorboard=cfg.tensorboard)
