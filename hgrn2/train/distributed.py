@@ -102,6 +102,11 @@ def full_model_state(model) -> dict:
 
 
 def load_full_state(model, optimizer, model_sd: dict, optim_sd: dict) -> None:
+    """Load full state dicts, which every rank holds; each keeps its shard (FSDP2) or replica (DDP).
+
+    (StateDictOptions.broadcast_from_rank0, which would let only rank 0 read the file, hung on gloo in torch 2.13
+    for both DDP and FSDP2.)
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     set_state_dict(unwrap(model), optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,

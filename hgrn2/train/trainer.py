@@ -182,6 +182,7 @@ class Trainer:
         self.pending = []
 
     def _resume(self) -> None:
+        """Every rank reads the newest intact checkpoint (the file system must be shared across nodes)."""
         state = ckpt.load_latest(self.ckpt_dir)
         if state is None:
             return
