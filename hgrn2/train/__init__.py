@@ -1,1 +1,1 @@
-"""Training loops and sweeps. Import the submodules directly."""
+"""Training: language models (config, trainer, optimisers, checkpoints, distributed) and the MQAR sweep."""
