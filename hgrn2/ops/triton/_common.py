@@ -1,0 +1,127 @@
+"""Triton building blocks shared by the HGRN2 chunk kernels: gate math, activations, the 16-token diagonal block.
+
+Everything here runs in registers on fp32 tiles. Notation for one 16-token sub-block of one head:
+q [16, K] (activated, scaled output gate), k = 1 − f [16, K], a = log f [16, K], b = cumsum(a) within the
+sub-block (so b ≤ 0 and non-increasing down the rows), v [16, BV].
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _log1p(x):
+    """log(1 + x) accurate for small x (the classic (1+x) − 1 correction), for x ≥ 0."""
+    u = 1.0 + x
+    d = u - 1.0
+    return tl.where(d == 0.0, x, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))
+
+
+@triton.jit
+def _logsigmoid(x):
+    return tl.minimum(x, 0.0) - _log1p(tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def _gates(g, log_lb, log_1mlb, HAS_LB: tl.constexpr):
+    """Forget gate from logits g [R, K]: returns (a = log f, k = 1 − f, ls_pos = log σ(g), ls_neg = log σ(−g)).
+
+    log f = logaddexp(log β, log(1 − β) + log σ(g)) and 1 − f = (1 − β)·σ(−g), with log β, log(1 − β) given
+    as [K] rows (log β = −inf where β = 0, which logaddexp handles exactly).
+    """
+    ls_pos = _logsigmoid(g)
+    ls_neg = ls_pos - g  # log σ(−g) = log σ(g) − g
+    if HAS_LB:
+        x = log_lb[None, :]
+        y = log_1mlb[None, :] + ls_pos
+        hi = tl.maximum(x, y)
+        a = hi + _log1p(tl.exp(tl.minimum(x, y) - hi))
+        k = tl.exp(log_1mlb[None, :] + ls_neg)
+    else:
+        a = ls_pos
+        k = tl.exp(ls_neg)
+    return a, k, ls_pos, ls_neg
+
+
+@triton.jit
+def _act(x, ACT: tl.constexpr):
+    """ACT: 0 identity, 1 silu, 2 sigmoid."""
+    if ACT == 1:
+        return x * tl.sigmoid(x)
+    elif ACT == 2:
+        return tl.sigmoid(x)
+    else:
+        return x
+
+
+@triton.jit
+def _act_grad(x, ACT: tl.constexpr):
+    """d act(x) / dx."""
+    if ACT == 1:
+        s = tl.sigmoid(x)
+        return s * (1.0 + x * (1.0 - s))
+    elif ACT == 2:
+        s = tl.sigmoid(x)
+        return s * (1.0 - s)
+    else:
+        return tl.full(x.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def _row(x, rows, j):
+    """Row j of a register tile x [R, C] as a [C] vector (a masked reduction: Triton cannot index registers)."""
+    return tl.sum(tl.where(rows[:, None] == j, x, 0.0), 0)
+
+
+@triton.jit
+def _col(x, cols, j):
+    """Column j of a register tile x [R, C] as an [R] vector."""
+    return tl.sum(tl.where(cols[None, :] == j, x, 0.0), 1)
+
+
+@triton.jit
+def _diag_attn(q, k, b, spread, DT: tl.constexpr, PREC: tl.constexpr):
+    """A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0: the [16, 16] diagonal block.
+
+    Factorised as (q·e^{b})(k·e^{−b})ᵀ on the tensor cores when the block's decay spread (max over channels of
+    b[0] − b[15], here −b[15]) is below 60, so k·e^{−b} ≤ e^{60} cannot overflow; otherwise exact,
+    one column at a time with the exponent masked before exp.
+    """
+    rows = tl.arange(0, 16)
+    causal = rows[:, None] >= rows[None, :]
+    if spread < 60.0:
+        qe = (q * tl.exp(b)).to(DT)
+        ke = (k * tl.exp(-b)).to(DT)
+        A = tl.dot(qe, tl.trans(ke), input_precision=PREC)
+    else:
+        A = tl.zeros([16, 16], dtype=tl.float32)
+        for j in range(16):
+            k_j = _row(k, rows, j)
+            b_j = _row(b, rows, j)
+            w = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
+    return tl.where(causal, A, 0.0)
+
+
+@triton.jit
+def _diag_grads(q, k, b, dA, spread, DT: tl.constexpr, PREC: tl.constexpr):
+    """Backward of `_diag_attn` given dA [16, 16] (already causally masked): returns (dq, dk) [16, K]."""
+    rows = tl.arange(0, 16)
+    if spread < 60.0:
+        eb = tl.exp(b)
+        enb = tl.exp(-b)
+        dAc = dA.to(DT)
+        dq = eb * tl.dot(dAc, (k * enb).to(DT), input_precision=PREC)
+        dk = enb * tl.dot(tl.trans(dAc), (q * eb).to(DT), input_precision=PREC)
+    else:
+        dq = tl.zeros(q.shape, dtype=tl.float32)
+        dk = tl.zeros(q.shape, dtype=tl.float32)
+        for j in range(16):
+            b_j = _row(b, rows, j)
+            # token j as the source s: feeds rows t ≥ j of dq
+            wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            dq += _col(dA, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
+            # token j as the target t: feeds rows s ≤ j of dk
+            wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            dk += _row(dA, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
+    return dq, dk

@@ -1,0 +1,186 @@
+"""Backward kernels: a forward sweep for the state-dependent part of dq, then one reverse sweep for the rest.
+
+Both walk a sequence 16 tokens at a time per (V-block, sequence·head), like the forward kernel.
+
+1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes dq_inter = e^{b} ⊙ (dy S) [16, K] (fp32,
+   one slice per V-block; it is the only term of the backward that needs the forward state).
+2. `hgrn2_bwd_kernel` walks backwards carrying dS [BV, K] (the gradient of the state after the sub-block):
+
+       dq = dq_inter + diag part          dk = e^{b_last − b} ⊙ (v dS) + diag part
+       dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy          dS ← dS ⊙ e^{b_last} + dyᵀ (q ⊙ e^{b})
+
+   and the gradient of log f by the GLA identity, d log f_t = Σ_{t' ≥ t} (q ⊙ dq − k ⊙ dk)_{t'} + Σ_v dS_T ⊙ S_T
+   (a reverse running sum carried across sub-blocks; the last term is the final state's share). It then
+   chains through the activations and the gate, dg = dlogf·∂log f/∂g + dk·∂k/∂g (and the same for β), and
+   writes do, dg (per V-block partial sums when V is split), di, the β partial sums and d initial_state.
+"""
+
+import triton
+import triton.language as tl
+
+from ._common import _act, _act_grad, _diag_attn, _diag_grads, _gates
+
+
+@triton.jit
+def hgrn2_bwd_dq_kernel(
+    g, i, lb, h0, dy, dq, cu_seqlens, T, NTOK,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+
+    rows = tl.arange(0, 16)
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    mk = ck < K
+    mv = cv < V
+    if HAS_LB:
+        beta = tl.load(lb + i_h * K + ck, mask=mk, other=0.0).to(tl.float32)
+        log_lb = tl.log(beta)
+        log_1mlb = tl.log(1.0 - beta)
+    else:
+        log_lb = tl.zeros([BK], dtype=tl.float32)
+        log_1mlb = log_lb
+    s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
+    s_mask = mv[:, None] & mk[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + s_off, mask=s_mask, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BV, BK], dtype=tl.float32)
+    dq_base = dq + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
+
+    for t0 in range(bos, eos, 16):
+        tok = t0 + rows
+        mt = tok < eos
+        offk = (tok[:, None] * H + i_h) * K + ck[None, :]
+        offv = (tok[:, None] * H + i_h) * V + cv[None, :]
+        mtk = mt[:, None] & mk[None, :]
+        mtv = mt[:, None] & mv[None, :]
+        a, k, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), log_lb, log_1mlb, HAS_LB)
+        v = _act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)
+        do = tl.load(dy + offv, mask=mtv, other=0.0)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        v = tl.where(mtv, v, 0.0)
+        b = tl.cumsum(a, 0)
+        b_last = tl.sum(a, 0)
+
+        d = tl.exp(b) * tl.dot(do.to(DT), S.to(DT), input_precision=PREC)
+        tl.store(dq_base + offk, d, mask=mtk)
+
+        ke = (k * tl.exp(b_last[None, :] - b)).to(DT)
+        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v.to(DT)), ke, input_precision=PREC)
+
+
+@triton.jit
+def hgrn2_bwd_kernel(
+    o, g, i, lb, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, NTOK,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+
+    rows = tl.arange(0, 16)
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    mk = ck < K
+    mv = cv < V
+    if HAS_LB:
+        beta = tl.load(lb + i_h * K + ck, mask=mk, other=0.0).to(tl.float32)
+        log_lb = tl.log(beta)
+        log_1mlb = tl.log(1.0 - beta)
+    else:
+        log_lb = tl.zeros([BK], dtype=tl.float32)
+        log_1mlb = log_lb
+    s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
+    s_mask = mv[:, None] & mk[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        # the final state's share of every d log f: Σ_v dS_T ⊙ S_T (this V-block's part)
+        dlogf_carry = tl.sum(dS * tl.load(ht + s_off, mask=s_mask, other=0.0), 0)
+    else:
+        dS = tl.zeros([BV, BK], dtype=tl.float32)
+        dlogf_carry = tl.zeros([BK], dtype=tl.float32)
+    dlb_acc = tl.zeros([BK], dtype=tl.float32)
+    part = i_v.to(tl.int64) * NTOK * H * K  # offset of this V-block's slice in dq_inter and partial do/dg
+
+    n_sub = tl.cdiv(eos - bos, 16)
+    for it in range(0, n_sub):
+        t0 = bos + (n_sub - 1 - it) * 16
+        tok = t0 + rows
+        mt = tok < eos
+        offk = (tok[:, None] * H + i_h) * K + ck[None, :]
+        offv = (tok[:, None] * H + i_h) * V + cv[None, :]
+        mtk = mt[:, None] & mk[None, :]
+        mtv = mt[:, None] & mv[None, :]
+        o_raw = tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32)
+        g_raw = tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32)
+        i_raw = tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32)
+        b_do = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
+        q = tl.where(mtk, _act(o_raw, O_ACT) * scale, 0.0)
+        a, k, ls_pos, ls_neg = _gates(g_raw, log_lb, log_1mlb, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        v = tl.where(mtv, _act(i_raw, I_ACT), 0.0)
+        b = tl.cumsum(a, 0)
+        b_last = tl.sum(a, 0)
+        spread = -tl.min(b_last)
+
+        # intra-block (diagonal) terms
+        A = _diag_attn(q, k, b, spread, DT, PREC)
+        dA = tl.dot(b_do.to(DT), tl.trans(v.to(DT)), input_precision=PREC)
+        dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
+        dq_d, dk_d = _diag_grads(q, k, b, dA, spread, DT, PREC)
+        b_dq = tl.load(dq_inter + part + offk, mask=mtk, other=0.0) + dq_d
+
+        # terms through the state after this block
+        w_end = tl.exp(b_last[None, :] - b)
+        dS_c = dS.to(DT)
+        b_dk = w_end * tl.dot(v.to(DT), dS_c, input_precision=PREC) + dk_d
+        b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
+        b_dv += tl.dot(tl.trans(A.to(DT)), b_do.to(DT), input_precision=PREC)
+        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do.to(DT)), (q * tl.exp(b)).to(DT),
+                                                   input_precision=PREC)
+
+        # d log f: reverse running sum of q ⊙ dq − k ⊙ dk
+        db = q * b_dq - k * b_dk
+        b_dlogf = dlogf_carry[None, :] + tl.sum(db, 0)[None, :] - tl.cumsum(db, 0) + db
+        dlogf_carry += tl.sum(db, 0)
+
+        # chain rule to the raw inputs
+        b_dor = b_dq * scale * _act_grad(o_raw, O_ACT)
+        b_dir = b_dv * _act_grad(i_raw, I_ACT)
+        sig_pos = tl.exp(ls_pos)
+        if HAS_LB:
+            # ∂log f/∂g = (1−β)σ(g)σ(−g)/f,  ∂log f/∂β = σ(−g)/f,  ∂k/∂g = −kσ(g),  ∂k/∂β = −σ(−g)
+            dlogf_dg = tl.exp(log_1mlb[None, :] + ls_pos + ls_neg - a)
+            b_dgr = b_dlogf * dlogf_dg - b_dk * k * sig_pos
+            dbeta = b_dlogf * tl.exp(ls_neg - a) - b_dk * tl.exp(ls_neg)
+            dlb_acc += tl.sum(tl.where(mtk, dbeta, 0.0), 0)
+        else:
+            b_dgr = b_dlogf * tl.exp(ls_neg) - b_dk * k * sig_pos
+
+        tl.store(di + offv, b_dir.to(di.dtype.element_ty), mask=mtv)
+        tl.store(do + part + offk, b_dor.to(do.dtype.element_ty), mask=mtk)
+        tl.store(dg + part + offk, b_dgr.to(dg.dtype.element_ty), mask=mtk)
+
+    if STORE_DH0:
+        tl.store(dh0 + s_off, dS, mask=s_mask)
+    if HAS_LB:
+        tl.store(dlb + (i_v * tl.num_programs(1) + i_nh) * K + ck, dlb_acc, mask=mk)
