@@ -8,6 +8,7 @@ call the kernels as they are.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import triton
@@ -28,7 +29,8 @@ def _config(o: torch.Tensor, i: torch.Tensor):
     BK = max(16, triton.next_power_of_2(K))
     BV = max(16, min(triton.next_power_of_2(V), MAX_BV, max(16, 8192 // BK)))
     if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
-        dt, prec = tl.bfloat16, "tf32"
+        # Triton's CPU interpreter computes bf16 tl.dot wrongly (Triton 3.9), so it gets fp32 operands there
+        dt, prec = (tl.float32, "ieee") if os.environ.get("TRITON_INTERPRET") == "1" else (tl.bfloat16, "tf32")
     elif torch.float32 in (o.dtype, i.dtype):
         dt, prec = tl.float32, FP32_DOT_PRECISION
     else:  # fp16: its 5-bit exponent cannot hold the e^{±60} factors of the diagonal block; tf32 can
