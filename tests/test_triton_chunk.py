@@ -8,12 +8,11 @@ import os
 
 import pytest
 import torch
+from conftest import rel_err
 
 from hgrn2.ops import hgrn2, hgrn2_reference
 from hgrn2.ops.triton import chunk as chunk_mod
 from hgrn2.ops.triton import hgrn2_triton
-
-from conftest import rel_err
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
