@@ -10,37 +10,32 @@ import triton.language as tl
 
 
 @triton.jit
-def _log1p(x):
-    """log(1 + x) accurate for small x (the classic (1+x) − 1 correction), for x ≥ 0."""
-    u = 1.0 + x
-    d = u - 1.0
-    return tl.where(d == 0.0, x, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))
+def _gates(g, beta, HAS_LB: tl.constexpr):
+    """Forget gate from logits g [R, K] and bound β [K]: returns (log f, k = 1 − f, σ(g), σ(−g), f).
 
-
-@triton.jit
-def _logsigmoid(x):
-    return tl.minimum(x, 0.0) - _log1p(tl.exp(-tl.abs(x)))
-
-
-@triton.jit
-def _gates(g, log_lb, log_1mlb, HAS_LB: tl.constexpr):
-    """Forget gate from logits g [R, K]: returns (a = log f, k = 1 − f, ls_pos = log σ(g), ls_neg = log σ(−g)).
-
-    log f = logaddexp(log β, log(1 − β) + log σ(g)) and 1 − f = (1 − β)·σ(−g), with log β, log(1 − β) given
-    as [K] rows (log β = −inf where β = 0, which logaddexp handles exactly).
+    f = β + (1 − β)σ(g) and k = (1 − β)σ(−g) are sums of positive terms, so both keep full relative precision.
+    log f is log1p(−k) where f ≥ 1/2 (precise as f → 1, with the (1 − k) − 1 correction) and log f directly
+    below. Four transcendental ops per element (exp, reciprocal, log, divide): this runs in every kernel.
     """
-    ls_pos = _logsigmoid(g)
-    ls_neg = ls_pos - g  # log σ(−g) = log σ(g) − g
+    e = tl.exp(-tl.abs(g))
+    r = 1.0 / (1.0 + e)
+    s_pos = tl.where(g >= 0, r, e * r)
+    s_neg = tl.where(g >= 0, e * r, r)
     if HAS_LB:
-        x = log_lb[None, :]
-        y = log_1mlb[None, :] + ls_pos
-        hi = tl.maximum(x, y)
-        a = hi + _log1p(tl.exp(tl.minimum(x, y) - hi))
-        k = tl.exp(log_1mlb[None, :] + ls_neg)
+        k = (1.0 - beta[None, :]) * s_neg
+        f = beta[None, :] + (1.0 - beta[None, :]) * s_pos
     else:
-        a = ls_pos
-        k = tl.exp(ls_neg)
-    return a, k, ls_pos, ls_neg
+        k = s_neg
+        f = s_pos
+    near_one = k < 0.5
+    u = tl.where(near_one, 1.0 - k, f)
+    log_u = tl.log(u)
+    d = u - 1.0  # exact (Sterbenz) when near_one
+    a = tl.where(near_one & (d != 0.0), log_u * (-k / tl.where(d == 0.0, 1.0, d)), log_u)
+    a = tl.where(near_one & (d == 0.0), -k, a)
+    # f underflows only when β ≈ 0 and g < −69; there log f = log σ(g) = g to fp32 precision
+    a = tl.where(f > 1e-30, a, g)
+    return a, k, s_pos, s_neg, f
 
 
 @triton.jit

@@ -44,11 +44,8 @@ def hgrn2_bwd_dq_kernel(
     mv = cv < V
     if HAS_LB:
         beta = tl.load(lb + i_h * K + ck, mask=mk, other=0.0).to(tl.float32)
-        log_lb = tl.log(beta)
-        log_1mlb = tl.log(1.0 - beta)
     else:
-        log_lb = tl.zeros([BK], dtype=tl.float32)
-        log_1mlb = log_lb
+        beta = tl.zeros([BK], dtype=tl.float32)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
     s_mask = mv[:, None] & mk[None, :]
     if HAS_H0:
@@ -64,7 +61,7 @@ def hgrn2_bwd_dq_kernel(
         offv = (tok[:, None] * H + i_h) * V + cv[None, :]
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
-        a, k, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), log_lb, log_1mlb, HAS_LB)
+        a, k, _, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
         v = _act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)
         do = tl.load(dy + offv, mask=mtv, other=0.0)
         a = tl.where(mtk, a, 0.0)
@@ -103,11 +100,8 @@ def hgrn2_bwd_kernel(
     mv = cv < V
     if HAS_LB:
         beta = tl.load(lb + i_h * K + ck, mask=mk, other=0.0).to(tl.float32)
-        log_lb = tl.log(beta)
-        log_1mlb = tl.log(1.0 - beta)
     else:
-        log_lb = tl.zeros([BK], dtype=tl.float32)
-        log_1mlb = log_lb
+        beta = tl.zeros([BK], dtype=tl.float32)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
     s_mask = mv[:, None] & mk[None, :]
     if HAS_DHT:
@@ -134,7 +128,7 @@ def hgrn2_bwd_kernel(
         i_raw = tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32)
         b_do = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
         q = tl.where(mtk, _act(o_raw, O_ACT) * scale, 0.0)
-        a, k, ls_pos, ls_neg = _gates(g_raw, log_lb, log_1mlb, HAS_LB)
+        a, k, s_pos, s_neg, f = _gates(g_raw, beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
         v = tl.where(mtv, _act(i_raw, I_ACT), 0.0)
@@ -166,15 +160,13 @@ def hgrn2_bwd_kernel(
         # chain rule to the raw inputs
         b_dor = b_dq * scale * _act_grad(o_raw, O_ACT)
         b_dir = b_dv * _act_grad(i_raw, I_ACT)
-        sig_pos = tl.exp(ls_pos)
+        # f = β + (1 − β)σ(g), k = 1 − f:  dL/df = dlogf / f − dk,  ∂f/∂g = kσ(g),  ∂f/∂β = σ(−g).
+        # σ(g)/f ≤ 1/(1 − β) stays bounded (0 only where f underflowed, and then dlogf ≈ 0 too).
+        f_safe = tl.maximum(f, 1e-30)
+        b_dgr = k * (b_dlogf * (s_pos / f_safe) - b_dk * s_pos)
         if HAS_LB:
-            # ∂log f/∂g = (1−β)σ(g)σ(−g)/f,  ∂log f/∂β = σ(−g)/f,  ∂k/∂g = −kσ(g),  ∂k/∂β = −σ(−g)
-            dlogf_dg = tl.exp(log_1mlb[None, :] + ls_pos + ls_neg - a)
-            b_dgr = b_dlogf * dlogf_dg - b_dk * k * sig_pos
-            dbeta = b_dlogf * tl.exp(ls_neg - a) - b_dk * tl.exp(ls_neg)
+            dbeta = s_neg * (b_dlogf / f_safe - b_dk)
             dlb_acc += tl.sum(tl.where(mtk, dbeta, 0.0), 0)
-        else:
-            b_dgr = b_dlogf * tl.exp(ls_neg) - b_dk * k * sig_pos
 
         tl.store(di + offv, b_dir.to(di.dtype.element_ty), mask=mtv)
         tl.store(do + part + offk, b_dor.to(do.dtype.element_ty), mask=mtk)

@@ -38,11 +38,8 @@ def hgrn2_fwd_kernel(
     mv = cv < V
     if HAS_LB:
         beta = tl.load(lb + i_h * K + ck, mask=mk, other=0.0).to(tl.float32)
-        log_lb = tl.log(beta)
-        log_1mlb = tl.log(1.0 - beta)
     else:
-        log_lb = tl.zeros([BK], dtype=tl.float32)
-        log_1mlb = log_lb
+        beta = tl.zeros([BK], dtype=tl.float32)
     # state S [BV, K] (the [V, K] layout of fla's state_v_first)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
     s_mask = mv[:, None] & mk[None, :]
@@ -59,7 +56,7 @@ def hgrn2_fwd_kernel(
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
         q = _act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale
-        a, k, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), log_lb, log_1mlb, HAS_LB)
+        a, k, _, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
         v = _act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)
         q = tl.where(mtk, q, 0.0)
         a = tl.where(mtk, a, 0.0)
