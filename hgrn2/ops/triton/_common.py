@@ -10,6 +10,37 @@ import triton.language as tl
 
 
 @triton.jit
+def _seq_bounds(cu_seqlens, i_n, T, VARLEN: tl.constexpr):
+    """[bos, eos) of sequence i_n as rows of the flattened [B·T] token axis."""
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    return bos, eos
+
+
+@triton.jit
+def _load_beta(lb, i_h, K, ck, HAS_LB: tl.constexpr):
+    """β [BK] of head i_h in fp32 (zeros without a bound)."""
+    if HAS_LB:
+        return tl.load(lb + i_h * K + ck, mask=ck < K, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros(ck.shape, dtype=tl.float32)
+
+
+@triton.jit
+def _tile(t0, bos, eos, i_h, H, K, V, ck, cv):
+    """Offsets and masks (rows in [bos, eos)) of the 16-token sub-block from row t0: ([16, BK], [16, BV])."""
+    tok = t0 + tl.arange(0, 16)
+    mt = (tok >= bos) & (tok < eos)
+    offk = (tok[:, None] * H + i_h) * K + ck[None, :]
+    offv = (tok[:, None] * H + i_h) * V + cv[None, :]
+    return offk, offv, mt[:, None] & (ck < K)[None, :], mt[:, None] & (cv < V)[None, :]
+
+
+@triton.jit
 def _gates(g, beta, HAS_LB: tl.constexpr):
     """Forget gate from logits g [R, K] and bound β [K]: returns (log f, k = 1 − f, σ(g), σ(−g), f).
 

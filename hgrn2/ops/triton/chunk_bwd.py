@@ -18,7 +18,7 @@ Both walk a sequence 16 tokens at a time per (V-block, sequence·head), like the
 import triton
 import triton.language as tl
 
-from ._common import _act, _act_grad, _diag_attn, _diag_grads, _gates
+from ._common import _act, _act_grad, _diag_attn, _diag_grads, _gates, _load_beta, _seq_bounds, _tile
 
 
 @triton.jit
@@ -30,51 +30,42 @@ def hgrn2_bwd_dq_kernel(
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    if VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        bos = i_n.to(tl.int64) * T
-        eos = bos + T
-
-    rows = tl.arange(0, 16)
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    mk = ck < K
-    mv = cv < V
-    if HAS_LB:
-        beta = tl.load(lb + i_h * K + ck, mask=mk, other=0.0).to(tl.float32)
-    else:
-        beta = tl.zeros([BK], dtype=tl.float32)
+    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
-    s_mask = mv[:, None] & mk[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
     if HAS_H0:
         S = tl.load(h0 + s_off, mask=s_mask, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BV, BK], dtype=tl.float32)
     dq_base = dq + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
 
+    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv)
+    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
     for t0 in range(bos, eos, 16):
-        tok = t0 + rows
-        mt = tok < eos
-        offk = (tok[:, None] * H + i_h) * K + ck[None, :]
-        offv = (tok[:, None] * H + i_h) * V + cv[None, :]
-        mtk = mt[:, None] & mk[None, :]
-        mtv = mt[:, None] & mv[None, :]
-        a, k, _, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
-        v = _act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)
-        do = tl.load(dy + offv, mask=mtv, other=0.0)
+        g_t, i_t, dy_t = g_nx, i_nx, dy_nx
+        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv)
+        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv)
+
+        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
-        v = tl.where(mtv, v, 0.0)
+        v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
 
-        d = tl.exp(b) * tl.dot(do.to(DT), S.to(DT), input_precision=PREC)
+        d = tl.exp(b) * tl.dot(dy_t.to(DT), S.to(DT), input_precision=PREC)
         tl.store(dq_base + offk, d, mask=mtk)
 
         ke = (k * tl.exp(b_last[None, :] - b)).to(DT)
-        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v.to(DT)), ke, input_precision=PREC)
+        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v), ke, input_precision=PREC)
 
 
 @triton.jit
@@ -86,24 +77,13 @@ def hgrn2_bwd_kernel(
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    if VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        bos = i_n.to(tl.int64) * T
-        eos = bos + T
-
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
     rows = tl.arange(0, 16)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    mk = ck < K
-    mv = cv < V
-    if HAS_LB:
-        beta = tl.load(lb + i_h * K + ck, mask=mk, other=0.0).to(tl.float32)
-    else:
-        beta = tl.zeros([BK], dtype=tl.float32)
+    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
-    s_mask = mv[:, None] & mk[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
     if HAS_DHT:
         dS = tl.load(dht + s_off, mask=s_mask, other=0.0).to(tl.float32)
         # the final state's share of every d log f: Σ_v dS_T ⊙ S_T (this V-block's part)
@@ -114,20 +94,30 @@ def hgrn2_bwd_kernel(
     dlb_acc = tl.zeros([BK], dtype=tl.float32)
     part = i_v.to(tl.int64) * NTOK * H * K  # offset of this V-block's slice in dq_inter and partial do/dg
 
-    n_sub = tl.cdiv(eos - bos, 16)
-    for it in range(0, n_sub):
-        t0 = bos + (n_sub - 1 - it) * 16
-        tok = t0 + rows
-        mt = tok < eos
-        offk = (tok[:, None] * H + i_h) * K + ck[None, :]
-        offv = (tok[:, None] * H + i_h) * V + cv[None, :]
-        mtk = mt[:, None] & mk[None, :]
-        mtv = mt[:, None] & mv[None, :]
-        o_raw = tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32)
-        g_raw = tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32)
-        i_raw = tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32)
-        b_do = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
-        q = tl.where(mtk, _act(o_raw, O_ACT) * scale, 0.0)
+    # walk the sub-blocks last to first, loading the previous one while this one computes
+    t_last = bos + (tl.cdiv(eos - bos, 16) - 1) * 16
+    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv)
+    o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+    dq_nx = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)
+    for it in range(0, tl.cdiv(eos - bos, 16)):
+        t0 = t_last - it * 16
+        o_t, g_t, i_t, dy_t, dq_t = o_nx, g_nx, i_nx, dy_nx, dq_nx
+        offk, offv, mtk, mtv = _tile(t0 - 16, bos, eos, i_h, H, K, V, ck, cv)
+        o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+        dq_nx = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv)
+
+        o_raw = o_t.to(tl.float32)
+        g_raw = g_t.to(tl.float32)
+        i_raw = i_t.to(tl.float32)
+        b_do = dy_t.to(DT)
+        q = _act(o_raw, O_ACT) * scale
         a, k, s_pos, s_neg, f = _gates(g_raw, beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
@@ -138,35 +128,35 @@ def hgrn2_bwd_kernel(
 
         # intra-block (diagonal) terms
         A = _diag_attn(q, k, b, spread, DT, PREC)
-        dA = tl.dot(b_do.to(DT), tl.trans(v.to(DT)), input_precision=PREC)
+        dA = tl.dot(b_do, tl.trans(v.to(DT)), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
         dq_d, dk_d = _diag_grads(q, k, b, dA, spread, DT, PREC)
-        b_dq = tl.load(dq_inter + part + offk, mask=mtk, other=0.0) + dq_d
+        b_dq = dq_t + dq_d
 
         # terms through the state after this block
+        eb = tl.exp(b)
         w_end = tl.exp(b_last[None, :] - b)
         dS_c = dS.to(DT)
         b_dk = w_end * tl.dot(v.to(DT), dS_c, input_precision=PREC) + dk_d
         b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
-        b_dv += tl.dot(tl.trans(A.to(DT)), b_do.to(DT), input_precision=PREC)
-        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do.to(DT)), (q * tl.exp(b)).to(DT),
-                                                   input_precision=PREC)
+        b_dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
+        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * eb).to(DT), input_precision=PREC)
 
         # d log f: reverse running sum of q ⊙ dq − k ⊙ dk
         db = q * b_dq - k * b_dk
-        b_dlogf = dlogf_carry[None, :] + tl.sum(db, 0)[None, :] - tl.cumsum(db, 0) + db
-        dlogf_carry += tl.sum(db, 0)
+        db_sum = tl.sum(db, 0)
+        b_dlogf = (dlogf_carry + db_sum)[None, :] - tl.cumsum(db, 0) + db
+        dlogf_carry += db_sum
 
-        # chain rule to the raw inputs
+        # chain rule to the raw inputs. f = β + (1 − β)σ(g), k = 1 − f: dL/df = dlogf / f − dk,
+        # ∂f/∂g = kσ(g), ∂f/∂β = σ(−g); σ(g)/f ≤ 1/(1 − β) stays bounded (0 only where f underflowed,
+        # and then dlogf ≈ 0 too)
+        f_safe = tl.maximum(f, 1e-30)
+        b_dgr = k * s_pos * (b_dlogf / f_safe - b_dk)
+        if HAS_LB:
+            dlb_acc += tl.sum(tl.where(mtk, s_neg * (b_dlogf / f_safe - b_dk), 0.0), 0)
         b_dor = b_dq * scale * _act_grad(o_raw, O_ACT)
         b_dir = b_dv * _act_grad(i_raw, I_ACT)
-        # f = β + (1 − β)σ(g), k = 1 − f:  dL/df = dlogf / f − dk,  ∂f/∂g = kσ(g),  ∂f/∂β = σ(−g).
-        # σ(g)/f ≤ 1/(1 − β) stays bounded (0 only where f underflowed, and then dlogf ≈ 0 too).
-        f_safe = tl.maximum(f, 1e-30)
-        b_dgr = k * (b_dlogf * (s_pos / f_safe) - b_dk * s_pos)
-        if HAS_LB:
-            dbeta = s_neg * (b_dlogf / f_safe - b_dk)
-            dlb_acc += tl.sum(tl.where(mtk, dbeta, 0.0), 0)
 
         tl.store(di + offv, b_dir.to(di.dtype.element_ty), mask=mtv)
         tl.store(do + part + offk, b_dor.to(do.dtype.element_ty), mask=mtk)
@@ -175,4 +165,4 @@ def hgrn2_bwd_kernel(
     if STORE_DH0:
         tl.store(dh0 + s_off, dS, mask=s_mask)
     if HAS_LB:
-        tl.store(dlb + (i_v * tl.num_programs(1) + i_nh) * K + ck, dlb_acc, mask=mk)
+        tl.store(dlb + (i_v * tl.num_programs(1) + i_nh) * K + ck, dlb_acc, mask=ck < K)

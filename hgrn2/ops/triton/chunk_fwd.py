@@ -12,7 +12,7 @@ It reads o, g, i once and writes y once (plus the final state); k and log f live
 import triton
 import triton.language as tl
 
-from ._common import _act, _diag_attn, _gates
+from ._common import _act, _diag_attn, _gates, _load_beta, _seq_bounds, _tile
 
 
 @triton.jit
@@ -24,55 +24,48 @@ def hgrn2_fwd_kernel(
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    if VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        bos = i_n.to(tl.int64) * T
-        eos = bos + T
-
-    rows = tl.arange(0, 16)
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    mk = ck < K
-    mv = cv < V
-    if HAS_LB:
-        beta = tl.load(lb + i_h * K + ck, mask=mk, other=0.0).to(tl.float32)
-    else:
-        beta = tl.zeros([BK], dtype=tl.float32)
+    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
     # state S [BV, K] (the [V, K] layout of fla's state_v_first)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
-    s_mask = mv[:, None] & mk[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
     if HAS_H0:
         S = tl.load(h0 + s_off, mask=s_mask, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BV, BK], dtype=tl.float32)
 
+    # register double-buffering: the next sub-block's tiles load while this one computes
+    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv)
+    o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     for t0 in range(bos, eos, 16):
-        tok = t0 + rows
-        mt = tok < eos
-        offk = (tok[:, None] * H + i_h) * K + ck[None, :]
-        offv = (tok[:, None] * H + i_h) * V + cv[None, :]
-        mtk = mt[:, None] & mk[None, :]
-        mtv = mt[:, None] & mv[None, :]
-        q = _act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale
-        a, k, _, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
-        v = _act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)
-        q = tl.where(mtk, q, 0.0)
+        o_t, g_t, i_t = o_nx, g_nx, i_nx
+        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv)
+        o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv)
+
+        # rows past the end need a = 0 (b stays put) and v = 0; padded K columns need k = 0
+        q = _act(o_t.to(tl.float32), O_ACT) * scale
+        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
-        v = tl.where(mtv, v, 0.0)
+        v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0)
 
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
-        spread = -tl.min(b_last)
-        A = _diag_attn(q, k, b, spread, DT, PREC)
+        A = _diag_attn(q, k, b, -tl.min(b_last), DT, PREC)
+        v_c = v.to(DT)
         out = tl.dot((q * tl.exp(b)).to(DT), tl.trans(S.to(DT)), input_precision=PREC)
-        out += tl.dot(A.to(DT), v.to(DT), input_precision=PREC)
+        out += tl.dot(A.to(DT), v_c, input_precision=PREC)
         tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
 
         ke = (k * tl.exp(b_last[None, :] - b)).to(DT)
-        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v.to(DT)), ke, input_precision=PREC)
+        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v_c), ke, input_precision=PREC)
 
     if STORE_HT:
         tl.store(ht + s_off, S, mask=s_mask)
