@@ -31,13 +31,25 @@ def _load_beta(lb, i_h, K, ck, HAS_LB: tl.constexpr):
 
 
 @triton.jit
-def _tile(t0, bos, eos, i_h, H, K, V, ck, cv):
-    """Offsets and masks (rows in [bos, eos)) of the 16-token sub-block from row t0: ([16, BK], [16, BV])."""
+def _tile(t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr, BV: tl.constexpr):
+    """Offsets and masks (rows in [bos, eos)) of the 16-token sub-block from row t0: ([16, BK], [16, BV]).
+
+    Column masks only where the block is padded, so that the masks are constant along rows and the loads
+    vectorise.
+    """
     tok = t0 + tl.arange(0, 16)
     mt = (tok >= bos) & (tok < eos)
     offk = (tok[:, None] * H + i_h) * K + ck[None, :]
     offv = (tok[:, None] * H + i_h) * V + cv[None, :]
-    return offk, offv, mt[:, None] & (ck < K)[None, :], mt[:, None] & (cv < V)[None, :]
+    if BK == K:
+        mtk = tl.broadcast_to(mt[:, None], (16, BK))
+    else:
+        mtk = mt[:, None] & (ck < K)[None, :]
+    if V % BV == 0:
+        mtv = tl.broadcast_to(mt[:, None], (16, BV))
+    else:
+        mtv = mt[:, None] & (cv < V)[None, :]
+    return offk, offv, mtk, mtv
 
 
 @triton.jit

@@ -42,17 +42,17 @@ def hgrn2_bwd_dq_kernel(
         S = tl.zeros([BV, BK], dtype=tl.float32)
     dq_base = dq + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
 
-    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv)
+    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
     for t0 in range(bos, eos, 16):
         g_t, i_t, dy_t = g_nx, i_nx, dy_nx
-        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv)
+        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
         dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
 
         a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
@@ -96,7 +96,7 @@ def hgrn2_bwd_kernel(
 
     # walk the sub-blocks last to first, loading the previous one while this one computes
     t_last = bos + (tl.cdiv(eos - bos, 16) - 1) * 16
-    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv)
+    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
     o_nx = tl.load(o + offk, mask=mtk, other=0.0)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
@@ -105,42 +105,44 @@ def hgrn2_bwd_kernel(
     for it in range(0, tl.cdiv(eos - bos, 16)):
         t0 = t_last - it * 16
         o_t, g_t, i_t, dy_t, dq_t = o_nx, g_nx, i_nx, dy_nx, dq_nx
-        offk, offv, mtk, mtv = _tile(t0 - 16, bos, eos, i_h, H, K, V, ck, cv)
+        offk, offv, mtk, mtv = _tile(t0 - 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
         o_nx = tl.load(o + offk, mask=mtk, other=0.0)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
         dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
         dq_nx = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
 
         o_raw = o_t.to(tl.float32)
         g_raw = g_t.to(tl.float32)
         i_raw = i_t.to(tl.float32)
         b_do = dy_t.to(DT)
         q = _act(o_raw, O_ACT) * scale
-        a, k, s_pos, s_neg, f = _gates(g_raw, beta, HAS_LB)
+        a, k, _, _, _ = _gates(g_raw, beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
-        v = tl.where(mtv, _act(i_raw, I_ACT), 0.0)
+        v = tl.where(mtv, _act(i_raw, I_ACT), 0.0).to(DT)
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
         spread = -tl.min(b_last)
+        w_end = tl.exp(b_last[None, :] - b)
+        dS_c = dS.to(DT)
 
-        # intra-block (diagonal) terms
+        # dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy, stored at once (each result is written as soon as it is
+        # complete, to keep few [16, K] tiles alive)
         A = _diag_attn(q, k, b, spread, DT, PREC)
-        dA = tl.dot(b_do, tl.trans(v.to(DT)), input_precision=PREC)
+        b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
+        b_dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
+        tl.store(di + offv, (b_dv * _act_grad(i_raw, I_ACT)).to(di.dtype.element_ty), mask=mtv)
+
+        # dq, dk: the diagonal block plus the state terms (dq's came from the forward sweep)
+        dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
         dq_d, dk_d = _diag_grads(q, k, b, dA, spread, DT, PREC)
         b_dq = dq_t + dq_d
-
-        # terms through the state after this block
-        eb = tl.exp(b)
-        w_end = tl.exp(b_last[None, :] - b)
-        dS_c = dS.to(DT)
-        b_dk = w_end * tl.dot(v.to(DT), dS_c, input_precision=PREC) + dk_d
-        b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
-        b_dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
-        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * eb).to(DT), input_precision=PREC)
+        tl.store(do + part + offk, (b_dq * scale * _act_grad(o_raw, O_ACT)).to(do.dtype.element_ty), mask=mtk)
+        b_dk = w_end * tl.dot(v, dS_c, input_precision=PREC) + dk_d
+        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * tl.exp(b)).to(DT), input_precision=PREC)
 
         # d log f: reverse running sum of q ⊙ dq − k ⊙ dk
         db = q * b_dq - k * b_dk
@@ -148,19 +150,14 @@ def hgrn2_bwd_kernel(
         b_dlogf = (dlogf_carry + db_sum)[None, :] - tl.cumsum(db, 0) + db
         dlogf_carry += db_sum
 
-        # chain rule to the raw inputs. f = β + (1 − β)σ(g), k = 1 − f: dL/df = dlogf / f − dk,
-        # ∂f/∂g = kσ(g), ∂f/∂β = σ(−g); σ(g)/f ≤ 1/(1 − β) stays bounded (0 only where f underflowed,
-        # and then dlogf ≈ 0 too)
-        f_safe = tl.maximum(f, 1e-30)
-        b_dgr = k * s_pos * (b_dlogf / f_safe - b_dk)
+        # chain rule to g and β (gates recomputed rather than kept alive). f = β + (1 − β)σ(g), k = 1 − f:
+        # dL/df = dlogf / f − dk, ∂f/∂g = kσ(g), ∂f/∂β = σ(−g); σ(g)/f ≤ 1/(1 − β) stays bounded
+        # (0 only where f underflowed, and then dlogf ≈ 0 too)
+        _, k, s_pos, s_neg, f = _gates(g_raw, beta, HAS_LB)
+        d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
+        tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
         if HAS_LB:
-            dlb_acc += tl.sum(tl.where(mtk, s_neg * (b_dlogf / f_safe - b_dk), 0.0), 0)
-        b_dor = b_dq * scale * _act_grad(o_raw, O_ACT)
-        b_dir = b_dv * _act_grad(i_raw, I_ACT)
-
-        tl.store(di + offv, b_dir.to(di.dtype.element_ty), mask=mtv)
-        tl.store(do + part + offk, b_dor.to(do.dtype.element_ty), mask=mtk)
-        tl.store(dg + part + offk, b_dgr.to(dg.dtype.element_ty), mask=mtk)
+            dlb_acc += tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
 
     if STORE_DH0:
         tl.store(dh0 + s_off, dS, mask=s_mask)

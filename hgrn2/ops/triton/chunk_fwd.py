@@ -37,17 +37,17 @@ def hgrn2_fwd_kernel(
         S = tl.zeros([BV, BK], dtype=tl.float32)
 
     # register double-buffering: the next sub-block's tiles load while this one computes
-    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv)
+    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
     o_nx = tl.load(o + offk, mask=mtk, other=0.0)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     for t0 in range(bos, eos, 16):
         o_t, g_t, i_t = o_nx, g_nx, i_nx
-        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv)
+        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
         o_nx = tl.load(o + offk, mask=mtk, other=0.0)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
 
         # rows past the end need a = 0 (b stays put) and v = 0; padded K columns need k = 0
         q = _act(o_t.to(tl.float32), O_ACT) * scale
