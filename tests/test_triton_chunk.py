@@ -69,7 +69,9 @@ def split_v(monkeypatch):
     monkeypatch.setattr(chunk_mod, "MAX_BV", 16)
 
 
-@pytest.mark.parametrize("T,K,V,o_act,i_act", [(37, 16, 32, "silu", "sigmoid"), (70, 32, 16, None, None)])
+@pytest.mark.parametrize("T,K,V,o_act,i_act", [
+    (37, 16, 32, "silu", "sigmoid"), (70, 32, 16, None, None), (29, 24, 20, "sigmoid", "sigmoid"),  # padded K, V
+])
 def test_fp32_matches_reference(T, K, V, o_act, i_act):
     inputs = make_inputs(2, T, 2, K, V, n_states=2)
     kw = dict(scale=K ** -0.5, o_act=o_act, i_act=i_act, output_final_state=True)

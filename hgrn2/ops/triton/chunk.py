@@ -8,6 +8,7 @@ call the kernels as they are.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -19,15 +20,28 @@ from .chunk_fwd import hgrn2_fwd_kernel
 
 ACTS = {None: 0, "silu": 1, "sigmoid": 2}
 FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs; "tf32" trades ~1e-3 accuracy for speed
-MAX_BV = 64  # widest V-block per program; V is split into ceil(V / BV) programs
-NUM_WARPS = 4
+MAX_BV = 128  # widest V-block per program; V is split into ceil(V / BV) programs
+NUM_WARPS = None  # None: 8 for [BV, BK] states of 8192+ elements, else 4
 
 
-def _config(o: torch.Tensor, i: torch.Tensor):
-    """Block sizes and the tl.dot operand dtype / precision for these inputs."""
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int):
+    """Block sizes, warps and the tl.dot operand dtype / precision for these inputs.
+
+    Each program walks one (sequence, head, V-block) from start to end, so the V-blocks are the only source
+    of parallelism beyond N·H: split V while the programs fill less than half the SMs (each split repeats
+    the K-side gate and diagonal-block work, and a second wave costs more than it saves).
+    """
     K, V = o.shape[-1], i.shape[-1]
     BK = max(16, triton.next_power_of_2(K))
-    BV = max(16, min(triton.next_power_of_2(V), MAX_BV, max(16, 8192 // BK)))
+    BV = max(16, min(triton.next_power_of_2(V), MAX_BV, 16384 // BK))
+    while BV > 32 and 2 * n_seq_heads * triton.cdiv(V, BV) <= _sm_count(o.device):
+        BV //= 2
+    warps = NUM_WARPS or (8 if BK * BV >= 8192 else 4)
     if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
         # Triton's CPU interpreter computes bf16 tl.dot wrongly (Triton 3.9), so it gets fp32 operands there
         dt, prec = (tl.float32, "ieee") if os.environ.get("TRITON_INTERPRET") == "1" else (tl.bfloat16, "tf32")
@@ -35,7 +49,7 @@ def _config(o: torch.Tensor, i: torch.Tensor):
         dt, prec = tl.float32, FP32_DOT_PRECISION
     else:  # fp16: its 5-bit exponent cannot hold the e^{±60} factors of the diagonal block; tf32 can
         dt, prec = tl.float32, "tf32"
-    return BK, BV, triton.cdiv(V, BV), dt, prec
+    return BK, BV, triton.cdiv(V, BV), warps, dt, prec
 
 
 def _device(x: torch.Tensor):
@@ -55,7 +69,7 @@ def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     """y [B, T, H, V] (i's dtype) and the final state [N, H, V, K] fp32 (empty when not requested)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    BK, BV, NV, dt, prec = _config(o, i)
+    BK, BV, NV, warps, dt, prec = _config(o, i, N * H)
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
     with _device(o):
@@ -63,7 +77,7 @@ def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
             o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
             H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-            DT=dt, PREC=prec, num_warps=NUM_WARPS,
+            DT=dt, PREC=prec, num_warps=warps,
         )
     return y, ht
 
@@ -83,10 +97,10 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    BK, BV, NV, dt, prec = _config(o, i)
+    BK, BV, NV, warps, dt, prec = _config(o, i, N * H)
     ntok = B * T
     common = dict(H=H, K=K, V=V, BK=BK, BV=BV, HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None,
-                  DT=dt, PREC=prec, num_warps=NUM_WARPS)
+                  DT=dt, PREC=prec, num_warps=warps)
     dq_inter = o.new_empty(NV, B, T, H, K, dtype=torch.float32)
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
