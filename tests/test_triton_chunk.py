@@ -78,6 +78,13 @@ def test_fp32_matches_reference(T, K, V, o_act, i_act):
     check(*run_both(inputs, **kw), tol=1e-4)
 
 
+def test_exact_diagonal_path_everywhere(monkeypatch):
+    """The tree-factorised diagonal block (normally only for fast-forgetting blocks) on ordinary inputs."""
+    monkeypatch.setattr(chunk_mod, "FAST_DIAG_MAX_SPREAD", -1.0)
+    inputs = make_inputs(2, 37, 2, 16, 16, n_states=2)
+    check(*run_both(inputs, scale=0.5, o_act="silu", output_final_state=True), tol=1e-4)
+
+
 def test_split_v_blocks_and_no_bound(split_v):
     inputs = make_inputs(2, 33, 2, 16, 32, lb=None)
     check(*run_both(inputs, o_act="sigmoid", i_act="silu"), tol=1e-4)

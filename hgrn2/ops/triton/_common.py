@@ -118,7 +118,7 @@ def _col(x, cols, j):
 
 
 @triton.jit
-def _diag_attn(q, k, b, spread, DT: tl.constexpr, PREC: tl.constexpr):
+def _diag_attn(q, k, a, b, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0: the [16, 16] diagonal block.
 
     Factorised as (q·e^{b})(k·e^{−b})ᵀ on the tensor cores when the block's decay spread (max over channels of
@@ -127,7 +127,7 @@ def _diag_attn(q, k, b, spread, DT: tl.constexpr, PREC: tl.constexpr):
     """
     rows = tl.arange(0, 16)
     causal = rows[:, None] >= rows[None, :]
-    if spread < 60.0:
+    if spread < MAX_SPREAD:
         qe = (q * tl.exp(b)).to(DT)
         ke = (k * tl.exp(-b)).to(DT)
         A = tl.dot(qe, tl.trans(ke), input_precision=PREC)
@@ -142,10 +142,10 @@ def _diag_attn(q, k, b, spread, DT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _diag_grads(q, k, b, dA, spread, DT: tl.constexpr, PREC: tl.constexpr):
+def _diag_grads(q, k, a, b, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """Backward of `_diag_attn` given dA [16, 16] (already causally masked): returns (dq, dk) [16, K]."""
     rows = tl.arange(0, 16)
-    if spread < 60.0:
+    if spread < MAX_SPREAD:
         eb = tl.exp(b)
         enb = tl.exp(-b)
         dAc = dA.to(DT)

@@ -21,6 +21,7 @@ from .chunk_fwd import hgrn2_fwd_kernel
 ACTS = {None: 0, "silu": 1, "sigmoid": 2}
 FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs; "tf32" trades ~1e-3 accuracy for speed
 MAX_BV = 128  # widest V-block per program; V is split into ceil(V / BV) programs
+FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
 NUM_WARPS = None  # None: 8 for [BV, BK] states of 8192+ elements, else 4
 
 
@@ -77,7 +78,7 @@ def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
             o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
             H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-            DT=dt, PREC=prec, num_warps=warps,
+            MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
         )
     return y, ht
 
@@ -116,7 +117,8 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
         )
         hgrn2_bwd_kernel[(NV, N * H)](
             o, g, i, lower_bound, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
-            O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, **common,
+            O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None,
+            MAX_SPREAD=FAST_DIAG_MAX_SPREAD, **common,
         )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)

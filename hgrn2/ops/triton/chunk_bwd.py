@@ -73,7 +73,8 @@ def hgrn2_bwd_kernel(
     o, g, i, lb, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
-    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -130,7 +131,7 @@ def hgrn2_bwd_kernel(
 
         # dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy, stored at once (each result is written as soon as it is
         # complete, to keep few [16, K] tiles alive)
-        A = _diag_attn(q, k, b, spread, DT, PREC)
+        A = _diag_attn(q, k, a, b, spread, MAX_SPREAD, DT, PREC)
         b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
         b_dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
         tl.store(di + offv, (b_dv * _act_grad(i_raw, I_ACT)).to(di.dtype.element_ty), mask=mtv)
@@ -138,7 +139,7 @@ def hgrn2_bwd_kernel(
         # dq, dk: the diagonal block plus the state terms (dq's came from the forward sweep)
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
-        dq_d, dk_d = _diag_grads(q, k, b, dA, spread, DT, PREC)
+        dq_d, dk_d = _diag_grads(q, k, a, b, dA, spread, MAX_SPREAD, DT, PREC)
         b_dq = dq_t + dq_d
         tl.store(do + part + offk, (b_dq * scale * _act_grad(o_raw, O_ACT)).to(do.dtype.element_ty), mask=mtk)
         b_dk = w_end * tl.dot(v, dS_c, input_precision=PREC) + dk_d

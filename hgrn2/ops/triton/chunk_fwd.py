@@ -20,7 +20,8 @@ def hgrn2_fwd_kernel(
     o, g, i, lb, h0, y, ht, cu_seqlens, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr,
-    STORE_HT: tl.constexpr, VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    STORE_HT: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -58,7 +59,7 @@ def hgrn2_fwd_kernel(
 
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
-        A = _diag_attn(q, k, b, -tl.min(b_last), DT, PREC)
+        A = _diag_attn(q, k, a, b, -tl.min(b_last), MAX_SPREAD, DT, PREC)
         v_c = v.to(DT)
         out = tl.dot((q * tl.exp(b)).to(DT), tl.trans(S.to(DT)), input_precision=PREC)
         out += tl.dot(A.to(DT), v_c, input_precision=PREC)
