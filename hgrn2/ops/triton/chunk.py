@@ -19,7 +19,9 @@ from .chunk_bwd import hgrn2_bwd_dq_kernel, hgrn2_bwd_kernel
 from .chunk_fwd import hgrn2_fwd_kernel
 
 ACTS = {None: 0, "silu": 1, "sigmoid": 2}
-FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs; "tf32" trades ~1e-3 accuracy for speed
+# tl.dot precision for fp32 inputs: "ieee" (exact fp32 FMAs, slow, spills), "tf32x3" (3 tensor-core passes,
+# ~fp32 accuracy, compiles far leaner), "tf32" (~1e-3 relative)
+FP32_DOT_PRECISION = "ieee"
 MAX_BV = 128  # widest V-block per program; V is split into ceil(V / BV) programs
 FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
 NUM_WARPS = None  # None: 8 for [BV, BK] states of 8192+ elements, else 4
@@ -38,11 +40,6 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int):
     the K-side gate and diagonal-block work, and a second wave costs more than it saves).
     """
     K, V = o.shape[-1], i.shape[-1]
-    BK = max(16, triton.next_power_of_2(K))
-    BV = max(16, min(triton.next_power_of_2(V), MAX_BV, 16384 // BK))
-    while BV > 32 and 2 * n_seq_heads * triton.cdiv(V, BV) <= _sm_count(o.device):
-        BV //= 2
-    warps = NUM_WARPS or (8 if BK * BV >= 8192 else 4)
     if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
         # Triton's CPU interpreter computes bf16 tl.dot wrongly (Triton 3.9), so it gets fp32 operands there
         dt, prec = (tl.float32, "ieee") if os.environ.get("TRITON_INTERPRET") == "1" else (tl.bfloat16, "tf32")
@@ -50,6 +47,12 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int):
         dt, prec = tl.float32, FP32_DOT_PRECISION
     else:  # fp16: its 5-bit exponent cannot hold the e^{±60} factors of the diagonal block; tf32 can
         dt, prec = tl.float32, "tf32"
+    BK = max(16, triton.next_power_of_2(K))
+    # fp32 dot operands take twice the registers: half the V-block
+    BV = max(16, min(triton.next_power_of_2(V), MAX_BV, (16384 if dt == tl.bfloat16 else 8192) // BK))
+    while BV > 32 and 2 * n_seq_heads * triton.cdiv(V, BV) <= _sm_count(o.device):
+        BV //= 2
+    warps = NUM_WARPS or (8 if BK * BV >= 8192 else 4)
     return BK, BV, triton.cdiv(V, BV), warps, dt, prec
 
 
