@@ -153,13 +153,13 @@ def _diag_grads(q, k, a, b, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constex
         dk = enb * tl.dot(tl.trans(dAc), (q * eb).to(DT), input_precision=PREC)
     else:
         dq = tl.zeros(q.shape, dtype=tl.float32)
-        dk = tl.zeros(q.shape, dtype=tl.float32)
-        for j in range(16):
+        for j in range(16):  # token j as the source s: feeds rows t ≥ j of dq
             b_j = _row(b, rows, j)
-            # token j as the source s: feeds rows t ≥ j of dq
             wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
             dq += _col(dA, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
-            # token j as the target t: feeds rows s ≤ j of dk
+        dk = tl.zeros(q.shape, dtype=tl.float32)
+        for j in range(16):  # token j as the target t: feeds rows s ≤ j of dk
+            b_j = _row(b, rows, j)
             wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
             dk += _row(dA, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
     return dq, dk
