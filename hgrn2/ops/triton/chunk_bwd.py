@@ -102,16 +102,14 @@ def hgrn2_bwd_kernel(
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-    dq_nx = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)
     for it in range(0, tl.cdiv(eos - bos, 16)):
         t0 = t_last - it * 16
-        o_t, g_t, i_t, dy_t, dq_t = o_nx, g_nx, i_nx, dy_nx, dq_nx
+        o_t, g_t, i_t, dy_t = o_nx, g_nx, i_nx, dy_nx
         offk, offv, mtk, mtv = _tile(t0 - 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
         o_nx = tl.load(o + offk, mask=mtk, other=0.0)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
         dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-        dq_nx = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)
         offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
 
         o_raw = o_t.to(tl.float32)
@@ -140,7 +138,7 @@ def hgrn2_bwd_kernel(
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
         dq_d, dk_d = _diag_grads(q, k, a, b, dA, spread, MAX_SPREAD, DT, PREC)
-        b_dq = dq_t + dq_d
+        b_dq = tl.load(dq_inter + part + offk, mask=mtk, other=0.0) + dq_d
         tl.store(do + part + offk, (b_dq * scale * _act_grad(o_raw, O_ACT)).to(do.dtype.element_ty), mask=mtk)
         b_dk = w_end * tl.dot(v, dS_c, input_precision=PREC) + dk_d
         dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * tl.exp(b)).to(DT), input_precision=PREC)
