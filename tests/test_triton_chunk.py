@@ -148,6 +148,13 @@ def test_dispatch_and_float64_inputs():
     assert y.dtype == torch.float64 and rel_err(y, y_ref) <= 1e-5
 
 
+def test_custom_op_registration():
+    """Schema, fake (meta) implementation and autograd registration: what torch.compile relies on."""
+    o, g, i, beta, h0 = make_inputs(2, 20, 2, 16, 16, n_states=2)
+    leaves = [x.requires_grad_() for x in (o, g, i, beta, h0)]
+    torch.library.opcheck(chunk_mod.chunk_fwd, (*leaves, None, 0.5, 1, 0, True))
+
+
 def test_bad_activation_is_a_clear_error():
     o, g, i, *_ = make_inputs(1, 4, 1, 16, 16)
     with pytest.raises(ValueError, match="o_act"):
