@@ -122,6 +122,21 @@ def test_all_gates_saturated():
     assert (dg.double() - dg_ref).abs().max() <= 1e-5 * ref[2][2].grad.abs().max()
 
 
+def test_long_sequence_slow_decay():
+    """600 tokens with β up to 0.999 (memory ~1000 tokens): long-range accumulation in fp32."""
+    inputs = make_inputs(1, 600, 1, 16, 16, g_scale=1.0, lb=(0.9, 0.999), n_states=1)
+    check(*run_both(inputs, scale=0.25, o_act="silu", output_final_state=True), tol=1e-4)
+
+
+def test_short_sequence_without_grad():
+    """A few tokens and no autograd: the decode route (or the chunk kernel where it is absent)."""
+    o, g, i, beta, h0 = make_inputs(2, 5, 2, 16, 16, n_states=2)
+    with torch.no_grad():
+        y, ht = hgrn2_triton(o, g, i, beta, o_act="silu", initial_state=h0, output_final_state=True)
+    y_ref, ht_ref = hgrn2_reference(o, g, i, beta, o_act="silu", initial_state=h0, output_final_state=True)
+    assert rel_err(y, y_ref) <= 1e-4 and rel_err(ht, ht_ref) <= 1e-4
+
+
 def test_bf16():
     inputs = make_inputs(2, 70, 2, 32, 32, n_states=2, dtype=torch.bfloat16)
     kw = dict(scale=32 ** -0.5, o_act="silu", output_final_state=True)
