@@ -57,8 +57,10 @@ def _gates(g, beta, HAS_LB: tl.constexpr):
     """Forget gate from logits g [R, K] and bound β [K]: returns (log f, k = 1 − f, σ(g), σ(−g), f).
 
     f = β + (1 − β)σ(g) and k = (1 − β)σ(−g) are sums of positive terms, so both keep full relative precision.
-    log f is log1p(−k) where f ≥ 1/2 (precise as f → 1, with the (1 − k) − 1 correction) and log f directly
-    below. Four transcendental ops per element (exp, reciprocal, log, divide): this runs in every kernel.
+    log f is log1p(−k) where f ≥ 1/2 and log f directly below. log1p(−k) = log(u) + (−k − (u − 1))/u with
+    u = fl(1 − k): u − 1 is exact (Sterbenz) and the residual is below half an ulp of 1, so taking 1/u ≈ 1
+    costs < 3e-8 absolute. Three transcendental ops per element (exp, reciprocal, log): SFU throughput is
+    a bottleneck of these kernels, so every one counts.
     """
     e = tl.exp(-tl.abs(g))
     r = 1.0 / (1.0 + e)
@@ -72,10 +74,7 @@ def _gates(g, beta, HAS_LB: tl.constexpr):
         f = s_pos
     near_one = k < 0.5
     u = tl.where(near_one, 1.0 - k, f)
-    log_u = tl.log(u)
-    d = u - 1.0  # exact (Sterbenz) when near_one
-    a = tl.where(near_one & (d != 0.0), log_u * (-k / tl.where(d == 0.0, 1.0, d)), log_u)
-    a = tl.where(near_one & (d == 0.0), -k, a)
+    a = tl.log(u) + tl.where(near_one, -k - (u - 1.0), 0.0)
     # f underflows only when β ≈ 0 and g < −69; there log f = log σ(g) = g to fp32 precision
     a = tl.where(f > 1e-30, a, g)
     return a, k, s_pos, s_neg, f
@@ -93,16 +92,16 @@ def _act(x, ACT: tl.constexpr):
 
 
 @triton.jit
-def _act_grad(x, ACT: tl.constexpr):
-    """d act(x) / dx."""
+def _act_and_grad(x, ACT: tl.constexpr):
+    """(act(x), act'(x)) from one sigmoid."""
     if ACT == 1:
         s = tl.sigmoid(x)
-        return s * (1.0 + x * (1.0 - s))
+        return x * s, s * (1.0 + x * (1.0 - s))
     elif ACT == 2:
         s = tl.sigmoid(x)
-        return s * (1.0 - s)
+        return s, s * (1.0 - s)
     else:
-        return tl.full(x.shape, 1.0, tl.float32)
+        return x, tl.full(x.shape, 1.0, tl.float32)
 
 
 @triton.jit
@@ -118,36 +117,41 @@ def _col(x, cols, j):
 
 
 @triton.jit
-def _diag_attn(q, k, a, b, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0: the [16, 16] diagonal block.
+def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
 
-    Factorised as (q·e^{b})(k·e^{−b})ᵀ on the tensor cores when the block's decay spread (max over channels of
-    b[0] − b[15], here −b[15]) is below 60, so k·e^{−b} ≤ e^{60} cannot overflow; otherwise exact,
-    one column at a time with the exponent masked before exp.
+    A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([16, 16]). When the block's decay
+    spread (max over channels of b[0] − b[15], here −b_last) is below MAX_SPREAD (60), A is one tensor-core
+    product (q e^{b})(k e^{−b})ᵀ — k e^{−b} ≤ e^{60} cannot overflow — and e^{b_last − b} = e^{b_last}·e^{−b}
+    reuses e^{−b} (two exponentials per element in all). Otherwise A is exact, one column at a time with the
+    exponent masked before exp (blocks that forget more than e^-60 within 16 tokens).
     """
     rows = tl.arange(0, 16)
     causal = rows[:, None] >= rows[None, :]
+    eb = tl.exp(b)
     if spread < MAX_SPREAD:
-        qe = (q * tl.exp(b)).to(DT)
-        ke = (k * tl.exp(-b)).to(DT)
-        A = tl.dot(qe, tl.trans(ke), input_precision=PREC)
+        enb = tl.exp(-b)
+        w_end = tl.exp(b_last)[None, :] * enb
+        A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
     else:
+        w_end = tl.exp(b_last[None, :] - b)
         A = tl.zeros([16, 16], dtype=tl.float32)
         for j in range(16):
             k_j = _row(k, rows, j)
             b_j = _row(b, rows, j)
             w = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
             A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
-    return tl.where(causal, A, 0.0)
+    return tl.where(causal, A, 0.0), eb, w_end
 
 
 @triton.jit
-def _diag_grads(q, k, a, b, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """Backward of `_diag_attn` given dA [16, 16] (already causally masked): returns (dq, dk) [16, K]."""
+def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+                PREC: tl.constexpr):
+    """Backward of the diagonal block given dA [16, 16] (causally masked) and `_diag_block`'s factors:
+    returns (dq, dk) [16, K]. The fast path gets e^{−b} as e^{b_last − b}·e^{−b_last} (a [K] exponential)."""
     rows = tl.arange(0, 16)
     if spread < MAX_SPREAD:
-        eb = tl.exp(b)
-        enb = tl.exp(-b)
+        enb = w_end * tl.exp(-b_last)[None, :]
         dAc = dA.to(DT)
         dq = eb * tl.dot(dAc, (k * enb).to(DT), input_precision=PREC)
         dk = enb * tl.dot(tl.trans(dAc), (q * eb).to(DT), input_precision=PREC)

@@ -18,7 +18,7 @@ Both walk a sequence 16 tokens at a time per (V-block, sequence·head), like the
 import triton
 import triton.language as tl
 
-from ._common import _act, _act_grad, _diag_attn, _diag_grads, _gates, _load_beta, _seq_bounds, _tile
+from ._common import _act, _act_and_grad, _diag_block, _diag_grads, _gates, _load_beta, _seq_bounds, _tile
 
 
 @triton.jit
@@ -113,35 +113,35 @@ def hgrn2_bwd_kernel(
         offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
 
         o_raw = o_t.to(tl.float32)
-        g_raw = g_t.to(tl.float32)
         i_raw = i_t.to(tl.float32)
         b_do = dy_t.to(DT)
-        q = _act(o_raw, O_ACT) * scale
-        a, k, _, _, _ = _gates(g_raw, beta, HAS_LB)
+        q, dq_act = _act_and_grad(o_raw, O_ACT)
+        q = q * scale
+        a, k, s_pos, s_neg, f = _gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
-        v = tl.where(mtv, _act(i_raw, I_ACT), 0.0).to(DT)
+        v, dv_act = _act_and_grad(i_raw, I_ACT)
+        v = tl.where(mtv, v, 0.0).to(DT)
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
         spread = -tl.min(b_last)
-        w_end = tl.exp(b_last[None, :] - b)
+        A, eb, w_end = _diag_block(q, k, b, b_last, spread, MAX_SPREAD, DT, PREC)
         dS_c = dS.to(DT)
 
         # dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy, stored at once (each result is written as soon as it is
         # complete, to keep few [16, K] tiles alive)
-        A = _diag_attn(q, k, a, b, spread, MAX_SPREAD, DT, PREC)
         b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
         b_dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
-        tl.store(di + offv, (b_dv * _act_grad(i_raw, I_ACT)).to(di.dtype.element_ty), mask=mtv)
+        tl.store(di + offv, (b_dv * dv_act).to(di.dtype.element_ty), mask=mtv)
 
         # dq, dk: the diagonal block plus the state terms (dq's came from the forward sweep)
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
-        dq_d, dk_d = _diag_grads(q, k, a, b, dA, spread, MAX_SPREAD, DT, PREC)
+        dq_d, dk_d = _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
         b_dq = tl.load(dq_inter + part + offk, mask=mtk, other=0.0) + dq_d
-        tl.store(do + part + offk, (b_dq * scale * _act_grad(o_raw, O_ACT)).to(do.dtype.element_ty), mask=mtk)
+        tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
         b_dk = w_end * tl.dot(v, dS_c, input_precision=PREC) + dk_d
-        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * tl.exp(b)).to(DT), input_precision=PREC)
+        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * eb).to(DT), input_precision=PREC)
 
         # d log f: reverse running sum of q ⊙ dq − k ⊙ dk
         db = q * b_dq - k * b_dk
@@ -149,10 +149,8 @@ def hgrn2_bwd_kernel(
         b_dlogf = (dlogf_carry + db_sum)[None, :] - tl.cumsum(db, 0) + db
         dlogf_carry += db_sum
 
-        # chain rule to g and β (gates recomputed rather than kept alive). f = β + (1 − β)σ(g), k = 1 − f:
-        # dL/df = dlogf / f − dk, ∂f/∂g = kσ(g), ∂f/∂β = σ(−g); σ(g)/f ≤ 1/(1 − β) stays bounded
-        # (0 only where f underflowed, and then dlogf ≈ 0 too)
-        _, k, s_pos, s_neg, f = _gates(g_raw, beta, HAS_LB)
+        # chain rule to g and β. f = β + (1 − β)σ(g), k = 1 − f: dL/df = dlogf / f − dk, ∂f/∂g = kσ(g),
+        # ∂f/∂β = σ(−g); kσ(g)/f ≤ 1 stays bounded (0 only where f underflowed, and then dlogf ≈ 0 too)
         d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
         tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
         if HAS_LB:

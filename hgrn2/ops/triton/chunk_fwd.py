@@ -1,7 +1,7 @@
 """Forward kernel: the HGRN2 recurrence over 16-token sub-blocks, state held in registers, one pass over memory.
 
 One program per (V-block, sequence·head) walks its sequence 16 tokens at a time. Per sub-block, with b the
-within-block cumsum of log f (b ≤ 0, so every factor below is ≤ 1 except inside `_diag_attn`):
+within-block cumsum of log f (b ≤ 0, so every factor below is ≤ 1 except inside `_diag_block`):
 
     y = (q ⊙ e^{b}) Sᵀ + A v                         A = the exact causal 16×16 block (see _common)
     S ← S ⊙ e^{b_last} + vᵀ (k ⊙ e^{b_last − b})     S [BV, K] in fp32
@@ -12,7 +12,7 @@ It reads o, g, i once and writes y once (plus the final state); k and log f live
 import triton
 import triton.language as tl
 
-from ._common import _act, _diag_attn, _gates, _load_beta, _seq_bounds, _tile
+from ._common import _act, _diag_block, _gates, _load_beta, _seq_bounds, _tile
 
 
 @triton.jit
@@ -59,14 +59,12 @@ def hgrn2_fwd_kernel(
 
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
-        A = _diag_attn(q, k, a, b, -tl.min(b_last), MAX_SPREAD, DT, PREC)
+        A, eb, w_end = _diag_block(q, k, b, b_last, -tl.min(b_last), MAX_SPREAD, DT, PREC)
         v_c = v.to(DT)
-        out = tl.dot((q * tl.exp(b)).to(DT), tl.trans(S.to(DT)), input_precision=PREC)
+        out = tl.dot((q * eb).to(DT), tl.trans(S.to(DT)), input_precision=PREC)
         out += tl.dot(A.to(DT), v_c, input_precision=PREC)
         tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
-
-        ke = (k * tl.exp(b_last[None, :] - b)).to(DT)
-        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v_c), ke, input_precision=PREC)
+        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v_c), (k * w_end).to(DT), input_precision=PREC)
 
     if STORE_HT:
         tl.store(ht + s_off, S, mask=s_mask)
