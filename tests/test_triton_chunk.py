@@ -193,9 +193,19 @@ def test_gpu_head_sizes(K, V, dtype, tol):
 @gpu
 @pytest.mark.parametrize("T", [4096, 65536])
 def test_gpu_long_sequences(T):
+    """Long sequences, slow decay: all gradients at 4K; outputs and final state at 64K (the fp64 step-loop
+    reference's autograd graph would not be reasonable there)."""
     inputs = make_inputs(1, T, 2, 64, 64, g_scale=1.0, lb=(0.5, 0.999), n_states=1, dtype=torch.bfloat16)
     kw = dict(scale=0.125, o_act="silu", output_final_state=True)
-    check(*run_both(inputs, **kw), tol=2e-2)
+    if T <= 8192:
+        check(*run_both(inputs, **kw), tol=2e-2)
+        return
+    o, g, i, beta, h0 = inputs
+    with torch.no_grad():
+        y, ht = hgrn2_triton(o, g, i, beta, initial_state=h0, **kw)
+        y_ref, ht_ref = hgrn2_reference(o.double(), g.double(), i.double(), beta.double(),
+                                        initial_state=h0.double(), **kw)
+    assert torch.isfinite(y).all() and rel_err(y, y_ref) <= 2e-2 and rel_err(ht, ht_ref) <= 2e-2
 
 
 @gpu

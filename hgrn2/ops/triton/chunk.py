@@ -172,7 +172,7 @@ def hgrn2_chunk_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_ac
         o.contiguous(), g.contiguous(), i.contiguous(),
         None if lower_bound is None else lower_bound.contiguous(),
         None if initial_state is None else initial_state.contiguous(),
-        None if cu_seqlens is None else cu_seqlens.contiguous(),
+        None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
         float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state),
     )
     return y.to(in_dtype), (ht if output_final_state else None)
