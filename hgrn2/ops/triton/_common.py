@@ -1,0 +1,169 @@
+"""Triton building blocks shared by the HGRN2 chunk kernels: gate math, activations, the 16-token diagonal block.
+
+Everything here runs in registers on fp32 tiles. Notation for one 16-token sub-block of one head:
+q [16, K] (activated, scaled output gate), k = 1 − f [16, K], a = log f [16, K], b = cumsum(a) within the
+sub-block (so b ≤ 0 and non-increasing down the rows), v [16, BV].
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _seq_bounds(cu_seqlens, i_n, T, VARLEN: tl.constexpr):
+    """[bos, eos) of sequence i_n as rows of the flattened [B·T] token axis."""
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    return bos, eos
+
+
+@triton.jit
+def _load_beta(lb, i_h, K, ck, HAS_LB: tl.constexpr):
+    """β [BK] of head i_h in fp32 (zeros without a bound)."""
+    if HAS_LB:
+        return tl.load(lb + i_h * K + ck, mask=ck < K, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros(ck.shape, dtype=tl.float32)
+
+
+@triton.jit
+def _tile(t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr, BV: tl.constexpr):
+    """Offsets and masks (rows in [bos, eos)) of the 16-token sub-block from row t0: ([16, BK], [16, BV]).
+
+    Column masks only where the block is padded, so that the masks are constant along rows and the loads
+    vectorise.
+    """
+    tok = t0 + tl.arange(0, 16)
+    mt = (tok >= bos) & (tok < eos)
+    offk = (tok[:, None] * H + i_h) * K + ck[None, :]
+    offv = (tok[:, None] * H + i_h) * V + cv[None, :]
+    if BK == K:
+        mtk = tl.broadcast_to(mt[:, None], (16, BK))
+    else:
+        mtk = mt[:, None] & (ck < K)[None, :]
+    if V % BV == 0:
+        mtv = tl.broadcast_to(mt[:, None], (16, BV))
+    else:
+        mtv = mt[:, None] & (cv < V)[None, :]
+    return offk, offv, mtk, mtv
+
+
+@triton.jit
+def _gates(g, beta, HAS_LB: tl.constexpr):
+    """Forget gate from logits g [R, K] and bound β [K]: returns (log f, k = 1 − f, σ(g), σ(−g), f).
+
+    f = β + (1 − β)σ(g) and k = (1 − β)σ(−g) are sums of positive terms, so both keep full relative precision.
+    log f is log1p(−k) where f ≥ 1/2 and log f directly below. log1p(−k) = log(u) + (−k − (u − 1))/u with
+    u = fl(1 − k): u − 1 is exact (Sterbenz) and the residual is below half an ulp of 1, so taking 1/u ≈ 1
+    costs < 3e-8 absolute. Three transcendental ops per element (exp, reciprocal, log): SFU throughput is
+    a bottleneck of these kernels, so every one counts.
+    """
+    e = tl.exp(-tl.abs(g))
+    r = 1.0 / (1.0 + e)
+    s_pos = tl.where(g >= 0, r, e * r)
+    s_neg = tl.where(g >= 0, e * r, r)
+    if HAS_LB:
+        k = (1.0 - beta[None, :]) * s_neg
+        f = beta[None, :] + (1.0 - beta[None, :]) * s_pos
+    else:
+        k = s_neg
+        f = s_pos
+    near_one = k < 0.5
+    u = tl.where(near_one, 1.0 - k, f)
+    a = tl.log(u) + tl.where(near_one, -k - (u - 1.0), 0.0)
+    # f underflows only when β ≈ 0 and g < −69; there log f = log σ(g) = g to fp32 precision
+    a = tl.where(f > 1e-30, a, g)
+    return a, k, s_pos, s_neg, f
+
+
+@triton.jit
+def _act(x, ACT: tl.constexpr):
+    """ACT: 0 identity, 1 silu, 2 sigmoid."""
+    if ACT == 1:
+        return x * tl.sigmoid(x)
+    elif ACT == 2:
+        return tl.sigmoid(x)
+    else:
+        return x
+
+
+@triton.jit
+def _act_and_grad(x, ACT: tl.constexpr):
+    """(act(x), act'(x)) from one sigmoid."""
+    if ACT == 1:
+        s = tl.sigmoid(x)
+        return x * s, s * (1.0 + x * (1.0 - s))
+    elif ACT == 2:
+        s = tl.sigmoid(x)
+        return s, s * (1.0 - s)
+    else:
+        return x, tl.full(x.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def _row(x, rows, j):
+    """Row j of a register tile x [R, C] as a [C] vector (a masked reduction: Triton cannot index registers)."""
+    return tl.sum(tl.where(rows[:, None] == j, x, 0.0), 0)
+
+
+@triton.jit
+def _col(x, cols, j):
+    """Column j of a register tile x [R, C] as an [R] vector."""
+    return tl.sum(tl.where(cols[None, :] == j, x, 0.0), 1)
+
+
+@triton.jit
+def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
+
+    A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([16, 16]). When the block's decay
+    spread (max over channels of b[0] − b[15], here −b_last) is below MAX_SPREAD (60), A is one tensor-core
+    product (q e^{b})(k e^{−b})ᵀ — k e^{−b} ≤ e^{60} cannot overflow — and e^{b_last − b} = e^{b_last}·e^{−b}
+    reuses e^{−b} (two exponentials per element in all). Otherwise A is exact, one column at a time with the
+    exponent masked before exp (blocks that forget more than e^-60 within 16 tokens).
+    """
+    rows = tl.arange(0, 16)
+    causal = rows[:, None] >= rows[None, :]
+    eb = tl.exp(b)
+    if spread < MAX_SPREAD:
+        enb = tl.exp(-b)
+        w_end = tl.exp(b_last)[None, :] * enb
+        A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
+    else:
+        w_end = tl.exp(b_last[None, :] - b)
+        A = tl.zeros([16, 16], dtype=tl.float32)
+        for j in range(16):
+            k_j = _row(k, rows, j)
+            b_j = _row(b, rows, j)
+            w = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
+    return tl.where(causal, A, 0.0), eb, w_end
+
+
+@triton.jit
+def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+                PREC: tl.constexpr):
+    """Backward of the diagonal block given dA [16, 16] (causally masked) and `_diag_block`'s factors:
+    returns (dq, dk) [16, K]. The fast path gets e^{−b} as e^{b_last − b}·e^{−b_last} (a [K] exponential)."""
+    rows = tl.arange(0, 16)
+    if spread < MAX_SPREAD:
+        enb = w_end * tl.exp(-b_last)[None, :]
+        dAc = dA.to(DT)
+        dq = eb * tl.dot(dAc, (k * enb).to(DT), input_precision=PREC)
+        dk = enb * tl.dot(tl.trans(dAc), (q * eb).to(DT), input_precision=PREC)
+    else:
+        dq = tl.zeros(q.shape, dtype=tl.float32)
+        for j in range(16):  # token j as the source s: feeds rows t ≥ j of dq
+            b_j = _row(b, rows, j)
+            wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            dq += _col(dA, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
+        dk = tl.zeros(q.shape, dtype=tl.float32)
+        for j in range(16):  # token j as the target t: feeds rows s ≤ j of dk
+            b_j = _row(b, rows, j)
+            wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            dk += _row(dA, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
+    return dq, dk

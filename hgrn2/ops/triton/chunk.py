@@ -1,0 +1,178 @@
+"""HGRN2 on the Triton kernels of `chunk_fwd.py` / `chunk_bwd.py`, as torch custom ops with autograd.
+
+`hgrn2_chunk_triton` has the contract of `hgrn2.ops.hgrn2`. The two ops `hgrn2::chunk_fwd` and
+`hgrn2::chunk_bwd` are opaque to torch.compile (fake implementations give the shapes), so compiled models
+call the kernels as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk_bwd import hgrn2_bwd_dq_kernel, hgrn2_bwd_kernel
+from .chunk_fwd import hgrn2_fwd_kernel
+
+ACTS = {None: 0, "silu": 1, "sigmoid": 2}
+# tl.dot precision for fp32 inputs: "ieee" (exact fp32 FMAs, slow, spills), "tf32x3" (3 tensor-core passes,
+# ~fp32 accuracy, compiles far leaner), "tf32" (~1e-3 relative)
+FP32_DOT_PRECISION = "ieee"
+MAX_BV = 128  # widest V-block per program; V is split into ceil(V / BV) programs
+FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
+NUM_WARPS = None  # None: 8 for [BV, BK] states of 8192+ elements, else 4
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int):
+    """Block sizes, warps and the tl.dot operand dtype / precision for these inputs.
+
+    Each program walks one (sequence, head, V-block) from start to end, so the V-blocks are the only source
+    of parallelism beyond N·H: split V while the programs fill less than half the SMs (each split repeats
+    the K-side gate and diagonal-block work, and a second wave costs more than it saves).
+    """
+    K, V = o.shape[-1], i.shape[-1]
+    if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
+        # Triton's CPU interpreter computes bf16 tl.dot wrongly (Triton 3.9), so it gets fp32 operands there
+        dt, prec = (tl.float32, "ieee") if os.environ.get("TRITON_INTERPRET") == "1" else (tl.bfloat16, "tf32")
+    elif torch.float32 in (o.dtype, i.dtype):
+        dt, prec = tl.float32, FP32_DOT_PRECISION
+    else:  # fp16: its 5-bit exponent cannot hold the e^{±60} factors of the diagonal block; tf32 can
+        dt, prec = tl.float32, "tf32"
+    BK = max(16, triton.next_power_of_2(K))
+    # fp32 dot operands take twice the registers: half the V-block
+    BV = max(16, min(triton.next_power_of_2(V), MAX_BV, (16384 if dt == tl.bfloat16 else 8192) // BK))
+    while BV > 32 and 2 * n_seq_heads * triton.cdiv(V, BV) <= _sm_count(o.device):
+        BV //= 2
+    warps = NUM_WARPS or (8 if BK * BV >= 8192 else 4)
+    return BK, BV, triton.cdiv(V, BV), warps, dt, prec
+
+
+def _device(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _layout(o, cu_seqlens):
+    B, T, H, _ = o.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    return B, T, H, N
+
+
+@torch.library.custom_op("hgrn2::chunk_fwd", mutates_args=())
+def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
+              initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
+              i_act: int, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """y [B, T, H, V] (i's dtype) and the final state [N, H, V, K] fp32 (empty when not requested)."""
+    B, T, H, N = _layout(o, cu_seqlens)
+    K, V = o.shape[-1], i.shape[-1]
+    BK, BV, NV, warps, dt, prec = _config(o, i, N * H)
+    y = torch.empty_like(i)
+    ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
+    with _device(o):
+        hgrn2_fwd_kernel[(NV, N * H)](
+            o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
+            H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
+            MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
+        )
+    return y, ht
+
+
+@chunk_fwd.register_fake
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state):
+    B, T, H, N = _layout(o, cu_seqlens)
+    shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
+    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("hgrn2::chunk_bwd", mutates_args=())
+def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
+              initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, ht: torch.Tensor,
+              dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
+    B, T, H, N = _layout(o, cu_seqlens)
+    K, V = o.shape[-1], i.shape[-1]
+    BK, BV, NV, warps, dt, prec = _config(o, i, N * H)
+    ntok = B * T
+    common = dict(H=H, K=K, V=V, BK=BK, BV=BV, HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None,
+                  DT=dt, PREC=prec, num_warps=warps)
+    dq_inter = o.new_empty(NV, B, T, H, K, dtype=torch.float32)
+    if NV == 1:
+        do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
+    else:  # per-V-block partial sums, added below
+        do, dg = torch.empty_like(dq_inter), torch.empty_like(dq_inter)
+    di = torch.empty_like(i)
+    dlb = o.new_empty(NV, N, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
+    dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
+    with _device(o):
+        hgrn2_bwd_dq_kernel[(NV, N * H)](
+            g, i, lower_bound, initial_state, dy, dq_inter, cu_seqlens, T, ntok,
+            I_ACT=i_act, HAS_H0=initial_state is not None, **common,
+        )
+        hgrn2_bwd_kernel[(NV, N * H)](
+            o, g, i, lower_bound, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
+            O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None,
+            MAX_SPREAD=FAST_DIAG_MAX_SPREAD, **common,
+        )
+    do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
+    dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
+    if lower_bound is not None:
+        dlb = dlb.sum((0, 1)).to(lower_bound.dtype)
+    if initial_state is not None:
+        dh0 = dh0.to(initial_state.dtype)
+    return do, dg, di, dlb, dh0
+
+
+@chunk_bwd.register_fake
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, ht, dy, dht, scale, o_act, i_act):
+    dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
+    dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
+    return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
+
+
+def _setup_context(ctx, inputs, output):
+    o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state = inputs
+    ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, output[1])
+    ctx.args = (scale, o_act, i_act, output_final_state)
+
+
+def _backward(ctx, dy, dht):
+    o, g, i, lower_bound, initial_state, cu_seqlens, ht = ctx.saved_tensors
+    scale, o_act, i_act, output_final_state = ctx.args
+    dy = torch.zeros_like(i) if dy is None else dy.contiguous()
+    dht = dht.contiguous() if output_final_state and dht is not None else None
+    do, dg, di, dlb, dh0 = chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, ht, dy, dht, scale, o_act,
+                                     i_act)
+    return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
+            None, None, None, None, None)
+
+
+chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def hgrn2_chunk_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
+                       output_final_state=False, cu_seqlens=None):
+    """HGRN2 by the fused Triton kernels; arguments and result as `hgrn2.ops.hgrn2` (shapes there).
+
+    float64 inputs run in float32 (the kernels accumulate in float32) and are cast back.
+    """
+    in_dtype = i.dtype
+    if torch.float64 in (o.dtype, g.dtype, i.dtype):
+        o, g, i = o.float(), g.float(), i.float()
+    y, ht = chunk_fwd(
+        o.contiguous(), g.contiguous(), i.contiguous(),
+        None if lower_bound is None else lower_bound.contiguous(),
+        None if initial_state is None else initial_state.contiguous(),
+        None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
+        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state),
+    )
+    return y.to(in_dtype), (ht if output_final_state else None)

@@ -1,0 +1,162 @@
+"""Backward kernels: a forward sweep for the state-dependent part of dq, then one reverse sweep for the rest.
+
+Both walk a sequence 16 tokens at a time per (V-block, sequence·head), like the forward kernel.
+
+1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes dq_inter = e^{b} ⊙ (dy S) [16, K] (fp32,
+   one slice per V-block; it is the only term of the backward that needs the forward state).
+2. `hgrn2_bwd_kernel` walks backwards carrying dS [BV, K] (the gradient of the state after the sub-block):
+
+       dq = dq_inter + diag part          dk = e^{b_last − b} ⊙ (v dS) + diag part
+       dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy          dS ← dS ⊙ e^{b_last} + dyᵀ (q ⊙ e^{b})
+
+   and the gradient of log f by the GLA identity, d log f_t = Σ_{t' ≥ t} (q ⊙ dq − k ⊙ dk)_{t'} + Σ_v dS_T ⊙ S_T
+   (a reverse running sum carried across sub-blocks; the last term is the final state's share). It then
+   chains through the activations and the gate, dg = dlogf·∂log f/∂g + dk·∂k/∂g (and the same for β), and
+   writes do, dg (per V-block partial sums when V is split), di, the β partial sums and d initial_state.
+"""
+
+import triton
+import triton.language as tl
+
+from ._common import _act, _act_and_grad, _diag_block, _diag_grads, _gates, _load_beta, _seq_bounds, _tile
+
+
+@triton.jit
+def hgrn2_bwd_dq_kernel(
+    g, i, lb, h0, dy, dq, cu_seqlens, T, NTOK,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+    s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + s_off, mask=s_mask, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BV, BK], dtype=tl.float32)
+    dq_base = dq + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
+
+    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+    for t0 in range(bos, eos, 16):
+        g_t, i_t, dy_t = g_nx, i_nx, dy_nx
+        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+
+        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
+        b = tl.cumsum(a, 0)
+        b_last = tl.sum(a, 0)
+
+        d = tl.exp(b) * tl.dot(dy_t.to(DT), S.to(DT), input_precision=PREC)
+        tl.store(dq_base + offk, d, mask=mtk)
+
+        ke = (k * tl.exp(b_last[None, :] - b)).to(DT)
+        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v), ke, input_precision=PREC)
+
+
+@triton.jit
+def hgrn2_bwd_kernel(
+    o, g, i, lb, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, NTOK,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    rows = tl.arange(0, 16)
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+    s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        # the final state's share of every d log f: Σ_v dS_T ⊙ S_T (this V-block's part)
+        dlogf_carry = tl.sum(dS * tl.load(ht + s_off, mask=s_mask, other=0.0), 0)
+    else:
+        dS = tl.zeros([BV, BK], dtype=tl.float32)
+        dlogf_carry = tl.zeros([BK], dtype=tl.float32)
+    dlb_acc = tl.zeros([BK], dtype=tl.float32)
+    part = i_v.to(tl.int64) * NTOK * H * K  # offset of this V-block's slice in dq_inter and partial do/dg
+
+    # walk the sub-blocks last to first, loading the previous one while this one computes
+    t_last = bos + (tl.cdiv(eos - bos, 16) - 1) * 16
+    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+    o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+    for it in range(0, tl.cdiv(eos - bos, 16)):
+        t0 = t_last - it * 16
+        o_t, g_t, i_t, dy_t = o_nx, g_nx, i_nx, dy_nx
+        offk, offv, mtk, mtv = _tile(t0 - 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+        o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+
+        o_raw = o_t.to(tl.float32)
+        i_raw = i_t.to(tl.float32)
+        b_do = dy_t.to(DT)
+        q, dq_act = _act_and_grad(o_raw, O_ACT)
+        q = q * scale
+        a, k, s_pos, s_neg, f = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        v, dv_act = _act_and_grad(i_raw, I_ACT)
+        v = tl.where(mtv, v, 0.0).to(DT)
+        b = tl.cumsum(a, 0)
+        b_last = tl.sum(a, 0)
+        spread = -tl.min(b_last)
+        A, eb, w_end = _diag_block(q, k, b, b_last, spread, MAX_SPREAD, DT, PREC)
+        dS_c = dS.to(DT)
+
+        # dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy, stored at once (each result is written as soon as it is
+        # complete, to keep few [16, K] tiles alive)
+        b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
+        b_dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
+        tl.store(di + offv, (b_dv * dv_act).to(di.dtype.element_ty), mask=mtv)
+
+        # dq, dk: the diagonal block plus the state terms (dq's came from the forward sweep)
+        dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
+        dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
+        dq_d, dk_d = _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
+        b_dq = tl.load(dq_inter + part + offk, mask=mtk, other=0.0) + dq_d
+        tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
+        b_dk = w_end * tl.dot(v, dS_c, input_precision=PREC) + dk_d
+        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * eb).to(DT), input_precision=PREC)
+
+        # d log f: reverse running sum of q ⊙ dq − k ⊙ dk
+        db = q * b_dq - k * b_dk
+        db_sum = tl.sum(db, 0)
+        b_dlogf = (dlogf_carry + db_sum)[None, :] - tl.cumsum(db, 0) + db
+        dlogf_carry += db_sum
+
+        # chain rule to g and β. f = β + (1 − β)σ(g), k = 1 − f: dL/df = dlogf / f − dk, ∂f/∂g = kσ(g),
+        # ∂f/∂β = σ(−g); kσ(g)/f ≤ 1 stays bounded (0 only where f underflowed, and then dlogf ≈ 0 too)
+        d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
+        tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+        if HAS_LB:
+            dlb_acc += tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
+
+    if STORE_DH0:
+        tl.store(dh0 + s_off, dS, mask=s_mask)
+    if HAS_LB:
+        tl.store(dlb + (i_v * tl.num_programs(1) + i_nh) * K + ck, dlb_acc, mask=ck < K)
