@@ -44,6 +44,8 @@ def init(want: str = "auto") -> Dist:
 
 def shutdown() -> None:
     if dist.is_initialized():
+        # every rank reaches the teardown before any tears down: gloo aborts a rank whose peer has already gone
+        dist.barrier()
         dist.destroy_process_group()
 
 
