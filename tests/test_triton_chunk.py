@@ -85,6 +85,16 @@ def test_exact_diagonal_path_everywhere(monkeypatch):
     check(*run_both(inputs, scale=0.5, o_act="silu", output_final_state=True), tol=1e-4)
 
 
+@pytest.mark.parametrize("block_t_fwd,block_t_bwd,max_spread", [(32, 32, 60.0), (32, 16, -1.0), (16, 32, -1.0)])
+def test_32_token_steps(monkeypatch, block_t_fwd, block_t_bwd, max_spread):
+    """32-token steps (a tuning option) in either sweep: fast and exact diagonal blocks, odd length, states."""
+    monkeypatch.setattr(chunk_mod, "BLOCK_T_FWD", block_t_fwd)
+    monkeypatch.setattr(chunk_mod, "BLOCK_T_BWD", block_t_bwd)
+    monkeypatch.setattr(chunk_mod, "FAST_DIAG_MAX_SPREAD", max_spread)
+    inputs = make_inputs(2, 75, 2, 16, 16, n_states=2)
+    check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
+
+
 def test_split_v_blocks_and_no_bound(split_v):
     inputs = make_inputs(2, 33, 2, 16, 32, lb=None)
     check(*run_both(inputs, o_act="sigmoid", i_act="silu"), tol=1e-4)

@@ -22,6 +22,10 @@ ACTS = {None: 0, "silu": 1, "sigmoid": 2}
 # tl.dot precision for fp32 inputs: "ieee" (exact fp32 FMAs, slow, spills), "tf32x3" (3 tensor-core passes,
 # ~fp32 accuracy, compiles far leaner), "tf32" (~1e-3 relative)
 FP32_DOT_PRECISION = "ieee"
+# tokens per sequential step (16 or 32): fewer, larger steps vs more registers per tile. The two backward
+# sweeps must share one (dq_inter is split at the same block boundaries); the forward is independent.
+BLOCK_T_FWD = 16
+BLOCK_T_BWD = 16
 MAX_BV = 128  # widest V-block per program; V is split into ceil(V / BV) programs
 FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
 NUM_WARPS = None  # None: 8 for [BV, BK] states of 8192+ elements, else 4
@@ -79,7 +83,7 @@ def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     with _device(o):
         hgrn2_fwd_kernel[(NV, N * H)](
             o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
-            H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            H=H, K=K, V=V, BT=BLOCK_T_FWD, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
             MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
         )
@@ -103,8 +107,8 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     K, V = o.shape[-1], i.shape[-1]
     BK, BV, NV, warps, dt, prec = _config(o, i, N * H)
     ntok = B * T
-    common = dict(H=H, K=K, V=V, BK=BK, BV=BV, HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None,
-                  DT=dt, PREC=prec, num_warps=warps)
+    common = dict(H=H, K=K, V=V, BT=BLOCK_T_BWD, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
+                  VARLEN=cu_seqlens is not None, DT=dt, PREC=prec, num_warps=warps)
     dq_inter = o.new_empty(NV, B, T, H, K, dtype=torch.float32)
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
