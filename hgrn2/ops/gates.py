@@ -33,13 +33,17 @@ def log_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tenso
     if lower_bound is None:
         return log_sig
     beta = lower_bound.to(log_sig.dtype)
-    # log(β) is -inf where β = 0; logaddexp handles that exactly (gives log σ(g)).
-    return torch.logaddexp(torch.log(beta), torch.log1p(-beta) + log_sig)
+    # β is floored at the dtype's tiny before the log: log(0) = −inf would give 0·inf = NaN in the backward (a
+    # layer whose bound is exactly 0), while f only changes where it is below ~1e-38 anyway.
+    log_beta = torch.log(beta.clamp_min(torch.finfo(beta.dtype).tiny))
+    return torch.logaddexp(log_beta, torch.log1p(-beta) + log_sig)
 
 
 def one_minus_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tensor:
     """1 − f = (1 − β)·σ(−g), free of cancellation as f → 1."""
-    k = torch.sigmoid(-g)
+    # exp(logsigmoid) rather than sigmoid: sigmoid's backward, σ(1 − σ), is 0 in fp32 once σ(−g) rounds to 1
+    # (g < −17), while this one keeps the derivative's relative accuracy for saturated gates.
+    k = F.logsigmoid(-g).exp()
     if lower_bound is None:
         return k
     return (1 - lower_bound.to(k.dtype)) * k

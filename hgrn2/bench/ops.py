@@ -1,0 +1,424 @@
+"""`hgrn2 bench ops`: the recurrence against fla and SDPA FlashAttention, on one GPU, in one run.
+
+Rows (bf16, H = 16, K = V = 128):
+  seq     B·T = 16K tokens, forward and forward+backward, from the raw projections:
+          ours  = hgrn2.ops.hgrn2(o, g, i, β, scale=K^-½, o_act="silu", backend="triton")
+          fla   = the glue of fla's HGRN2Attention.forward + chunk_gla(state_v_first=True)
+          sdpa  = causal scaled_dot_product_attention on the FlashAttention backend, same B, T, H, D
+  decode  one token from a state, B ∈ {1, 64}: ours vs fla's fused_recurrent_gla (with the same glue)
+  layer   HGRU2 with its projections (d = 2048) vs fla's HGRN2Attention, forward+backward
+  hgrn1   the element-wise HGRN1 scan at an MQAR shape vs fla's fused_recurrent_hgrn, forward+backward
+
+Before timing, ours is checked against fla (relative error of outputs and input gradients). The floor of a row
+is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured at the start of the run. Times are
+medians of `triton.testing.do_bench`; inputs rotate through several copies when one copy fits in L2.
+Anything that cannot run (no fla, no CUDA, a missing layer) becomes a note in its row, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+H, D = 16, 128  # heads and head size of every row (quick runs: 2 and 32)
+TOKENS = 16384
+SEQ_LENS = (512, 2048, 8192, 32768)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, a smoke run (works on the CPU)")
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--backend", default=None, help="our backend (default: triton on CUDA, reference on CPU)")
+    parser.add_argument("--budget-s", type=float, default=360.0, help="skip the remaining rows after this long")
+    parser.add_argument("--skip", default="", help="comma-separated row kinds to skip: seq,decode,layer,hgrn1")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing and ceilings
+
+
+class Timer:
+    """Median time in ms of a callable: triton's do_bench on CUDA, a perf_counter loop on the CPU."""
+
+    def __init__(self, device: torch.device, quick: bool):
+        self.cuda = device.type == "cuda"
+        self.warmup, self.rep = (5, 20) if quick else (25, 100)
+
+    def __call__(self, fn, grad_to_none=None) -> float:
+        if self.cuda:
+            import triton
+            return float(triton.testing.do_bench(fn, warmup=self.warmup, rep=self.rep, grad_to_none=grad_to_none,
+                                                 return_mode="median"))
+        fn()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def ceilings(device: torch.device, timer: Timer, quick: bool) -> dict:
+    """Device copy bandwidth (bytes read + written per second) and bf16 matmul rate, measured now."""
+    n = (16 if quick else 512) << 20
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    t_copy = timer(lambda: b.copy_(a))
+    m = 512 if quick else 8192
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    x, y = torch.randn(m, m, device=device, dtype=dt), torch.randn(m, m, device=device, dtype=dt)
+    t_mm = timer(lambda: x @ y)
+    return {"copy_bytes_per_s": 2 * n / (t_copy * 1e-3), "matmul_flops_per_s": 2 * m**3 / (t_mm * 1e-3)}
+
+
+def l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+
+
+def copies_for(nbytes: int, device: torch.device) -> int:
+    """How many input copies to rotate through so that each call reads from outside L2."""
+    return max(1, min(64, math.ceil(2 * l2_bytes(device) / max(nbytes, 1))))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the three implementations of the recurrence
+
+
+def fla_modules() -> dict | None:
+    try:
+        from fla.layers.hgrn2 import HGRN2Attention
+        from fla.ops.gla import chunk_gla, fused_recurrent_gla
+        from fla.ops.hgrn import fused_recurrent_hgrn
+    except Exception:  # noqa: BLE001 - any import failure means "no fla column"
+        return None
+    return {"chunk_gla": chunk_gla, "fused_recurrent_gla": fused_recurrent_gla, "HGRN2Attention": HGRN2Attention,
+            "fused_recurrent_hgrn": fused_recurrent_hgrn}
+
+
+def fla_glue(o, g, i, lb):
+    """fla HGRN2Attention.forward between the projections and the kernel: q, k and the log-gate."""
+    q = F.silu(o)
+    lg = F.logsigmoid(g)
+    lg = torch.logaddexp(lb.log(), torch.log1p(-lb) + lg)
+    k = 1 - lg.exp()
+    return q, k.to(i), lg
+
+
+def fla_chunk(fla, o, g, i, lb, scale, h0=None, final=False):
+    q, k, lg = fla_glue(o, g, i, lb)
+    return fla["chunk_gla"](q, k, i, lg, scale=scale, initial_state=h0, output_final_state=final,
+                            state_v_first=True)
+
+
+def fla_decode(fla, o, g, i, lb, scale, h0):
+    q, k, lg = fla_glue(o, g, i, lb)
+    return fla["fused_recurrent_gla"](q, k, i, gk=lg, scale=scale, initial_state=h0, output_final_state=True,
+                                      state_v_first=True)
+
+
+def ours(o, g, i, lb, scale, backend, h0=None, final=False):
+    from hgrn2.ops import hgrn2
+    return hgrn2(o, g, i, lb, scale=scale, o_act="silu", initial_state=h0, output_final_state=final,
+                 backend=backend)
+
+
+def sdpa(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = [SDPBackend.FLASH_ATTENTION] if q.is_cuda else [SDPBackend.MATH]
+    with sdpa_kernel(backends):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rows
+
+
+def rel_err(x, ref) -> float:
+    x, ref = x.detach().double(), ref.detach().double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def gate_inputs(B, T, ctx, requires_grad=False):
+    """Random raw projections o, g, i [B, T, H, D] and a bound β [H, D] in (0, 0.9)."""
+    H, D, device, dtype = ctx["H"], ctx["D"], ctx["device"], ctx["dtype"]
+    o = torch.randn(B, T, H, D, device=device, dtype=dtype)
+    g = torch.randn(B, T, H, D, device=device, dtype=dtype) * 2
+    i = torch.randn(B, T, H, D, device=device, dtype=dtype)
+    lb = torch.rand(H, D, device=device) * 0.9
+    return [t.requires_grad_(requires_grad) for t in (o, g, i)] + [lb]
+
+
+def fwd_bwd(fn, inputs, dy):
+    """A callable running fn(*inputs) and its backward with output gradient dy."""
+    def step():
+        y = fn(*inputs)[0]
+        y.backward(dy)
+    return step
+
+
+def compare(row, a_fn, b_fn, inputs, dy, n_grad=3) -> None:
+    """Record relative errors of a vs b in `row`: outputs, and gradients of the first `n_grad` inputs."""
+    try:
+        ya = a_fn(*inputs)[0]
+        ga = torch.autograd.grad(ya, inputs[:n_grad], dy)
+        yb = b_fn(*inputs)[0]
+        gb = torch.autograd.grad(yb, inputs[:n_grad], dy)
+    except Exception as e:  # noqa: BLE001
+        row["compare_error"] = f"{type(e).__name__}: {e}"[:300]
+        return
+    row["err_vs_fla_y"] = rel_err(ya, yb)
+    row["err_vs_fla_grad"] = max(rel_err(x, y) for x, y in zip(ga, gb))
+
+
+def seq_rows(B, T, ctx) -> list[dict]:
+    dt, timer, fla, H, D = ctx["dtype"], ctx["timer"], ctx["fla"], ctx["H"], ctx["D"]
+    scale = D ** -0.5
+    o, g, i, lb = gate_inputs(B, T, ctx, requires_grad=True)
+    args = (o, g, i, lb)
+    dy = torch.randn_like(i)
+
+    def ours_fn(o, g, i, lb):
+        return ours(o, g, i, lb, scale, ctx["backend"])
+
+    def fla_fn(o, g, i, lb):
+        return fla_chunk(fla, o, g, i, lb, scale)
+
+    n = B * T * H * D
+    bytes_fwd, bytes_bwd = 4 * n * dt.itemsize, 7 * n * dt.itemsize
+    # chunkwise work per token and head (chunk 64): intra-chunk 2·64·(K + V), state read and update 4·K·V
+    flops_fwd = B * T * H * (2 * 64 * 2 * D + 4 * D * D)
+    shape = f"B={B} T={T}"
+    rows = []
+    for mode in ("fwd", "fwd+bwd"):
+        row = {"kind": "seq", "mode": mode, "shape": shape, "B": B, "T": T,
+               "floor_ms": floor_ms(ctx, bytes_fwd + (bytes_bwd if mode != "fwd" else 0),
+                                    flops_fwd * (3 if mode != "fwd" else 1))}
+        if mode == "fwd" and fla:
+            compare(row, ours_fn, fla_fn, args, dy)
+        with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+            row["ours_ms"] = try_time(row, "ours", lambda m=mode: measure(timer, ours_fn, args, dy, m))
+            row["fla_ms"] = try_time(row, "fla", lambda m=mode: measure(timer, fla_fn, args, dy, m)) if fla else None
+        row["sdpa_ms"] = try_time(row, "sdpa", lambda m=mode: sdpa_ms(B, T, ctx, m))
+        rows.append(row)
+    return rows
+
+
+def measure(timer, fn, args, dy, mode):
+    if mode == "fwd":
+        return timer(lambda: fn(*args))
+    return timer(fwd_bwd(fn, args, dy), grad_to_none=list(args[:3]))
+
+
+def sdpa_ms(B, T, ctx, mode):
+    dev, dt, H, D = ctx["device"], ctx["dtype"], ctx["H"], ctx["D"]
+    q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=dt, requires_grad=mode != "fwd") for _ in range(3))
+    if mode == "fwd":
+        with torch.no_grad():
+            return ctx["timer"](lambda: sdpa(q, k, v))
+    dy = torch.randn_like(q)
+    return ctx["timer"](lambda: sdpa(q, k, v).backward(dy), grad_to_none=[q, k, v])
+
+
+def decode_rows(B, ctx) -> list[dict]:
+    """One token from a state: ours (the Triton decode kernel, and the public op) vs fla fused_recurrent_gla."""
+    dev, dt, timer, fla, H, D = ctx["device"], ctx["dtype"], ctx["timer"], ctx["fla"], ctx["H"], ctx["D"]
+    scale = D ** -0.5
+    state_bytes = B * H * D * D * 4
+    n = copies_for(state_bytes, dev)
+    sets = [gate_inputs(B, 1, ctx) + [torch.randn(B, H, D, D, device=dev)] for _ in range(n)]
+    row = {"kind": "decode", "mode": "fwd", "shape": f"B={B} T=1", "B": B, "T": 1, "copies": n,
+           "floor_ms": floor_ms(ctx, 2 * state_bytes + 4 * B * H * D * dt.itemsize, 4 * B * H * D * D)}
+    counter = iter(range(1 << 62))
+
+    def rotate(fn):
+        return lambda: fn(*sets[next(counter) % n])
+
+    def kernel_fn(o, g, i, lb, h0):
+        from hgrn2.ops.triton.recurrent import hgrn2_recurrent_triton
+        return hgrn2_recurrent_triton(o, g, i, lb, scale=scale, o_act="silu", initial_state=h0,
+                                      output_final_state=True)
+
+    def api_fn(o, g, i, lb, h0):
+        return ours(o, g, i, lb, scale, ctx["backend"], h0=h0, final=True)
+
+    def fla_fn(o, g, i, lb, h0):
+        return fla_decode(fla, o, g, i, lb, scale, h0)
+
+    with torch.no_grad():
+        if fla:
+            y_ref, s_ref = fla_fn(*sets[0])
+            y, s = kernel_fn(*sets[0])
+            row["err_vs_fla_y"], row["err_vs_fla_state"] = rel_err(y, y_ref), rel_err(s, s_ref)
+        row["ours_ms"] = try_time(row, "ours", lambda: timer(rotate(kernel_fn)))
+        row["ours_api_ms"] = try_time(row, "ours_api", lambda: timer(rotate(api_fn)))
+        row["fla_ms"] = timer(rotate(fla_fn)) if fla else None
+    return [row]
+
+
+def layer_rows(ctx) -> list[dict]:
+    """HGRU2 (d = 2048, 16 heads) with projections, forward+backward, vs fla HGRN2Attention, B=8, T=2048."""
+    dev, dt, timer, fla = ctx["device"], ctx["dtype"], ctx["timer"], ctx["fla"]
+    d, (B, T) = (ctx["H"] * ctx["D"], (1, 64)) if ctx["quick"] else (H * D, (8, 2048))
+    row = {"kind": "layer", "mode": "fwd+bwd", "shape": f"B={B} T={T} d={d}", "B": B, "T": T}
+    try:
+        from hgrn2.layers.hgru2 import HGRU2
+    except ImportError as e:
+        row["note"] = f"skipped: hgrn2.layers.hgru2 not importable ({e})"
+        return [row]
+    x = torch.randn(B, T, d, device=dev, dtype=dt, requires_grad=True)
+    dy = torch.randn_like(x)
+    lb = torch.rand(d, device=dev) * 0.9
+    mine = HGRU2(d, layer_idx=1, expand_ratio=ctx["D"]).to(dev, dt)
+    row["ours_ms"] = try_time(row, "ours", lambda: timer(lambda: mine(x, lower_bound=lb)[0].backward(dy),
+                                                         grad_to_none=[x]))
+    if fla:
+        theirs = fla["HGRN2Attention"](hidden_size=d, expand_ratio=ctx["D"], layer_idx=1).to(dev, dt)
+        row["fla_ms"] = try_time(row, "fla", lambda: timer(lambda: theirs(x, lower_bound=lb)[0].backward(dy),
+                                                           grad_to_none=[x]))
+    return [row]
+
+
+def hgrn1_rows(ctx) -> list[dict]:
+    """HGRN1's element-wise scan, forward+backward at an MQAR shape, vs fla's fused_recurrent_hgrn."""
+    dev, dt, timer, fla = ctx["device"], ctx["dtype"], ctx["timer"], ctx["fla"]
+    B, T, Dm = (2, 64, 32) if ctx["quick"] else (128, 512, 512)
+    x, g = (torch.randn(B, T, Dm, device=dev, dtype=dt, requires_grad=True) for _ in range(2))
+    lb = torch.rand(Dm, device=dev) * 0.9
+    dy = torch.randn_like(x)
+    n = B * T * Dm
+    row = {"kind": "hgrn1", "mode": "fwd+bwd", "shape": f"B={B} T={T} D={Dm}", "B": B, "T": T,
+           "floor_ms": floor_ms(ctx, 6 * n * dt.itemsize, 0)}
+
+    def ours_fn(x, g):
+        from hgrn2.ops import hgrn1
+        return hgrn1(x, g, lb, backend=ctx["hgrn1_backend"])
+
+    def fla_fn(x, g):
+        # fla's HGRNAttention glue: log f cast back to the activations' dtype, input gated by 1 − exp(log f)
+        lf = F.logsigmoid(g)
+        lf = torch.logaddexp(lb.log(), torch.log1p(-lb) + lf).to(lf)
+        return fla["fused_recurrent_hgrn"](x * (1 - lf.exp()), lf)
+
+    if fla:
+        compare(row, ours_fn, fla_fn, (x, g), dy, n_grad=2)
+    row["ours_ms"] = try_time(row, "ours", lambda: timer(fwd_bwd(ours_fn, (x, g), dy), grad_to_none=[x, g]))
+    if fla:
+        row["fla_ms"] = try_time(row, "fla", lambda: timer(fwd_bwd(fla_fn, (x, g), dy), grad_to_none=[x, g]))
+    return [row]
+
+
+def try_time(row, name, thunk):
+    try:
+        return thunk()
+    except Exception as e:  # noqa: BLE001 - an unavailable backend is a note, not a crash
+        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+        return None
+
+
+def floor_ms(ctx, nbytes, flops) -> float:
+    c = ctx["ceilings"]
+    return 1e3 * max(nbytes / c["copy_bytes_per_s"], flops / c["matmul_flops_per_s"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# report
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def table(rows) -> str:
+    cols = ["kind", "mode", "shape", "ours_ms", "fla_ms", "sdpa_ms", "ours/fla", "ours/sdpa", "floor_ms",
+            "ours/floor", "err_vs_fla"]
+    lines = [" | ".join(f"{c:>10}" if i > 2 else f"{c:<18}" if c == "shape" else f"{c:<7}"
+                        for i, c in enumerate(cols))]
+    for r in rows:
+        err = r.get("err_vs_fla_y")
+        vals = [r["kind"], r["mode"], r["shape"], r.get("ours_ms"), r.get("fla_ms"), r.get("sdpa_ms"),
+                ratio(r.get("ours_ms"), r.get("fla_ms")), ratio(r.get("ours_ms"), r.get("sdpa_ms")),
+                r.get("floor_ms"), ratio(r.get("ours_ms"), r.get("floor_ms")), err]
+        cells = []
+        for i, (c, v) in enumerate(zip(cols, vals)):
+            if i <= 2:
+                cells.append(f"{v:<18}" if c == "shape" else f"{v:<7}")
+            elif v is None:
+                cells.append(f"{'-':>10}")
+            else:
+                cells.append(f"{v:>10.2e}" if c == "err_vs_fla" else f"{v:>10.4f}")
+        lines.append(" | ".join(cells))
+        notes = [f"{k}: {v}" for k, v in r.items() if k.endswith("_error") or k == "note"]
+        lines += [f"    {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    quick = args.quick
+    timer = Timer(device, quick)
+    fla = fla_modules() if device.type == "cuda" else None
+    ctx = {"device": device, "quick": quick, "H": 2 if quick else H, "D": 32 if quick else D, "timer": timer,
+           "fla": fla,
+           "dtype": torch.bfloat16 if device.type == "cuda" else torch.float32,
+           "backend": args.backend or ("triton" if device.type == "cuda" else "reference"),
+           "hgrn1_backend": args.backend or ("triton" if device.type == "cuda" else "reference")}
+    ctx["ceilings"] = ceilings(device, timer, quick)
+    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "fla": fla is not None, "quick": quick, "ceilings": ctx["ceilings"]}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    print(f"# {info['device']}  torch {info['torch']}  triton {info['triton']}  fla {'yes' if fla else 'no'}  "
+          f"copy {ctx['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s  "
+          f"matmul {ctx['ceilings']['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
+
+    skip = set(filter(None, args.skip.split(",")))
+    seq_lens = (32, 64) if quick else SEQ_LENS
+    tokens = 64 if quick else TOKENS
+    jobs = []  # decode first: it is quick, and the long seq rows must not crowd it out of the budget
+    if "decode" not in skip:
+        jobs += [(f"decode B={B}", lambda B=B: decode_rows(B, ctx)) for B in ((1, 4) if quick else (1, 64))]
+    if "seq" not in skip:
+        jobs += [(f"seq T={T}", lambda T=T: seq_rows(max(1, tokens // T), T, ctx)) for T in seq_lens]
+    if "hgrn1" not in skip:
+        jobs.append(("hgrn1", lambda: hgrn1_rows(ctx)))
+    if "layer" not in skip:
+        jobs.append(("layer", lambda: layer_rows(ctx)))
+
+    rows, t0 = [], time.time()
+    for name, job in jobs:
+        if time.time() - t0 > args.budget_s:
+            rows.append({"kind": name, "mode": "-", "shape": "-", "note": f"skipped: over --budget-s {args.budget_s}"})
+            continue
+        try:
+            new = job()
+        except Exception as e:  # noqa: BLE001 - one broken row must not lose the others
+            new = [{"kind": name, "mode": "-", "shape": "-", "note": f"failed: {type(e).__name__}: {e}"[:400],
+                    "traceback": traceback.format_exc()[-2000:]}]
+        for r in new:
+            print(json.dumps({k: v for k, v in r.items() if k != "traceback"}), flush=True)
+        rows += new
+        save(args.out, info, rows)  # after every row: a run killed by a time limit keeps what it measured
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(table(rows))
+    save(args.out, info, rows)
+    return 0
+
+
+def save(path, info, rows) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"info": info, "rows": rows, "table": table(rows)}, f, indent=1)

@@ -1,0 +1,182 @@
+"""`hgrn2 bench train`: training throughput (tokens/s) and peak memory of full causal LMs, side by side.
+
+Models of the same width, depth and MLP size (default ~370M parameters: d=1024, 24 layers, expand 128, SwiGLU
+2816, vocab 32000): our HGRN2, fla's HGRN2ForCausalLM (when importable; its default fused settings) and
+transformers' LlamaForCausalLM with SDPA (head dim 64). Each step is forward + backward + AdamW on random tokens
+under bf16 autocast with fp32 weights; `--warmup` untimed steps, then `--steps` timed between CUDA synchronises.
+
+    hgrn2 bench train --out bench_train.json
+    hgrn2 bench train --quick            # tiny CPU smoke run of the same code path
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--models", default="hgrn2,fla,llama", help="comma list of hgrn2, fla, llama")
+    parser.add_argument("--shapes", default="8x2048,4x4096", help="comma list of BATCHxSEQ")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--expand", type=int, default=128, help="HGRN2 head dimension (expand ratio)")
+    parser.add_argument("--intermediate", type=int, default=2816, help="SwiGLU width (fla's default for d=1024)")
+    parser.add_argument("--heads", type=int, default=0, help="Llama attention heads (0: hidden / 64)")
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block (all models)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--quick", action="store_true", help="tiny CPU-sized smoke run (d=64, 2 layers, 2x64)")
+
+
+def run(args) -> int:
+    import torch
+
+    if args.quick:
+        args.hidden, args.layers, args.expand, args.intermediate, args.vocab = 64, 2, 16, 128, 256
+        args.shapes, args.warmup, args.steps = "2x64", 1, 2
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    for name in names:
+        if name not in BUILDERS:
+            raise SystemExit(f"--models: unknown model {name!r}; choose from {sorted(BUILDERS)}")
+    rows = []
+    for name in names:
+        try:
+            model = build(name, args).to(device)
+        except Exception as e:  # noqa: BLE001 - a missing/broken optional model is a row, not a crash
+            rows += [{"model": name, "batch": b, "seq_len": t, "status": f"unavailable: {e}"} for b, t in shapes]
+            continue
+        params = sum(p.numel() for p in model.parameters())
+        if args.compile:
+            for block in model.model.layers:
+                block.compile()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=device.type == "cuda")
+        for b, t in shapes:
+            rows.append({"model": name, "batch": b, "seq_len": t, "params": params,
+                         **measure(model, opt, b, t, args.vocab, args.warmup, args.steps, device, args.seed)})
+        del model, opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print_table(rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": environment(device), "args": vars(args), "results": rows}, f, indent=2)
+        print(f"wrote {args.out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _hgrn2(args):
+    from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
+
+    return HGRN2ForCausalLM(HGRN2Config(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                                        expand_ratio=args.expand, intermediate_size=args.intermediate,
+                                        vocab_size=args.vocab))
+
+
+def _fla(args):
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("fla's Triton kernels need a GPU")
+    from fla.models import HGRN2Config, HGRN2ForCausalLM
+
+    return HGRN2ForCausalLM(HGRN2Config(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                                        expand_ratio=args.expand, intermediate_size=args.intermediate,
+                                        vocab_size=args.vocab))
+
+
+def _llama(args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    heads = args.heads or max(1, args.hidden // 64)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                                        num_attention_heads=heads, num_key_value_heads=heads,
+                                        intermediate_size=args.intermediate, vocab_size=args.vocab,
+                                        max_position_embeddings=8192, attn_implementation="sdpa"))
+
+
+BUILDERS = {"hgrn2": _hgrn2, "fla": _fla, "llama": _llama}
+
+
+def build(name: str, args):
+    import torch
+
+    torch.manual_seed(args.seed)
+    return BUILDERS[name](args)
+
+
+def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed) -> dict:
+    """Time `steps` full training steps after `warmup`; tokens/s, ms/step, peak memory (CUDA) and final loss."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    cuda = device.type == "cuda"
+    try:
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        for _ in range(warmup):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = step().detach()
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    except torch.cuda.OutOfMemoryError:
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        return {"status": "OOM"}
+    return {"status": "ok", "tok_per_s": batch * seq_len * steps / dt, "step_ms": 1e3 * dt / steps,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": loss.item()}
+
+
+def print_table(rows) -> None:
+    head = f"{'model':<8} {'shape':>10} {'params':>9} {'tok/s':>10} {'ms/step':>9} {'peak GiB':>9}  status"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        shape = f"{r['batch']}x{r['seq_len']}"
+        params = f"{r['params'] / 1e6:.1f}M" if "params" in r else "-"
+        if r["status"] == "ok":
+            peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
+            print(f"{r['model']:<8} {shape:>10} {params:>9} {r['tok_per_s']:>10.0f} {r['step_ms']:>9.1f} {peak:>9}  ok")
+        else:
+            print(f"{r['model']:<8} {shape:>10} {params:>9} {'-':>10} {'-':>9} {'-':>9}  {r['status'][:80]}")
+
+
+def environment(device) -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    def version(pkg):
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "transformers": version("transformers"),
+            "fla": version("flash-linear-attention"), "triton": version("triton"), "python": platform.python_version()}

@@ -1,0 +1,35 @@
+"""SwiGLU feed-forward block, named and sized exactly like fla's `GatedMLP` (HGRN2MLP)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def glu_intermediate_size(hidden_size: int, hidden_ratio: float | None = 4) -> int:
+    """fla's rule: int(hidden · ratio · 2/3) rounded up to a multiple of 256 (2048, ratio 4 → 5632)."""
+    ratio = 4 if hidden_ratio is None else hidden_ratio
+    n = int(hidden_size * ratio * 2 / 3)
+    return 256 * ((n + 255) // 256)
+
+
+class GLU(nn.Module):
+    """down_proj(silu(gate_proj(x)) · up_proj(x)); x [..., hidden] → [..., hidden]."""
+
+    def __init__(self, hidden_size: int, hidden_ratio: float | None = 4, intermediate_size: int | None = None,
+                 hidden_act: str = "swish", bias: bool = False):
+        super().__init__()
+        if hidden_act not in ("swish", "silu"):
+            raise ValueError(f"`hidden_act`: expected 'swish' (= 'silu'), got {hidden_act!r}")
+        if intermediate_size is None:
+            intermediate_size = glu_intermediate_size(hidden_size, hidden_ratio)
+        if intermediate_size <= 0:
+            raise ValueError(f"`intermediate_size`: expected a positive int, got {intermediate_size}")
+        self.intermediate_size = intermediate_size
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

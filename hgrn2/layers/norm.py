@@ -1,0 +1,51 @@
+"""Normalisation layers that compute in (at least) float32 whatever the input dtype, as fla's fused kernels do."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+NORMS = ("rmsnorm", "layernorm", None)
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) · weight over the last dim, computed in float32, returned in x's dtype.
+
+    Matches fla's `RMSNorm` / `rms_norm_linear` numerics (fp32 statistics and fp32 weight multiply).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = torch.promote_types(x.dtype, torch.float32)  # fp32 for half inputs, fp64 stays fp64
+        xf = x.to(dt)
+        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(dt)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm computed in float32, returned in the input's dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = torch.promote_types(x.dtype, torch.float32)
+        w = None if self.weight is None else self.weight.to(dt)
+        b = None if self.bias is None else self.bias.to(dt)
+        return F.layer_norm(x.to(dt), self.normalized_shape, w, b, self.eps).to(x.dtype)
+
+
+def build_norm(kind: str | None, hidden_size: int, eps: float) -> nn.Module:
+    """One of `NORMS`: "rmsnorm", "layernorm" or None (identity)."""
+    if kind == "rmsnorm":
+        return RMSNorm(hidden_size, eps=eps)
+    if kind == "layernorm":
+        return LayerNorm(hidden_size, eps=eps)
+    if kind is None:
+        return nn.Identity()
+    raise ValueError(f"`norm`: expected one of {NORMS}, got {kind!r}")

@@ -1,0 +1,47 @@
+"""`hgrn2 generate MODEL_DIR --prompt TEXT`: text generation from a saved model directory (model + tokenizer)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_dir", help="directory written by save_pretrained (or `hgrn2 convert-fla`), with a tokenizer")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import hgrn2  # noqa: F401  registers the Auto classes
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"`--max-new-tokens`: expected >= 1, got {args.max_new_tokens}")
+    torch.manual_seed(args.seed)
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    tok.padding_side = "left"  # the recurrent state must start at the first real token
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype).to(args.device).eval()
+    batch = tok(args.prompt, return_tensors="pt", padding=True).to(args.device)
+    kw = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p) \
+        if args.sample else dict(do_sample=False)
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=args.max_new_tokens, pad_token_id=tok.pad_token_id, **kw)
+    for text in tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True):
+        print(text)
+    return 0

@@ -1,0 +1,268 @@
+"""The HGRN2 language model as transformers classes (state-dict names identical to fla's HGRN2).
+
+    x = embeddings(ids)
+    per layer l:  x = x + attn(attn_norm(x), β_l);  x = x + mlp(mlp_norm(x))
+    logits = lm_head(norm(x))
+
+β = cumax(Γ) with Γ = `model.lower_bounds` [L, hidden] (zero-initialised, so β_l = l / L at the start); layer 0's
+bound is 0. `attn` is any token mixer of `hgrn2.layers.TOKEN_MIXERS`, chosen by `config.token_mixer`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
+
+from ..layers import GLU, get_token_mixer
+from ..layers.conv import ShortConv
+from ..layers.norm import LayerNorm, RMSNorm
+from ..ops.cross_entropy import linear_cross_entropy
+from ..ops.gates import lower_bounds_from_logits
+from .cache import HGRN2Cache
+from .configuration_hgrn2 import HGRN2Config
+
+
+class HGRN2Block(nn.Module):
+    """Pre-norm block: token mixer then SwiGLU MLP, each with a residual. x [B, T, hidden]."""
+
+    def __init__(self, config: HGRN2Config, layer_idx: int):
+        super().__init__()
+        d = config.hidden_size
+        self.attn_norm = RMSNorm(d, eps=config.norm_eps)
+        self.attn = get_token_mixer(config.token_mixer)(d, layer_idx=layer_idx, **config.mixer_kwargs())
+        self.mlp_norm = self.mlp = None
+        if config.use_mlp:
+            self.mlp_norm = RMSNorm(d, eps=config.norm_eps)
+            self.mlp = GLU(d, config.hidden_ratio, config.intermediate_size, config.hidden_act)
+
+    def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
+        y, state = self.attn(self.attn_norm(x), lower_bound=lower_bound, state=state, use_cache=use_cache,
+                             attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+        x = x + y
+        if self.mlp is not None:
+            x = x + self.mlp(self.mlp_norm(x))
+        return x, state
+
+
+class HGRN2PreTrainedModel(PreTrainedModel):
+    config_class = HGRN2Config
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HGRN2Block"]
+    _is_stateful = True  # no assisted decoding / rollback: the recurrent state cannot be cropped
+
+    def _init_weights(self, module: nn.Module):
+        """fla's scheme: normal(0, initializer_range) for linear/conv/embedding weights, zero biases, unit norms,
+        zero lower-bound logits."""
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, ShortConv)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, (RMSNorm, LayerNorm)):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, HGRN2Model) and module.lower_bounds is not None:
+            nn.init.zeros_(module.lower_bounds)
+        elif not isinstance(module, (HGRN2Model, HGRN2PreTrainedModel)) and hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # we build an HGRN2Cache ourselves on the first forward with use_cache
+
+
+class HGRN2Model(HGRN2PreTrainedModel):
+    """Embeddings → L blocks → final RMSNorm. Returns BaseModelOutputWithPast (past_key_values: HGRN2Cache)."""
+
+    def __init__(self, config: HGRN2Config):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        L = config.num_hidden_layers
+        self.lower_bounds = nn.Parameter(torch.zeros(L, config.hidden_size)) if config.use_lower_bound else None
+        self.layers = nn.ModuleList([HGRN2Block(config, i) for i in range(L)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, use_cache=None,
+                output_hidden_states=None, return_dict=None, cu_seqlens=None, **kwargs):
+        """input_ids [B, T] (or inputs_embeds [B, T, hidden]); attention_mask [B, T_total ≥ T] 0/1 with left
+        padding (generate passes the whole mask; its last T columns belong to this call); cu_seqlens [N + 1]
+        for packed sequences in a batch of one."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("`input_ids` / `inputs_embeds`: expected exactly one of them")
+        x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T = x.shape[:2]
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        output_hidden_states = output_hidden_states or False
+        if past_key_values is not None and not isinstance(past_key_values, HGRN2Cache):
+            raise ValueError("`past_key_values`: expected an HGRN2Cache (or None), got "
+                             f"{type(past_key_values).__name__}")
+        if use_cache and past_key_values is None:
+            past_key_values = HGRN2Cache(self.config.num_hidden_layers)
+        if attention_mask is not None:
+            if attention_mask.ndim != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+                raise ValueError(f"`attention_mask`: expected [batch={B}, ≥{T}] 0/1 padding mask, "
+                                 f"got {tuple(attention_mask.shape)}")
+            attention_mask = attention_mask[:, -T:]
+            if bool(attention_mask.all()):  # one check here instead of one per layer
+                attention_mask = None
+        gckpt = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        betas = lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None
+        hidden_states = []
+        for i, layer in enumerate(self.layers):
+            if output_hidden_states:
+                hidden_states.append(x)
+            beta = betas[i] if betas is not None and i > 0 else None  # layer 0's bound is exactly 0
+            state = past_key_values[i] if past_key_values is not None else None
+            if gckpt:
+                x, new_state = self._gradient_checkpointing_func(layer.__call__, x, beta, state, False,
+                                                                 attention_mask, cu_seqlens)
+            else:
+                x, new_state = layer(x, beta, state, use_cache, attention_mask, cu_seqlens)
+            if use_cache:
+                past_key_values.update_state(i, new_state, T)
+        x = self.norm(x)
+        if output_hidden_states:
+            hidden_states.append(x)
+        out = BaseModelOutputWithPast(last_hidden_state=x, past_key_values=past_key_values if use_cache else None,
+                                      hidden_states=tuple(hidden_states) if output_hidden_states else None)
+        return out if return_dict else out.to_tuple()
+
+
+class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
+    """HGRN2Model + untied (by default) lm_head. With `labels`, the loss is computed chunkwise without
+    materialising the [B·T, V] logits, and `logits` is None."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
+
+    def __init__(self, config: HGRN2Config):
+        super().__init__(config)
+        self.model = HGRN2Model(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value):
+        self.model.embeddings = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def get_decoder(self):
+        return self.model
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, labels=None,
+                use_cache=None, output_hidden_states=None, return_dict=None, logits_to_keep=0,
+                num_logits_to_keep=None, num_items_in_batch=None, shift_labels=None, cu_seqlens=None, **kwargs):
+        """labels [B, T] (shifted inside, −100 ignored) or shift_labels [B, T] (already aligned with the inputs).
+        logits_to_keep: int k > 0 keeps the last k positions' logits (0 keeps all), or a tensor of indices."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                         past_key_values=past_key_values, use_cache=use_cache,
+                         output_hidden_states=output_hidden_states, return_dict=True, cu_seqlens=cu_seqlens)
+        h = out.last_hidden_state
+        loss = logits = None
+        if labels is not None or shift_labels is not None:
+            if shift_labels is None:
+                shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)
+            if cu_seqlens is not None and labels is not None:  # no prediction across packed-sequence boundaries
+                shift_labels = shift_labels.clone()
+                shift_labels[:, cu_seqlens[1:] - 1] = -100
+            reduction = "mean" if num_items_in_batch is None else "sum"
+            loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.lm_head.weight,
+                                        shift_labels.reshape(-1).to(h.device), reduction=reduction)
+            if num_items_in_batch is not None:
+                loss = loss / num_items_in_batch
+        else:
+            keep = num_logits_to_keep if num_logits_to_keep is not None else logits_to_keep
+            sel = h[:, -keep:] if isinstance(keep, int) else h[:, keep]
+            logits = self.lm_head(sel)
+        result = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                        hidden_states=out.hidden_states)
+        return result if return_dict else result.to_tuple()
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None,
+                                      use_cache=True, logits_to_keep=None, **kwargs):
+        """Feed only the positions the cache has not consumed yet (the whole prompt first, then one token)."""
+        seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if inputs_embeds is not None and seen == 0:
+            inputs = {"inputs_embeds": inputs_embeds}
+        else:
+            # positions so far: the mask covers them all; without one, a prompt given as embeddings comes first
+            if attention_mask is not None:
+                total = attention_mask.shape[1]
+            else:
+                total = input_ids.shape[1] + (inputs_embeds.shape[1] if inputs_embeds is not None else 0)
+            new = total - seen
+            if not 1 <= new <= input_ids.shape[1]:
+                raise ValueError(f"`past_key_values`: the cache has consumed {seen} of {total} positions; "
+                                 f"cannot feed {new} new tokens from input_ids of length {input_ids.shape[1]}")
+            inputs = {"input_ids": input_ids[:, input_ids.shape[1] - new:].contiguous()}
+        inputs.update(past_key_values=past_key_values, attention_mask=attention_mask, use_cache=use_cache,
+                      logits_to_keep=1 if logits_to_keep is None else logits_to_keep)
+        return inputs
+
+
+class HGRN2ForSequenceClassification(HGRN2PreTrainedModel):
+    """HGRN2Model + linear `score` on the last non-padding token (left or right padding)."""
+
+    def __init__(self, config: HGRN2Config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = HGRN2Model(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value):
+        self.model.embeddings = value
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, return_dict=None,
+                **kwargs):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                         use_cache=False, return_dict=True)
+        h = out.last_hidden_state
+        B, T = h.shape[:2]
+        if attention_mask is not None:
+            last = (torch.arange(T, device=h.device) * attention_mask[:, -T:].to(h.device)).argmax(-1)
+        elif input_ids is not None and self.config.pad_token_id is not None:
+            last = (torch.arange(T, device=h.device) * (input_ids != self.config.pad_token_id)).argmax(-1)
+        else:
+            last = torch.full((B,), T - 1, device=h.device)
+        logits = self.score(h[torch.arange(B, device=h.device), last])
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.view(-1))
+        result = SequenceClassifierOutputWithPast(loss=loss, logits=logits)
+        return result if return_dict else result.to_tuple()

@@ -1,0 +1,90 @@
+"""Cross entropy of a linear head without materialising the [N, V] logits.
+
+The forward walks over row chunks, keeping only the fp32 log-sum-exp per row; the backward recomputes each
+chunk's logits and turns them into gradients right away. Peak extra memory is one [chunk, V] fp32 block instead
+of the full logits (and their gradient), which dominates memory at large vocabularies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 25  # default chunk: about 128 MB of fp32 logits
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                         ignore_index: int = -100, chunk_size: int | None = None,
+                         reduction: str = "mean") -> torch.Tensor:
+    """CE(hidden @ weightᵀ, labels), equal to `F.cross_entropy(hidden @ weight.T, labels)` (fp32 softmax).
+
+    Args:
+        hidden: [N, d] float. weight: [V, d], same dtype. labels: [N] int, in [0, V) or `ignore_index`.
+        chunk_size: rows per chunk (default: about 2**25 / V).
+        reduction: "mean" over non-ignored rows (0 when there are none) or "sum".
+    Returns a scalar float32 loss.
+    """
+    if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"`hidden`, `weight`: expected [N, d] and [V, d], got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if labels.shape != hidden.shape[:1] or labels.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"`labels`: expected an int tensor of shape {tuple(hidden.shape[:1])}, got "
+                         f"{labels.dtype} {tuple(labels.shape)}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"`reduction`: expected 'mean' or 'sum', got {reduction!r}")
+    V = weight.shape[0]
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
+    if bool(bad.any()):
+        raise ValueError(f"`labels`: expected values in [0, {V}) or ignore_index={ignore_index}")
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):  # as nn.Linear would under autocast: both operands in the autocast dtype
+        dt = torch.get_autocast_dtype(dev)
+        hidden, weight = hidden.to(dt), weight.to(dt)
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"`hidden`, `weight`: expected one dtype, got {hidden.dtype} and {weight.dtype}")
+    if chunk_size is None:
+        chunk_size = max(1, CHUNK_ELEMENTS // V)
+    if chunk_size < 1:
+        raise ValueError(f"`chunk_size`: expected a positive int, got {chunk_size}")
+    return _LinearCrossEntropy.apply(hidden, weight, labels, ignore_index, chunk_size, reduction)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    @torch.autocast("cuda", enabled=False)
+    @torch.autocast("cpu", enabled=False)
+    def forward(ctx, hidden, weight, labels, ignore_index, chunk_size, reduction):
+        valid = labels != ignore_index
+        safe = torch.where(valid, labels, 0)
+        lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for s in range(0, hidden.shape[0], chunk_size):
+            logits = (hidden[s:s + chunk_size] @ weight.t()).float()
+            lse[s:s + chunk_size] = logits.logsumexp(-1)
+            target = logits.gather(1, safe[s:s + chunk_size, None]).squeeze(1)
+            total += ((lse[s:s + chunk_size] - target) * valid[s:s + chunk_size]).sum()
+        denom = valid.sum().clamp(min=1).float() if reduction == "mean" else torch.ones((), device=hidden.device)
+        ctx.save_for_backward(hidden, weight, safe, valid, lse, denom)
+        ctx.chunk_size = chunk_size
+        return total / denom
+
+    @staticmethod
+    @torch.autocast("cuda", enabled=False)
+    @torch.autocast("cpu", enabled=False)
+    def backward(ctx, grad_out):
+        hidden, weight, safe, valid, lse, denom = ctx.saved_tensors
+        C = ctx.chunk_size
+        need_h, need_w = ctx.needs_input_grad[:2]
+        dh = torch.empty_like(hidden) if need_h else None
+        dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        coef = (grad_out.float() / denom) * valid.float()  # d loss / d logit-row scale, 0 for ignored rows
+        for s in range(0, hidden.shape[0], C):
+            h = hidden[s:s + C]
+            p = ((h @ weight.t()).float() - lse[s:s + C, None]).exp_()  # softmax
+            p.scatter_add_(1, safe[s:s + C, None], -torch.ones_like(p[:, :1]))  # softmax − onehot
+            p.mul_(coef[s:s + C, None])
+            p = p.to(weight.dtype)  # matmuls in the input dtype (fp32 accumulate), as for the logits
+            if need_h:
+                dh[s:s + C] = (p @ weight).to(hidden.dtype)
+            if need_w:
+                dw += (p.t() @ h).float()
+        return dh, (dw.to(weight.dtype) if need_w else None), None, None, None, None

@@ -1,0 +1,1 @@
+"""Training: language models (config, trainer, optimisers, checkpoints, distributed) and the MQAR sweep."""

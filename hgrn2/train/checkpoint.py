@@ -1,0 +1,109 @@
+"""Checkpoints: atomic writes, a checksum sidecar, keep-last-N, and resume from the newest valid one.
+
+`<dir>/step_00001000.pt` is written as `.tmp`, fsynced and renamed into place; then `step_00001000.json` records its
+size and sha256. A checkpoint counts only when its sidecar exists and matches, so a crash at any point (or a file
+truncated or corrupted later) leaves the previous good checkpoint in use, with a warning naming the bad one.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import random
+import re
+import warnings
+
+import numpy as np
+import torch
+
+NAME = re.compile(r"step_(\d{8})\.pt$")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write(path: str, write) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save(directory: str, step: int, state: dict, keep_last: int) -> str:
+    """Write `state` as the checkpoint of `step` and delete all but the newest `keep_last`. Returns the path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"step_{step:08d}.pt")
+    _atomic_write(path, lambda f: torch.save(state, f))
+    side = {"step": step, "bytes": os.path.getsize(path), "sha256": _sha256(path)}
+    _atomic_write(path[:-3] + ".json", lambda f: f.write(json.dumps(side).encode()))
+    for old in list_checkpoints(directory)[:-keep_last]:
+        for p in (old, old[:-3] + ".json"):
+            if os.path.exists(p):
+                os.remove(p)
+    return path
+
+
+def list_checkpoints(directory: str) -> list[str]:
+    """Checkpoint files in step order (oldest first), valid or not."""
+    return sorted(p for p in glob.glob(os.path.join(directory, "step_*.pt")) if NAME.search(p))
+
+
+def check(path: str) -> str | None:
+    """None if the checkpoint is complete and intact, else the reason it is not."""
+    side = path[:-3] + ".json"
+    if not os.path.isfile(side):
+        return "no checksum sidecar (the run stopped while writing it)"
+    try:
+        with open(side) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        return f"unreadable sidecar: {e}"
+    if os.path.getsize(path) != meta.get("bytes"):
+        return f"size {os.path.getsize(path)} != recorded {meta.get('bytes')} (truncated?)"
+    if _sha256(path) != meta.get("sha256"):
+        return "sha256 mismatch (corrupted)"
+    return None
+
+
+def load_latest(directory: str) -> dict | None:
+    """The newest intact checkpoint's state (on CPU), None when there is none at all.
+
+    Bad checkpoints are skipped with a warning; if checkpoints exist but none is intact, that is an error (starting
+    over silently would overwrite the run).
+    """
+    paths = list_checkpoints(directory)
+    for path in reversed(paths):
+        reason = check(path)
+        if reason is None:
+            try:
+                return torch.load(path, map_location="cpu", weights_only=False)
+            except Exception as e:  # noqa: BLE001 - any unreadable file is skipped the same way
+                reason = f"torch.load failed: {e}"
+        warnings.warn(f"checkpoint {path} is unusable ({reason}); trying the previous one", stacklevel=2)
+    if paths:
+        raise RuntimeError(f"no intact checkpoint among {len(paths)} in {directory}; move them away to start over")
+    return None
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,47 @@
+"""`hgrn2 train`: train a causal LM on a prepared corpus; alone or under torchrun (DDP / FSDP2), single or multi-node.
+
+    hgrn2 train --config wikitext103 --set data=data/wt103 out_dir=runs/wt103
+    torchrun --nproc_per_node=8 -m hgrn2.cli train --config hgrn2-1b --set data=data/pile parallel=fsdp
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import yaml
+
+from .config import make_config, preset_names
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--config", default=None, help="preset name or YAML file (see --list-presets)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", action="extend",
+                        help="override config keys, e.g. lr=3e-4 model.num_hidden_layers=12")
+    parser.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def run(args) -> int:
+    if args.list_presets:
+        print("\n".join(preset_names()))
+        return 0
+    from . import distributed as D
+    from .trainer import Trainer
+
+    try:  # bad input is reported in one line, before any training starts
+        cfg = make_config(args.config, args.set)
+        if args.print_config:
+            print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
+            return 0
+        d = D.init(cfg.device)
+        trainer = Trainer(cfg, d)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"hgrn2 train: error: {e}", file=sys.stderr)
+        D.shutdown()
+        return 2
+    try:
+        trainer.train()
+    finally:
+        D.shutdown()
+    return 0

@@ -1,0 +1,170 @@
+"""Training configuration: one flat dataclass, YAML presets (`hgrn2/configs/lm/*.yaml`) and `--set key=value`.
+
+Keys are validated: an unknown key or a typo is a ValueError naming the closest valid key and listing them all.
+Model keys are written `model.<name>` and are checked against the architecture's config class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "lm")
+
+
+@dataclass
+class TrainConfig:
+    # model
+    arch: str = "hgrn2"  # "hgrn2" (hgrn2.models) or "llama" (transformers LlamaForCausalLM with SDPA)
+    model: dict = field(default_factory=dict)  # config kwargs; vocab_size "auto" (default) = the corpus' vocabulary
+    init_from: str | None = None  # a save_pretrained directory to start from instead of random weights
+    # data
+    data: str = ""  # directory written by `hgrn2 data prepare`
+    seq_len: int = 512
+    num_workers: int = 2
+    # batch: batch_size sequences per optimiser step in total; accumulation = batch / (micro_batch × world)
+    batch_size: int = 128
+    micro_batch_size: int = 8
+    # optimiser and schedule
+    optimizer: str = "adamw"  # "adamw" (decoupled decay, as fairseq's Adam) or "adam" (L2 added to the gradient)
+    lr: float = 5e-4
+    min_lr: float = 0.0  # cosine floor
+    betas: list = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # on matrices only (dim >= 2); norms, biases, lower bounds are not decayed
+    grad_clip: float = 0.0  # max global grad norm; 0 = off
+    schedule: str = "inverse_sqrt"  # "inverse_sqrt", "cosine" or "constant", all with linear warmup
+    warmup_steps: int = 4000
+    max_steps: int = 50000
+    # precision, memory, speed
+    precision: str = "bf16"  # "bf16" (autocast; fp32 master weights) or "fp32"
+    activation_checkpointing: bool = False
+    compile: bool = False
+    parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2 fully_shard per block) when launched with torchrun
+    device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu" (gloo when distributed)
+    # run
+    out_dir: str = "runs/lm"
+    seed: int = 1234
+    log_every: int = 10
+    eval_every: int = 1000  # 0 = only at the end
+    eval_sequences: int = 256  # validation sequences per interval evaluation; the final one uses the whole split
+    save_every: int = 1000  # 0 = only at the end
+    keep_last: int = 3
+    resume: bool = True  # continue from the newest valid checkpoint in out_dir/checkpoints
+    tensorboard: bool = True
+    progress: bool = True
+
+    def validate(self) -> None:
+        choices = {"arch": ("hgrn2", "llama"), "optimizer": ("adamw", "adam"), "precision": ("bf16", "fp32"),
+                   "schedule": ("inverse_sqrt", "cosine", "constant"), "parallel": ("ddp", "fsdp"),
+                   "device": ("auto", "cuda", "cpu")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        positive = ("seq_len", "batch_size", "micro_batch_size", "max_steps", "log_every", "keep_last")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("warmup_steps", "eval_every", "save_every", "num_workers", "eval_sequences"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if not self.data:
+            raise ValueError("data is not set: --set data=DIR (a directory written by `hgrn2 data prepare`)")
+
+    def grad_accum(self, world: int) -> int:
+        per_step = self.micro_batch_size * world
+        if self.batch_size % per_step:
+            raise ValueError(f"batch_size={self.batch_size} is not a multiple of micro_batch_size × world size = "
+                             f"{self.micro_batch_size} × {world}")
+        return self.batch_size // per_step
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def preset_names() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".yaml"))
+
+
+def load_preset(name_or_path: str) -> dict:
+    """Raw dict of a preset given by name (`hgrn2/configs/lm/<name>.yaml`) or by a YAML file path."""
+    path = name_or_path if os.path.isfile(name_or_path) else os.path.join(PRESET_DIR, f"{name_or_path}.yaml")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config {name_or_path!r} is neither a file nor a preset; presets: {preset_names()}")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"config {path}: expected a mapping of key: value, got {type(raw).__name__}")
+    return raw
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    """`["lr=3e-4", "model.hidden_size=512"]` -> [(key, value)]; values parsed as YAML (numbers, lists, maps)."""
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        out.append((key, yaml.safe_load(value) if value else ""))
+    return out
+
+
+def make_config(preset: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Preset (optional) then overrides in order; `model={...}` replaces the model section, `model.k=v` edits it.
+    Every key is checked and every value coerced to the field's type."""
+    raw = load_preset(preset) if preset else {}
+    model = dict(raw.pop("model", None) or {})
+    for key, value in parse_overrides(overrides or []):
+        if key == "model":
+            if not isinstance(value, dict):
+                raise ValueError(f"model= expects a mapping like {{hidden_size: 512}}, got {value!r}")
+            model = dict(value)
+        elif key.startswith("model."):
+            model[key[len("model.") :]] = value
+        else:
+            raw[key] = value
+    values = {key: _coerce(key, value) for key, value in raw.items()}
+    cfg = TrainConfig(**values, model=model)
+    cfg.validate()
+    return cfg
+
+
+def unknown_key_error(key: str, valid: list[str], what: str = "config") -> ValueError:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ValueError(f"unknown {what} key {key!r}{hint}; valid keys: {', '.join(sorted(valid))}")
+
+
+def _coerce(key: str, value):
+    if key not in FIELDS or key == "model":
+        raise unknown_key_error(key, [k for k in FIELDS if k != "model"] + ["model.<name>"])
+    default = FIELDS[key].default
+    kind = type(default) if default is not dataclasses.MISSING and default is not None else None
+    if FIELDS[key].default_factory is not dataclasses.MISSING:
+        kind = list
+    try:
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if kind is float:
+            return float(value)  # YAML reads "5e-4" as a string
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if kind is list:
+            return [float(v) for v in value]
+        return None if value in (None, "null", "none", "None") else str(value)
+    except (TypeError, ValueError):
+        want = kind.__name__ if kind else "str"
+        raise ValueError(f"config key {key!r} expects {want}, got {value!r}") from None

@@ -1,0 +1,138 @@
+"""torchrun integration: process group from the environment, DDP / FSDP2 wrapping, full state dicts, reductions.
+
+Single-node and multi-node runs differ only in torchrun's arguments (rendezvous); nothing here changes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init(want: str = "auto") -> Dist:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): NCCL on GPUs, gloo on CPU.
+    `want`: "auto" (CUDA when available), "cuda" or "cpu"."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda but CUDA is not available")
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    return Dist(rank, world, local, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer/RNN blocks (HF convention: `model.model.layers`)."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot find its blocks (expected .model.layers)")
+    return list(layers)
+
+
+def wrap(model: torch.nn.Module, how: str, d: Dist) -> torch.nn.Module:
+    """DDP, or FSDP2 (`fully_shard` on every block, then the root), or the model itself when alone."""
+    if d.world == 1:
+        return model
+    if how == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks(model):
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def no_sync(model: torch.nn.Module, sync: bool):
+    """Context for one micro step: skip the gradient all-reduce except on the last one (DDP and FSDP2)."""
+    import contextlib
+
+    if hasattr(model, "no_sync") and not sync:
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def full_state(model, optimizer) -> tuple[dict, dict]:
+    """Full (unsharded) model and optimiser state dicts on CPU, keyed by parameter names; rank 0 gets them."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_state_dict(unwrap(model), optimizer, options=opts)
+
+
+def full_model_state(model) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(unwrap(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state(model, optimizer, model_sd: dict, optim_sd: dict) -> None:
+    """Load full state dicts, which every rank holds; each keeps its shard (FSDP2) or replica (DDP).
+
+    (StateDictOptions.broadcast_from_rank0, which would let only rank 0 read the file, hung on gloo in torch 2.13
+    for both DDP and FSDP2.)
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(unwrap(model), optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def mean(x: torch.Tensor, d: Dist) -> torch.Tensor:
+    """Average over ranks (sum then divide: gloo has no AVG)."""
+    return total(x, d) / d.world
+
+
+def total(x: torch.Tensor, d: Dist) -> torch.Tensor:
+    if d.world > 1:
+        x = x.clone()
+        dist.all_reduce(x)
+    return x
+
+
+def gather_objects(obj, d: Dist) -> list:
+    if d.world == 1:
+        return [obj]
+    out = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(d: Dist) -> None:
+    if d.world > 1:
+        dist.barrier()

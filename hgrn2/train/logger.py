@@ -1,0 +1,67 @@
+"""Run logs: one JSON object per line in `<out_dir>/log.jsonl` and, if installed, TensorBoard scalars.
+
+Records: {"kind": "train", "step", "loss", "lr", "grad_norm", "tokens", "tok_per_s", "time"} and
+{"kind": "val", "step", "val_loss", "val_ppl", "sequences"}. On resume from step s, records after s (written by
+the interrupted run after its last checkpoint) are dropped so the log reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+def read_log(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class RunLogger:
+    def __init__(self, out_dir: str, *, enabled: bool, start_step: int, tensorboard: bool):
+        self.enabled = enabled
+        self.path = os.path.join(out_dir, "log.jsonl")
+        self.t0 = time.time()
+        self.tb = None
+        if not enabled:
+            return
+        os.makedirs(out_dir, exist_ok=True)
+        if os.path.exists(self.path):
+            keep = [r for r in _read_tolerant(self.path) if r.get("step", 0) <= start_step] if start_step else []
+            with open(self.path + ".tmp", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in keep)
+            os.replace(self.path + ".tmp", self.path)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self.tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=start_step + 1 if start_step else None)
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        record = {**record, "time": round(time.time() - self.t0, 3)}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for key, value in record.items():
+                if key not in ("kind", "step", "time") and isinstance(value, int | float):
+                    self.tb.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _read_tolerant(path: str) -> list[dict]:
+    """Records of a log that may end in a half-written line (the process was killed mid-write)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                break
+    return out

@@ -1,0 +1,480 @@
+"""`hgrn2 mqar`: the paper's multi-query associative recall sweep (accuracy vs model width, one panel per length).
+
+    hgrn2 mqar                                   # the `quick` preset on the best device present
+    hgrn2 mqar --preset full --concurrent 8      # the paper's grid
+    hgrn2 mqar --mixers hgrn2 --dims 64 --seq-lens 64 --epochs 2 --train-examples 2000   # a smoke run
+
+Protocol (zoology, as the paper ran it; `hgrn2/configs/mqar.yaml`): data from `hgrn2.data.mqar` (bit-for-bit
+zoology's), the model `hgrn2.models.zoology.ZoologyLM`, AdamW (weight decay 0.1), cosine over the epochs stepped
+once per epoch (no warm-up), batches in a fixed order, bf16 autocast on CUDA, test accuracy (exact match per
+query token, computed in fp32 as zoology does) after every epoch, early stop once it exceeds 0.99. The table
+and the plot take, per (mixer, d, L), the max over learning rates of each run's final accuracy.
+
+Each finished run is saved atomically as `OUT/runs/<run id>.json`; a sweep skips runs whose file says complete,
+so a killed sweep continues where it stopped. `--concurrent N` trains N runs at once in worker processes that
+share the GPU(s) (small models leave a GPU mostly idle), and `--max-minutes` stops the sweep in time: runs cut
+by the budget are saved as incomplete (marked * in the table) and run again on the next call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+from tqdm.auto import tqdm
+
+from hgrn2.data import mqar
+from hgrn2.models.zoology import ZoologyLM
+
+CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
+
+
+def load_config(path: str | Path = CONFIG_PATH) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+@dataclass
+class RunSpec:
+    """One training run of the sweep. `mixer` is a name in `hgrn2.layers.TOKEN_MIXERS` or "module:Class"."""
+
+    mixer: str
+    d_model: int
+    seq_len: int
+    kv_pairs: int
+    lr: float
+    batch_size: int
+    epochs: int = 64
+    train_examples: int = mqar.NUM_TRAIN
+    test_examples: int = mqar.NUM_TEST
+    vocab_size: int = mqar.VOCAB_SIZE
+    data_seed: int = mqar.DATA_SEED
+    seed: int = 0
+    weight_decay: float = 0.1
+    early_stop_accuracy: float = 0.99
+    mixer_options: dict = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        digest = hashlib.md5(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
+        name = re.sub(r"[^A-Za-z0-9_]+", "_", self.mixer)
+        return f"{name}-L{self.seq_len}-d{self.d_model}-lr{self.lr:g}-{digest}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one run
+
+
+def _tensors(draws: mqar.MQARDraws, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """inputs [N, L] int32, query positions [N, kv] int64, target values [N, kv] int64, on `device`."""
+    keys, values = torch.from_numpy(draws.keys).to(device), torch.from_numpy(draws.values).to(device)
+    positions = torch.from_numpy(draws.positions).to(device)
+    n, kv = keys.shape
+    inputs = torch.zeros(n, draws.seq_len, dtype=torch.int32, device=device)
+    inputs[:, 0 : 2 * kv : 2] = keys.int()
+    inputs[:, 1 : 2 * kv : 2] = values.int()
+    inputs.scatter_(1, positions, keys.int())
+    return inputs, positions, values
+
+
+@torch.no_grad()
+def evaluate(model: ZoologyLM, inputs, positions, targets, batch_size: int) -> tuple[float, float]:
+    """(accuracy, loss) over the query tokens. fp32, no dropout, like zoology's `Trainer.test`."""
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for s in range(0, len(inputs), batch_size):
+        logits = model(inputs[s : s + batch_size], positions[s : s + batch_size]).float()
+        y = targets[s : s + batch_size]
+        correct += (logits.argmax(-1) == y).sum().item()
+        loss_sum += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+    return correct / targets.numel(), loss_sum / targets.numel()
+
+
+def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str | Path | None = None,
+              deadline: float | None = None, on_epoch=None) -> dict:
+    """Train and test one run; returns its result (spec, final/best accuracy, per-epoch history, timing).
+
+    `deadline` (a `time.time()` value) cuts the run after the step that passes it: the result then has
+    complete=False. A run whose training loss turns non-finite stops (diverged=True, complete=True).
+    `on_epoch(record)` is called after every epoch with that epoch's record (for progress bars).
+    """
+    dev = torch.device(device)
+    torch.manual_seed(spec.seed)
+    load = dict(vocab_size=spec.vocab_size, data_seed=spec.data_seed, cache_dir=data_dir)
+    train = _tensors(mqar.load("train", spec.seq_len, spec.kv_pairs, spec.train_examples, **load), dev)
+    test = _tensors(mqar.load("test", spec.seq_len, spec.kv_pairs, spec.test_examples, **load), dev)
+    is_attention = spec.mixer == "attention"
+    model = ZoologyLM(spec.mixer, spec.d_model, vocab_size=spec.vocab_size,
+                      max_position_embeddings=spec.seq_len if is_attention else 0,
+                      mixer_options=spec.mixer_options).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay,
+                            fused=dev.type == "cuda")
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=spec.epochs, eta_min=0.0)
+    inputs, positions, targets = train
+    n, bs = len(inputs), spec.batch_size
+    history, steps, cut, diverged, early = [], 0, False, False, False
+    start = time.time()
+    for epoch in range(spec.epochs):
+        model.train()
+        loss_sum = torch.zeros((), device=dev)
+        for s in range(0, n, bs):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                logits = model(inputs[s : s + bs], positions[s : s + bs])
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets[s : s + bs].flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach()
+            steps += 1
+            if deadline is not None and time.time() > deadline:
+                cut = True
+                break
+        train_loss = loss_sum.item() / math.ceil(n / bs)
+        acc, test_loss = evaluate(model, *test, bs)
+        history.append(dict(epoch=epoch, lr=sched.get_last_lr()[0], train_loss=train_loss, test_loss=test_loss,
+                            accuracy=acc, seconds=round(time.time() - start, 2)))
+        if on_epoch is not None:
+            on_epoch(history[-1])
+        diverged = not math.isfinite(train_loss)
+        early = acc > spec.early_stop_accuracy
+        if cut or diverged or early:
+            break
+        sched.step()
+    seconds = time.time() - start
+    return dict(
+        run_id=spec.run_id, spec=asdict(spec), final_accuracy=history[-1]["accuracy"],
+        best_accuracy=max(h["accuracy"] for h in history), epochs_run=len(history), early_stopped=early,
+        diverged=diverged, complete=not cut, steps=steps, seconds=round(seconds, 2),
+        steps_per_second=round(steps / max(seconds, 1e-9), 2), device=str(dev),
+        gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, torch=torch.__version__,
+        parameters=sum(p.numel() for p in model.parameters()), history=history,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sweep
+
+
+def _write_json(path: Path, obj) -> None:
+    """Write atomically: a temporary file in the same folder, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+        json.dump(obj, f, indent=1)
+    os.replace(f.name, path)
+
+
+def _read_result(path: Path) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: float | None, threads: int | None,
+                  events=None) -> dict:
+    """Train one run (unless the budget is spent) and save its result. A failing run is reported, not raised,
+    so that one bad setting does not end the sweep. `events`: a queue (or callable) told of every epoch."""
+    if threads:
+        torch.set_num_threads(threads)
+    if deadline is not None and time.time() > deadline:
+        return dict(run_id=spec.run_id, spec=asdict(spec), not_run=True)
+    try:
+        on_epoch = events if callable(events) or events is None else (lambda rec: events.put(spec.run_id))
+        result = train_run(spec, device, data_dir, deadline, on_epoch)
+    except Exception:
+        return dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
+    _write_json(out / "runs" / f"{spec.run_id}.json", result)
+    return result
+
+
+def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
+    """Draw (or find cached) every split the runs need, in parallel processes (the draws are sequential per split)."""
+    jobs = sorted({(split, r.seq_len, r.kv_pairs, n, r.data_seed, r.vocab_size)
+                   for r in runs for split, n in (("train", r.train_examples), ("test", r.test_examples))})
+    if workers <= 1 or len(jobs) == 1:
+        for split, L, kv, n, seed, V in jobs:
+            mqar.load(split, L, kv, n, data_seed=seed, vocab_size=V, cache_dir=data_dir)
+        return
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(mqar.load, split, L, kv, n, data_seed=seed, vocab_size=V, cache_dir=data_dir)
+                   for split, L, kv, n, seed, V in jobs]
+        for f in tqdm(as_completed(futures), total=len(futures), desc="MQAR data", leave=False):
+            f.result()
+
+
+def _summary_line(r: dict) -> str:
+    s = r["spec"]
+    flags = "".join(f" [{k}]" for k in ("early_stopped", "diverged") if r[k]) + ("" if r["complete"] else " [cut]")
+    return (f"{s['mixer']} d={s['d_model']} L={s['seq_len']} lr={s['lr']:g}: acc {r['final_accuracy']:.4f} "
+            f"after {r['epochs_run']} epochs, {r['seconds']:.0f}s ({r['steps_per_second']:.0f} steps/s){flags}")
+
+
+def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data_dir=None,
+          max_minutes: float | None = None) -> tuple[list[dict], int]:
+    """Run (or resume) the sweep; returns the results of the runs in `runs` (finished before or now) and the
+    number of runs that failed."""
+    deadline = time.time() + 60 * max_minutes if max_minutes else None
+    done = {r.run_id: res for r in runs if (res := _read_result(out / "runs" / f"{r.run_id}.json"))}
+    todo = [r for r in runs if not done.get(r.run_id, {}).get("complete")]
+    # longest first (packs the workers better); mixers interleaved, so a budget cut leaves every mixer covered
+    todo.sort(key=lambda r: (-r.seq_len * r.train_examples * r.epochs, r.d_model, r.lr))
+    print(f"MQAR: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to train on {device}"
+          + (f" ({concurrent} at a time)" if concurrent > 1 else "") + f"; results in {out}")
+    if not todo:
+        return [done[r.run_id] for r in runs], 0
+    _prepare_data(todo, data_dir, workers=min(os.cpu_count() or 1, 8))
+    devices = _devices(device)
+    threads = max(1, (os.cpu_count() or 1) // max(concurrent, 1))
+    # one bar over all epochs of all runs; a run that stops early (or is cut) counts its remaining epochs
+    bar = tqdm(total=sum(r.epochs for r in todo), desc="MQAR epochs", unit="ep")
+    seen = dict.fromkeys((r.run_id for r in todo), 0)
+    errors, finished = 0, 0
+
+    def advance(run_id: str) -> None:
+        seen[run_id] += 1
+        bar.update()
+
+    def report(spec: RunSpec, result: dict) -> None:
+        nonlocal errors, finished
+        if "error" in result:
+            errors += 1
+            # the whole traceback once; after that, its last line
+            tqdm.write(f"{result['run_id']} failed:\n" + (result["error"] if errors == 1 else
+                                                            result["error"].strip().splitlines()[-1]))
+        elif not result.get("not_run"):
+            done[result["run_id"]] = result
+            tqdm.write(_summary_line(result))
+        finished += 1
+        bar.update(max(0, spec.epochs - seen[spec.run_id]))
+        bar.set_postfix(runs=f"{finished}/{len(todo)}")
+
+    if concurrent <= 1:
+        for i, spec in enumerate(todo):
+            result = _run_and_save(spec, devices[i % len(devices)], data_dir, out, deadline, None,
+                                   lambda rec, rid=spec.run_id: advance(rid))
+            report(spec, result)
+    else:
+        ctx = get_context("spawn")
+        with ctx.Manager() as manager, ProcessPoolExecutor(concurrent, mp_context=ctx) as pool:
+            events = manager.Queue()
+            futures = {pool.submit(_run_and_save, spec, devices[i % len(devices)], data_dir, out, deadline,
+                                   threads, events): spec for i, spec in enumerate(todo)}
+            pending = set(futures)
+            while pending:
+                ready, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                while not events.empty():  # every epoch a worker reported before its result arrived
+                    advance(events.get())
+                for f in ready:
+                    spec = futures[f]
+                    try:
+                        result = f.result()
+                    except Exception:  # a worker died (out of memory, a crash in a kernel)
+                        result = dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
+                    report(spec, result)
+    bar.close()
+    if errors:
+        print(f"{errors} run(s) failed; their results are missing from the table")
+    return [done[r.run_id] for r in runs if r.run_id in done], errors
+
+
+def _devices(device: str) -> list[str]:
+    """`cuda` with several GPUs spreads the runs over all of them."""
+    if device == "cuda" and torch.cuda.device_count() > 1:
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [device]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reporting
+
+
+def best_over_lrs(results: list[dict]) -> dict[tuple[str, int, int], dict]:
+    """(mixer, d, L) -> the result with the highest final accuracy over learning rates."""
+    best: dict[tuple[str, int, int], dict] = {}
+    for r in results:
+        s = r["spec"]
+        key = (s["mixer"], s["d_model"], s["seq_len"])
+        if key not in best or r["final_accuracy"] > best[key]["final_accuracy"]:
+            best[key] = r
+    return best
+
+
+def table(results: list[dict], mixers, dims, seq_lens) -> str:
+    """Accuracy table: rows mixer × d, columns L (max over learning rates of the final accuracy)."""
+    best = best_over_lrs(results)
+    kv = {r["spec"]["seq_len"]: r["spec"]["kv_pairs"] for r in results}
+    titles = [f"L={L} kv={kv.get(L, '?')}" for L in seq_lens]
+    w = max([16, *(len(m) + 2 for m in mixers)])
+    head = f"{'mixer':<{w}}{'d':>5}" + "".join(f"{t:>15}" for t in titles)
+    lines = ["MQAR test accuracy (max over learning rates of the final accuracy; * = cut by the budget)", head]
+    for m in mixers:
+        for d in dims:
+            cells = []
+            for L in seq_lens:
+                r = best.get((m, d, L))
+                cells.append("-" if r is None else f"{r['final_accuracy']:.3f}" + ("" if r["complete"] else "*"))
+            lines.append(f"{m:<{w}}{d:>5}" + "".join(f"{c:>15}" for c in cells))
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], mixers, dims, seq_lens, path: Path) -> Path | None:
+    """The paper's figure: accuracy vs model dimension, one panel per sequence length."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'hgrn2[plot]'): no plot")
+        return None
+    best = best_over_lrs(results)
+    fig, axes = plt.subplots(1, len(seq_lens), figsize=(3.6 * len(seq_lens), 3.2), sharey=True, squeeze=False)
+    for ax, L in zip(axes[0], seq_lens):
+        for m in mixers:
+            pts = [(d, best[(m, d, L)]["final_accuracy"]) for d in dims if (m, d, L) in best]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=m)
+        kv = next((r["spec"]["kv_pairs"] for r in results if r["spec"]["seq_len"] == L), "?")
+        ax.set(title=f"L={L}, kv={kv}", xlabel="model dimension", xscale="log", ylim=(-0.02, 1.02))
+        ax.set_xticks(dims, [str(d) for d in dims])
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][-1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# command line
+
+
+def _csv(kind):
+    """argparse type for lists given as `1 2 3` or `1,2,3`."""
+    return lambda s: [kind(x) for x in s.split(",") if x]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="quick", help="a preset of hgrn2/configs/mqar.yaml: quick (default) or full")
+    p.add_argument("--config", default=str(CONFIG_PATH), help="the YAML file with the protocol and presets")
+    p.add_argument("--mixers", type=_csv(str), nargs="+", help="token mixers, e.g. hgrn2 hgrn1_complex attention")
+    p.add_argument("--dims", type=_csv(int), nargs="+", help="model widths, e.g. 64 128 256 512")
+    p.add_argument("--lrs", type=_csv(float), nargs="+", help="learning rates, e.g. 1e-3 5e-3")
+    p.add_argument("--seq-lens", type=_csv(str), nargs="+",
+                   help="sequence lengths L (kv pairs from the protocol) or L:kv, e.g. 256 512 or 32:2")
+    p.add_argument("--epochs", type=int, help="epochs (the protocol's 64 unless overridden for smoke runs)")
+    p.add_argument("--train-examples", type=int, help="training examples per length (protocol: 100000)")
+    p.add_argument("--test-examples", type=int, help="test examples per length (protocol: 3000)")
+    p.add_argument("--batch-size", type=int, help="override the protocol's batch size for every length")
+    p.add_argument("--vocab-size", type=int, help="override the protocol's vocabulary (8192), for smoke runs")
+    p.add_argument("--mixer-options", type=json.loads, default={},
+                   help='JSON merged into the mixer options, per mixer: \'{"hgrn2": {"backend": "triton"}}\'')
+    p.add_argument("--seed", type=int, default=0, help="model initialisation seed")
+    p.add_argument("--data-seed", type=int, help="zoology data seed (default 123)")
+    p.add_argument("--out", default="runs/mqar", help="output folder (runs/*.json, results.json, table, plot)")
+    p.add_argument("--data-dir", help="data cache folder (default ~/.cache/hgrn2/mqar, or $HGRN2_CACHE/mqar)")
+    p.add_argument("--device", help="cuda, mps or cpu (default: the best present)")
+    p.add_argument("--concurrent", type=int,
+                   help="runs trained at once in worker processes sharing the device (default: 8 on CUDA, else 1)")
+    p.add_argument("--max-minutes", type=float,
+                   help="stop the sweep after this many minutes (quick: 7); cut runs are marked, resumed later")
+    p.add_argument("--list", action="store_true", help="print the runs of the sweep and exit")
+
+
+def _flat(values):
+    return None if values is None else [x for group in values for x in group]
+
+
+def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict]:
+    """The sweep's runs from the preset and the command-line overrides; also the resolved grid."""
+    if args.preset not in cfg["presets"]:
+        raise ValueError(f"--preset: expected one of {sorted(cfg['presets'])}, got {args.preset!r}")
+    proto, preset = cfg["protocol"], cfg["presets"][args.preset]
+    grid = {k: _flat(getattr(args, k)) or preset[k] for k in ("mixers", "dims", "lrs", "seq_lens")}
+    lengths = []
+    for item in grid["seq_lens"]:
+        L, _, kv = str(item).partition(":")
+        L = int(L)
+        if not kv and L not in proto["kv_pairs"]:
+            raise ValueError(f"--seq-lens: {L} is not in the protocol {sorted(proto['kv_pairs'])}; give it as L:kv")
+        lengths.append((L, int(kv) if kv else proto["kv_pairs"][L]))
+    grid["seq_lens"] = [L for L, _ in lengths]
+
+    def pick(name, default):
+        value = getattr(args, name, None)
+        return value if value is not None else preset.get(name, default)
+
+    runs = []
+    for mixer in grid["mixers"]:
+        options = {**cfg["mixers"].get(mixer, {}), **args.mixer_options.get(mixer, {})}
+        for L, kv in lengths:
+            batch = args.batch_size or proto["batch_size"].get(L) or (512 if L <= 128 else 256 if L <= 256 else 128)
+            for d in grid["dims"]:
+                opts = dict(options)
+                if "expand_ratio" in opts:  # the paper's head dimension: min(d, 128)
+                    opts["expand_ratio"] = min(d, opts["expand_ratio"])
+                for lr in grid["lrs"]:
+                    runs.append(RunSpec(
+                        mixer=mixer, d_model=d, seq_len=L, kv_pairs=kv, lr=float(lr), batch_size=batch,
+                        epochs=pick("epochs", proto["epochs"]),
+                        train_examples=pick("train_examples", proto["train_examples"]),
+                        test_examples=pick("test_examples", proto["test_examples"]),
+                        vocab_size=pick("vocab_size", proto["vocab_size"]),
+                        data_seed=pick("data_seed", proto["data_seed"]), seed=args.seed,
+                        weight_decay=proto["weight_decay"], early_stop_accuracy=proto["early_stop_accuracy"],
+                        mixer_options=opts))
+    grid["max_minutes"] = pick("max_minutes", None)
+    return runs, grid
+
+
+def best_device() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    runs, grid = build_runs(args, cfg)
+    out = Path(args.out)
+    if args.list:
+        for r in runs:
+            print(r.run_id, json.dumps(asdict(r), sort_keys=True))
+        return 0
+    device = args.device or best_device()
+    concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
+    results, errors = sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"])
+    text = table(results, grid["mixers"], grid["dims"], grid["seq_lens"])
+    print("\n" + text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.txt").write_text(text + "\n")
+    _write_json(out / "results.json", results)
+    figure = plot(results, grid["mixers"], grid["dims"], grid["seq_lens"], out / "mqar.png")
+    print(f"\nresults: {out / 'results.json'} (one JSON per run in {out / 'runs'})"
+          + (f"; figure: {figure}" if figure else ""))
+    missing = len(runs) - sum(1 for r in results if r["complete"])
+    if missing:
+        print(f"{missing} of {len(runs)} runs are not complete: run the same command again to continue")
+    return 1 if errors else 0
+
+
+__all__ = ["RunSpec", "train_run", "evaluate", "sweep", "table", "plot", "build_runs", "add_arguments", "run"]

@@ -1,0 +1,216 @@
+"""The training loop: packed data -> causal LM -> AdamW with warmup schedule, with accumulation, bf16 autocast,
+clipping, DDP/FSDP2, periodic validation, atomic checkpoints and exact resume.
+
+Exact resume: the data order is a function of the step (hgrn2.data.packed), the schedule a function of the step,
+and a checkpoint holds model, optimiser, every rank's RNG state and the running loss sums; so a run killed at any
+point and restarted from its newest checkpoint logs the same losses as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+
+import torch
+import yaml
+
+from ..data.packed import PackedDataset, StepSampler, eval_batches, read_meta, train_loader
+from . import checkpoint as ckpt
+from . import distributed as D
+from .config import TrainConfig
+from .logger import RunLogger
+from .model_factory import build_model
+from .optim import build_optimizer, lr_at, set_lr
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, d: D.Dist | None = None):
+        """Everything that can be wrong with the input is checked here, before the first step."""
+        self.cfg, self.d = cfg, d or D.init(cfg.device)
+        self.accum = cfg.grad_accum(self.d.world)
+        meta = read_meta(cfg.data)
+        self.train_set = PackedDataset(cfg.data, "train", cfg.seq_len)
+        has_val = meta["splits"].get("val", {}).get("tokens", 0) > 0
+        self.val_set = PackedDataset(cfg.data, "val", cfg.seq_len) if has_val else None
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        model = build_model(cfg.arch, cfg.model, meta["vocab_size"], cfg.init_from)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        if cfg.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.to(self.d.device)
+        if cfg.compile:
+            for block in D.blocks(model):
+                block.compile()
+        self.model = D.wrap(model, cfg.parallel, self.d)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
+        self.ckpt_dir = os.path.join(cfg.out_dir, "checkpoints")
+        self.step, self.loss_sum, self.loss_count, self.pending = 0, 0.0, 0, []
+        if cfg.resume:
+            self._resume()
+        elif ckpt.list_checkpoints(self.ckpt_dir):
+            raise ValueError(f"resume=false but {self.ckpt_dir} holds checkpoints of an earlier run; use another "
+                             f"out_dir (they would be mixed with this run's)")
+        if self.step == 0:
+            torch.manual_seed(cfg.seed + 1 + self.d.rank)  # per-rank dropout streams (restored when resuming)
+        self.log = RunLogger(cfg.out_dir, enabled=self.d.main, start_step=self.step, tensorboard=cfg.tensorboard)
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def autocast(self):
+        if self.cfg.precision == "bf16":
+            return torch.autocast(self.d.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train(self) -> dict:
+        cfg, d = self.cfg, self.d
+        sampler = StepSampler(len(self.train_set), cfg.micro_batch_size, self.accum, d.rank, d.world, cfg.seed,
+                              self.step, cfg.max_steps)
+        batches = iter(train_loader(self.train_set, sampler, cfg.num_workers))
+        tokens_per_step = cfg.batch_size * cfg.seq_len
+        if d.main:
+            print(f"{cfg.arch}: {self.n_params / 1e6:.1f}M parameters; {d.world} rank(s) × micro batch "
+                  f"{cfg.micro_batch_size} × accumulation {self.accum} = {cfg.batch_size} sequences × {cfg.seq_len} "
+                  f"tokens per step; steps {self.step} -> {cfg.max_steps}")
+        bar = self._progress()
+        t_last, steps_since = time.time(), 0
+        self.model.train()
+        while self.step < cfg.max_steps:
+            lr = lr_at(self.step, schedule=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                       max_steps=cfg.max_steps, min_lr=cfg.min_lr)
+            set_lr(self.optimizer, lr)
+            loss = torch.zeros((), device=d.device)
+            for a in range(self.accum):
+                x = next(batches).to(d.device, non_blocking=True)
+                with D.no_sync(self.model, a == self.accum - 1), self.autocast():
+                    micro = self.model(input_ids=x, labels=x).loss
+                    (micro / self.accum).backward()
+                loss += micro.detach().float() / self.accum
+            grad_norm = self._clip()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            steps_since += 1
+            self.pending.append(D.mean(loss, d))  # stays on the device: no host sync until the log step
+            if bar is not None:
+                bar.update(1)
+            if self._log_now():
+                self._flush_pending()
+                dt = time.time() - t_last
+                rec = {"kind": "train", "step": self.step, "loss": self.loss_sum / self.loss_count, "lr": lr,
+                       "grad_norm": float(grad_norm), "tokens": self.step * tokens_per_step,
+                       "tok_per_s": steps_since * tokens_per_step / max(dt, 1e-9)}
+                self.log.log(rec)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{rec['tok_per_s']:.0f}")
+                self.loss_sum, self.loss_count, t_last, steps_since = 0.0, 0, time.time(), 0
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
+                self.evaluate(cfg.eval_sequences)
+            if cfg.save_every and self.step % cfg.save_every == 0:
+                self.save_checkpoint()
+        if bar is not None:
+            bar.close()
+        result = self.evaluate(None)
+        if not (cfg.save_every and self.step % cfg.save_every == 0):
+            self.save_checkpoint()
+        self.save_final()
+        self.log.close()
+        return result
+
+    def _log_now(self) -> bool:
+        return self.step % self.cfg.log_every == 0 or self.step == self.cfg.max_steps
+
+    def _clip(self) -> torch.Tensor:
+        """Global gradient norm before clipping (clipped to grad_clip when set; always measured for the log)."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or float("inf"))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 returns a DTensor
+
+    def _progress(self):
+        if not (self.d.main and self.cfg.progress):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.cfg.max_steps, initial=self.step, unit="step", dynamic_ncols=True)
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, max_sequences: int | None) -> dict:
+        """Validation loss/perplexity over the first `max_sequences` sequences (None: the whole split)."""
+        if self.val_set is None:
+            return {}
+        self.model.eval()
+        nll = torch.zeros((), dtype=torch.float64, device=self.d.device)
+        count = torch.zeros((), dtype=torch.float64, device=self.d.device)
+        for x, y in eval_batches(self.val_set, self.cfg.micro_batch_size, self.d.rank, self.d.world, max_sequences):
+            x, y = x.to(self.d.device), y.to(self.d.device)
+            n = (y[:, 1:] != -100).sum()  # HF causal LMs predict y[:, 1:] from x[:, :-1]
+            with self.autocast():
+                loss = self.model(input_ids=x, labels=y).loss
+            if n > 0:
+                nll += loss.double() * n
+                count += n
+        self.model.train()
+        nll, count = D.total(nll, self.d), D.total(count, self.d)
+        val = (nll / count).item()
+        rec = {"kind": "val", "step": self.step, "val_loss": val, "val_ppl": math.exp(min(val, 700)),
+               "sequences": len(self.val_set) if max_sequences is None else min(max_sequences, len(self.val_set))}
+        self.log.log(rec)
+        if self.d.main:
+            print(f"step {self.step}: val loss {val:.4f}, ppl {rec['val_ppl']:.2f}")
+        return rec
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        self._flush_pending()
+        model_sd, optim_sd = D.full_state(self.model, self.optimizer)
+        rngs = D.gather_objects(ckpt.rng_state(), self.d)
+        if self.d.main:
+            state = {"step": self.step, "model": model_sd, "optimizer": optim_sd, "rng": rngs,
+                     "loss_sum": self.loss_sum, "loss_count": self.loss_count,
+                     "config": dataclasses.asdict(self.cfg), "world": self.d.world}
+            ckpt.save(self.ckpt_dir, self.step, state, self.cfg.keep_last)
+        D.barrier(self.d)
+
+    def _flush_pending(self) -> None:
+        """Move the per-step losses since the last log into the running sum (kept in checkpoints)."""
+        self.loss_sum += sum(t.item() for t in self.pending)
+        self.loss_count += len(self.pending)
+        self.pending = []
+
+    def _resume(self) -> None:
+        """Every rank reads the newest intact checkpoint (the file system must be shared across nodes)."""
+        state = ckpt.load_latest(self.ckpt_dir)
+        if state is None:
+            return
+        changed = {k: (v, getattr(self.cfg, k)) for k, v in state["config"].items()
+                   if k in ("arch", "model", "data", "seq_len", "batch_size", "seed") and getattr(self.cfg, k) != v}
+        if changed:
+            raise ValueError(f"{self.ckpt_dir} was written with different settings {changed} (saved, now); use "
+                             f"another out_dir or --set resume=false")
+        D.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        self.step, self.loss_sum, self.loss_count = state["step"], state["loss_sum"], state["loss_count"]
+        if state["world"] == self.d.world:
+            ckpt.set_rng_state(state["rng"][self.d.rank])
+        elif self.d.main:
+            print(f"note: checkpoint written by {state['world']} ranks, resuming on {self.d.world}: RNG not restored")
+        if self.d.main:
+            print(f"resumed from step {self.step} ({self.ckpt_dir})")
+
+    def save_final(self) -> None:
+        sd = D.full_model_state(self.model)
+        if self.d.main:
+            out = os.path.join(self.cfg.out_dir, "final")
+            D.unwrap(self.model).save_pretrained(out, state_dict=sd)
+            tok = os.path.join(self.cfg.data, "tokenizer.json")
+            if os.path.isfile(tok):
+                import shutil
+
+                shutil.copy(tok, os.path.join(out, "tokenizer.json"))
+            with open(os.path.join(out, "train_config.yaml"), "w") as f:
+                yaml.safe_dump(dataclasses.asdict(self.cfg), f, sort_keys=False)
+            print(f"saved {out}")
+        D.barrier(self.d)

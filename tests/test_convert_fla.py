@@ -1,0 +1,120 @@
+"""fla HGRN2 checkpoint → hgrn2: same logits and greedy generations (fla's own kernels run under TRITON_INTERPRET
+on the CPU; its Triton autotuner cannot benchmark there, so it is told every config takes 0 ms)."""
+
+import json
+
+import pytest
+import torch
+from conftest import rel_err
+from transformers import AutoModelForCausalLM
+
+import hgrn2  # noqa: F401
+from hgrn2.cli import main as cli_main
+from hgrn2.models import HGRN2ForCausalLM
+from hgrn2.models.convert import convert_fla_checkpoint
+
+fla_models = pytest.importorskip("fla.models", reason="flash-linear-attention not installed")
+
+
+@pytest.fixture(autouse=True)
+def _no_autotune_benchmark(monkeypatch):
+    if not torch.cuda.is_available():
+        import triton.runtime.autotuner as autotuner
+        monkeypatch.setattr(autotuner.Autotuner, "_bench", lambda self, *a, config=None, **k: [0.0, 0.0, 0.0])
+
+
+def fla_model(device="cpu", **kw):
+    cfg = dict(vocab_size=128, hidden_size=32, num_hidden_layers=3, expand_ratio=8, intermediate_size=64,
+               fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False)
+    torch.manual_seed(3)
+    m = fla_models.HGRN2ForCausalLM(fla_models.HGRN2Config(**{**cfg, **kw})).to(device).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "lower_bounds" in name:
+                p.copy_(torch.randn_like(p))
+            elif "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif "i_proj" in name:  # small inputs make g_norm's eps (1e-5 in fla) matter for the check below
+                p.copy_(0.01 * torch.randn_like(p))
+            else:
+                p.copy_(0.3 * torch.randn_like(p))
+    return m
+
+
+@pytest.mark.parametrize("short_conv", [False, True])
+@torch.no_grad()
+def test_convert_matches_fla_logits_and_greedy(tmp_path, short_conv):
+    ref = fla_model(use_short_conv=short_conv)
+    ref.save_pretrained(tmp_path / "fla")
+    assert cli_main(["convert-fla", str(tmp_path / "fla"), str(tmp_path / "ours")]) == 0
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").eval()
+    assert type(ours) is HGRN2ForCausalLM and ours.config.g_norm_eps == 1e-5
+    ids = torch.randint(0, 128, (2, 12))
+    want = ref(ids).logits
+    assert rel_err(ours(ids).logits, want) <= 1e-4
+    # the eps really matters at these magnitudes: fla's norm_eps (1e-6) in g_norm would not pass
+    wrong = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", backend="reference", g_norm_eps=1e-6).eval()
+    assert rel_err(wrong(ids).logits, want) > 1e-3
+    mask = torch.ones_like(ids)
+    a = ref.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    b = ours.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert torch.equal(a, b)
+
+
+@torch.no_grad()
+def test_convert_bin_weights_and_tied_head(tmp_path):
+    ref = fla_model(tie_word_embeddings=True)
+    ref.save_pretrained(tmp_path / "fla")
+    for f in (tmp_path / "fla").glob("*.safetensors"):
+        f.unlink()
+    state = {k: v for k, v in ref.state_dict().items() if k != "lm_head.weight"}
+    torch.save(state, tmp_path / "fla" / "pytorch_model.bin")
+    ours = convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
+    assert ours.lm_head.weight.data_ptr() == ours.model.embeddings.weight.data_ptr()
+    loaded = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").eval()
+    ids = torch.randint(0, 128, (1, 9))
+    assert rel_err(loaded(ids).logits, ref(ids).logits) <= 1e-4
+
+
+@torch.no_grad()
+def test_convert_without_g_norm_weight(tmp_path):
+    ref = fla_model(elementwise_affine=False)
+    assert ref.model.layers[0].attn.g_norm.weight is None
+    ref.save_pretrained(tmp_path / "fla")
+    ours = convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
+    assert torch.equal(ours.model.layers[0].attn.g_norm.weight, torch.ones(32))
+    loaded = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").eval()
+    ids = torch.randint(0, 128, (1, 9))
+    assert rel_err(loaded(ids).logits, ref(ids).logits) <= 1e-4
+
+
+def _edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(attn={"layers": [1], "num_heads": 4}), "hybrid"),
+    (dict(attnres_block_size=2), "attnres"),
+    (dict(model_type="gla"), "model_type"),
+    (dict(num_hidden_layers=4), "missing: model.layers.3"),
+    (dict(vocab_size=100), r"model.embeddings.weight: checkpoint \(128, 32\) vs config \(100, 32\)"),
+])
+def test_convert_refuses_clearly(tmp_path, changes, match):
+    fla_model().save_pretrained(tmp_path / "fla")
+    _edit_config(tmp_path / "fla", **changes)
+    with pytest.raises(ValueError, match=match):
+        convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.no_grad()
+def test_convert_bf16_cuda_long_sequence(tmp_path):
+    ref = fla_model("cuda", hidden_size=256, expand_ratio=64, intermediate_size=512).to(torch.bfloat16)
+    ref.save_pretrained(tmp_path / "fla")
+    convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
+    ours = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.bfloat16).cuda().eval()
+    ids = torch.randint(0, 128, (2, 300), device="cuda")
+    assert rel_err(ours(ids).logits.float(), ref(ids).logits.float()) <= 2e-2

@@ -1,0 +1,59 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_err
+
+from hgrn2.ops.cross_entropy import linear_cross_entropy
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("chunk_size", [1, 7, 1000])
+def test_matches_cross_entropy_with_grads(reduction, chunk_size):
+    N, d, V = 23, 16, 37
+    h = torch.randn(N, d, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, d, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, V, (N,))
+    labels[::5] = -100
+    loss = linear_cross_entropy(h, w, labels, chunk_size=chunk_size, reduction=reduction)
+    ref = F.cross_entropy(h @ w.t(), labels, ignore_index=-100, reduction=reduction)
+    assert rel_err(loss, ref) < 1e-6
+    g = torch.randn(())
+    dh, dw = torch.autograd.grad(loss * g, (h, w))
+    rh, rw = torch.autograd.grad(ref * g, (h, w))
+    assert rel_err(dh, rh) < 1e-6 and rel_err(dw, rw) < 1e-6
+
+
+def test_fp32_and_all_ignored():
+    h = torch.randn(9, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    labels = torch.randint(0, 11, (9,))
+    assert rel_err(linear_cross_entropy(h, w, labels, chunk_size=4), F.cross_entropy(h @ w.t(), labels)) < 1e-5
+    loss = linear_cross_entropy(h, w, torch.full((9,), -100))
+    loss.backward()
+    assert loss.item() == 0 and h.grad.abs().sum() == 0 and w.grad.abs().sum() == 0
+
+
+def test_bad_input():
+    h, w = torch.randn(4, 8), torch.randn(5, 8)
+    with pytest.raises(ValueError, match="labels"):
+        linear_cross_entropy(h, w, torch.tensor([0, 1, 5, 2]))
+    with pytest.raises(ValueError, match="labels"):
+        linear_cross_entropy(h, w, torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="weight"):
+        linear_cross_entropy(h, torch.randn(5, 7), torch.zeros(4, dtype=torch.long))
+
+
+def test_autocast_uses_autocast_dtype_consistently():
+    h = torch.randn(10, 8, requires_grad=True)
+    w = torch.randn(13, 8, requires_grad=True)
+    labels = torch.randint(0, 13, (10,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(h, w, labels, chunk_size=3)
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    ref = linear_cross_entropy(h.bfloat16(), w.bfloat16(), labels, chunk_size=3)
+    rh, rw = torch.autograd.grad(ref, (h, w))
+    assert loss.dtype == torch.float32 and torch.equal(loss, ref)
+    assert gh.dtype == torch.float32 and torch.equal(gh, rh) and torch.equal(gw, rw)
+    # and bf16 is close to the fp32 truth
+    exact = F.cross_entropy(h @ w.t(), labels)
+    assert rel_err(loss, exact) < 2e-2

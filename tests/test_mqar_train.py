@@ -1,0 +1,179 @@
+"""MQAR model and sweep: zoology's block order, the gathered head, learning on CPU, resume, budget, CLI."""
+
+import json
+import math
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hgrn2.cli import main as cli_main
+from hgrn2.models.zoology import ZoologyLM
+from hgrn2.train import mqar as sweep_mod
+from hgrn2.train.mqar import RunSpec, train_run
+
+STAND_IN = "test_mqar_train:ShiftedKeyAttention"
+
+
+class ShiftedKeyAttention(nn.Module):
+    """Stand-in token mixer for the plumbing tests (the library's mixers live in hgrn2.layers): one-head causal
+    softmax attention whose key at t is read from token t−1, so one layer can look up "the token after k"."""
+
+    def __init__(self, hidden_size, *, layer_idx=0):
+        super().__init__()
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.out_proj = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        k = F.pad(k, (0, 0, 1, 0))[:, :-1]
+        y = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True)[:, 0]
+        return self.out_proj(y), None
+
+
+class Broken(ShiftedKeyAttention):
+    def forward(self, x, **kwargs):
+        raise RuntimeError("broken mixer")
+
+
+def tiny_spec(**kw):
+    base = dict(mixer=STAND_IN, d_model=32, seq_len=16, kv_pairs=2, lr=3e-3, batch_size=32, epochs=12,
+                train_examples=512, test_examples=128, vocab_size=64)
+    return RunSpec(**{**base, **kw})
+
+
+def zoology_forward(model: ZoologyLM, ids):
+    """Oracle: zoology's LMBackbone + LanguageModel forward (model.py), transcribed over our modules."""
+    hidden = model.embed(ids)
+    residual = None
+    for blk in model.blocks:
+        dropped = blk.dropout(hidden)
+        residual = dropped + residual if residual is not None else dropped
+        hidden = blk.norm1(residual)
+        hidden = blk.mixer(hidden)[0]
+        residual = hidden + residual
+        hidden = blk.norm2(residual)  # state_mixer = Identity
+    residual = hidden + residual
+    return model.norm_f(residual) @ model.embed.weight.T
+
+
+def test_model_matches_zoology_and_gathers():
+    model = ZoologyLM(ShiftedKeyAttention, 16, vocab_size=50).eval()
+    ids = torch.randint(0, 50, (3, 10))
+    full = model(ids)
+    torch.testing.assert_close(full, zoology_forward(model, ids))
+    pos = torch.tensor([[1, 4], [0, 9], [7, 7]])
+    torch.testing.assert_close(model(ids, pos), full.gather(1, pos[..., None].expand(-1, -1, 50)))
+
+
+def test_model_init_and_positions():
+    model = ZoologyLM(ShiftedKeyAttention, 64, vocab_size=4096, max_position_embeddings=32)
+    assert abs(model.embed.weight.std().item() - 0.02) < 2e-3
+    out_std = torch.cat([b.mixer.out_proj.weight.flatten() for b in model.blocks]).std().item()
+    assert abs(out_std - 0.02 / math.sqrt(4)) < 2e-3
+    assert all((b.mixer.qkv.bias == 0).all() for b in model.blocks)
+    assert sum(isinstance(m, nn.Dropout) and m.p == 0.1 for m in model.modules()) == 1
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_learns_easy_recall_on_cpu(tmp_path):
+    result = train_run(tiny_spec(), "cpu", data_dir=tmp_path)
+    # chance is 1/32 (any value) or 1/2 (a value of this example); recall is needed to pass 0.9
+    assert result["best_accuracy"] > 0.9, result["history"]
+    assert result["complete"] and not result["diverged"]
+    first = result["history"][0]
+    assert first["train_loss"] > result["history"][-1]["train_loss"]
+    assert result["early_stopped"] == (result["final_accuracy"] > 0.99)
+
+
+def test_budget_cuts_a_run(tmp_path):
+    result = train_run(tiny_spec(epochs=3), "cpu", data_dir=tmp_path, deadline=time.time() - 1)
+    assert not result["complete"] and result["epochs_run"] == 1 and result["steps"] == 1
+
+
+def test_build_runs_presets_and_overrides():
+    cfg = sweep_mod.load_config()
+    parser = __import__("argparse").ArgumentParser()
+    sweep_mod.add_arguments(parser)
+    runs, grid = sweep_mod.build_runs(parser.parse_args([]), cfg)
+    assert len(runs) == 24 and {r.epochs for r in runs} == {64} and grid["max_minutes"] == 7
+    hgrn2 = [r for r in runs if r.mixer == "hgrn2" and r.d_model == 64][0]
+    assert hgrn2.mixer_options == dict(expand_ratio=64, o_act="sigmoid", i_act="silu", scale=1.0, norm="layernorm",
+                                       bias=True)
+    assert {(r.seq_len, r.kv_pairs, r.batch_size) for r in runs} == {(256, 16, 256), (512, 64, 128)}
+    full, _ = sweep_mod.build_runs(parser.parse_args(["--preset", "full"]), cfg)
+    assert len(full) == 3 * 4 * 4 * 7 and {r.train_examples for r in full} == {100_000}
+    args = parser.parse_args(["--preset", "full", "--mixers", "hgrn2", "--dims", "64,128", "--lrs", "1e-3",
+                              "--seq-lens", "64", "32:2", "--epochs", "2"])
+    runs, _ = sweep_mod.build_runs(args, cfg)
+    assert [(r.d_model, r.seq_len, r.kv_pairs, r.epochs) for r in runs] == \
+        [(64, 64, 4, 2), (128, 64, 4, 2), (64, 32, 2, 2), (128, 32, 2, 2)]
+    assert len({r.run_id for r in runs}) == 4
+    with pytest.raises(ValueError, match="seq-lens"):
+        sweep_mod.build_runs(parser.parse_args(["--seq-lens", "100"]), cfg)
+
+
+def _cli(tmp_path, *extra):
+    return cli_main(["mqar", "--mixers", STAND_IN, "--dims", "16", "--lrs", "3e-3", "--seq-lens", "16:2",
+                     "--epochs", "2", "--train-examples", "64", "--test-examples", "32", "--vocab-size", "64",
+                     "--batch-size", "32", "--device", "cpu", "--out", str(tmp_path / "out"),
+                     "--data-dir", str(tmp_path / "data"), *extra])
+
+
+def test_cli_sweep_resumes(tmp_path, capsys):
+    assert _cli(tmp_path, "--dims", "16,32") == 0
+    out = tmp_path / "out"
+    files = sorted((out / "runs").glob("*.json"))
+    assert len(files) == 2 and (out / "mqar.png").stat().st_size > 0
+    results = json.loads((out / "results.json").read_text())
+    assert all(r["complete"] and r["epochs_run"] <= 2 for r in results)
+    assert "MQAR test accuracy" in (out / "table.txt").read_text()
+    mtimes = [f.stat().st_mtime_ns for f in files]
+    capsys.readouterr()
+    assert _cli(tmp_path, "--dims", "16,32") == 0
+    assert "2 already done, 0 to train" in capsys.readouterr().out
+    assert [f.stat().st_mtime_ns for f in files] == mtimes
+
+
+def test_cli_concurrent_workers(tmp_path):
+    assert _cli(tmp_path, "--lrs", "1e-3,3e-3", "--concurrent", "2") == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert len(results) == 2 and all(r["complete"] for r in results)
+
+
+def test_cli_reports_failing_runs(tmp_path, capsys):
+    assert _cli(tmp_path, "--mixers", STAND_IN, "test_mqar_train:Broken") == 1
+    out = capsys.readouterr().out
+    assert "broken mixer" in out and "1 run(s) failed" in out
+    assert len(json.loads((tmp_path / "out" / "results.json").read_text())) == 1
+
+
+def test_table_takes_max_over_lrs():
+    def res(lr, acc, complete=True):
+        spec = dict(mixer="hgrn2", d_model=64, seq_len=256, kv_pairs=16, lr=lr)
+        return dict(spec=spec, final_accuracy=acc, complete=complete)
+
+    text = sweep_mod.table([res(1e-3, 0.5), res(5e-3, 0.75, complete=False)], ["hgrn2", "attention"], [64], [256])
+    assert "0.750*" in text and "0.500" not in text
+    assert text.splitlines()[-1].split()[-1] == "-"
+
+
+@pytest.mark.parametrize("mixer", ["hgrn2", "hgrn1_complex", "attention"])
+def test_real_mixers_train(tmp_path, mixer):
+    try:
+        from hgrn2.layers import get_token_mixer
+
+        get_token_mixer(mixer)
+    except (ImportError, ValueError) as e:  # the mixers are written in parallel; the lead merges them
+        pytest.skip(f"{mixer} not available yet: {e}")
+    cfg = sweep_mod.load_config()
+    opts = dict(cfg["mixers"][mixer])
+    if "expand_ratio" in opts:
+        opts["expand_ratio"] = 16
+    result = train_run(tiny_spec(mixer=mixer, mixer_options=opts, epochs=2, train_examples=128, d_model=32),
+                       "cpu", data_dir=tmp_path)
+    assert result["complete"] and all(math.isfinite(h["train_loss"]) for h in result["history"])
+    assert 0.0 <= result["final_accuracy"] <= 1.0

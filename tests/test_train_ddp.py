@@ -1,0 +1,68 @@
+"""torchrun on CPU (gloo): 2 ranks with DDP and with FSDP2 give the 1-process loss curve with accumulation 2;
+their checkpoints resume on 2 ranks, and across world sizes (DDP checkpoint, 1 process)."""
+
+import os
+import shutil
+
+import pytest
+import torch
+from test_train_helpers import base_overrides, losses, make_corpus, run_train
+
+STEPS = 12
+
+
+def _close(a: dict, b: dict, tol=1e-5):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert abs(a[k] - b[k]) <= tol * abs(b[k]), (k, a[k], b[k])
+
+
+def _rewind(out_dir, to_step):
+    """Make a finished run look like one that stopped right after the checkpoint of `to_step`."""
+    for f in os.listdir(os.path.join(out_dir, "checkpoints")):
+        if int(f[5:13]) > to_step:
+            os.remove(os.path.join(out_dir, "checkpoints", f))
+    shutil.rmtree(os.path.join(out_dir, "final"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp")
+    data = make_corpus(tmp / "data")
+    # batch 8 = micro 4 × accumulation 2 on one process, micro 4 × 2 ranks under torchrun; no dropout, so the
+    # per-rank RNG streams cannot make the runs differ
+    run_train(base_overrides(data, str(tmp / "one"), dropout=0.0, max_steps=STEPS))
+    return tmp, data, losses(str(tmp / "one")), losses(str(tmp / "one"), "val", "val_loss")
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_match_one_process_with_accumulation(reference, parallel):
+    tmp, data, ref, ref_val = reference
+    out = str(tmp / parallel)
+    overrides = base_overrides(data, out, dropout=0.0, max_steps=STEPS, parallel=parallel)
+    p = run_train(overrides, nproc=2)
+    assert "2 rank(s) × micro batch 4 × accumulation 1" in p.stdout
+    _close(losses(out), ref)
+    _close(losses(out, "val", "val_loss"), ref_val)
+    assert ref[STEPS] < ref[1]
+
+    # resume on 2 ranks (DDP: rank 0 reads and broadcasts; FSDP: sharded load) and, for DDP, also the 2-rank
+    # checkpoint on 1 process (accumulation 2)
+    for step, nproc in [(8, 2)] + ([(4, 1)] if parallel == "ddp" else []):
+        _rewind(out, step)
+        p = run_train(overrides, nproc=nproc)
+        assert f"resumed from step {step}" in p.stdout
+        _close(losses(out), ref)
+        assert os.path.isfile(os.path.join(out, "final", "model.safetensors"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_gpus_match_one_gpu_with_accumulation(tmp_path, parallel):
+    """NCCL version of the test above (fp32: TF32 is off by default, so only reduction order differs)."""
+    data = make_corpus(tmp_path / "data")
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    run_train(base_overrides(data, one, dropout=0.0, max_steps=STEPS, device="cuda"))
+    run_train(base_overrides(data, two, dropout=0.0, max_steps=STEPS, device="cuda", parallel=parallel), nproc=2)
+    _close(losses(two), losses(one), tol=1e-4)
