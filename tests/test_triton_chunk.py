@@ -4,6 +4,7 @@ Without a GPU these run in the Triton interpreter (conftest sets TRITON_INTERPRE
 GPU-only tests at the end cover real head sizes, long sequences, torch.compile and a second device.
 """
 
+import faulthandler
 import os
 
 import pytest
@@ -189,6 +190,17 @@ def test_bad_activation_is_a_clear_error():
 # --- GPU only: real head sizes, long sequences, compile, a second device ---------------------------------
 
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+GPU_TEST_LIMIT_S = 60  # compile + run of one GPU test; a hung kernel blocks in C, where only faulthandler's thread acts
+
+
+@pytest.fixture(autouse=True)
+def hard_time_limit():
+    """On a GPU, end the process with every thread's traceback if one test runs past GPU_TEST_LIMIT_S."""
+    if CUDA:
+        faulthandler.dump_traceback_later(GPU_TEST_LIMIT_S, exit=True)
+    yield
+    if CUDA:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @gpu
