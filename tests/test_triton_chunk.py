@@ -4,6 +4,7 @@ Without a GPU these run in the Triton interpreter (conftest sets TRITON_INTERPRE
 GPU-only tests at the end cover real head sizes, long sequences, torch.compile and a second device.
 """
 
+import faulthandler
 import os
 
 import pytest
@@ -83,6 +84,16 @@ def test_exact_diagonal_path_everywhere(monkeypatch):
     monkeypatch.setattr(chunk_mod, "FAST_DIAG_MAX_SPREAD", -1.0)
     inputs = make_inputs(2, 37, 2, 16, 16, n_states=2)
     check(*run_both(inputs, scale=0.5, o_act="silu", output_final_state=True), tol=1e-4)
+
+
+@pytest.mark.parametrize("block_t_fwd,block_t_bwd,max_spread", [(32, 32, 60.0), (32, 16, -1.0), (16, 32, -1.0)])
+def test_32_token_steps(monkeypatch, block_t_fwd, block_t_bwd, max_spread):
+    """32-token steps (a tuning option) in either sweep: fast and exact diagonal blocks, odd length, states."""
+    monkeypatch.setattr(chunk_mod, "BLOCK_T_FWD", block_t_fwd)
+    monkeypatch.setattr(chunk_mod, "BLOCK_T_BWD", block_t_bwd)
+    monkeypatch.setattr(chunk_mod, "FAST_DIAG_MAX_SPREAD", max_spread)
+    inputs = make_inputs(2, 75, 2, 16, 16, n_states=2)
+    check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
 def test_split_v_blocks_and_no_bound(split_v):
@@ -179,6 +190,17 @@ def test_bad_activation_is_a_clear_error():
 # --- GPU only: real head sizes, long sequences, compile, a second device ---------------------------------
 
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+GPU_TEST_LIMIT_S = 60  # compile + run of one GPU test; a hung kernel blocks in C, where only faulthandler's thread acts
+
+
+@pytest.fixture(autouse=True)
+def hard_time_limit():
+    """On a GPU, end the process with every thread's traceback if one test runs past GPU_TEST_LIMIT_S."""
+    if CUDA:
+        faulthandler.dump_traceback_later(GPU_TEST_LIMIT_S, exit=True)
+    yield
+    if CUDA:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @gpu

@@ -1,8 +1,8 @@
 """Triton building blocks shared by the HGRN2 chunk kernels: gate math, activations, the 16-token diagonal block.
 
-Everything here runs in registers on fp32 tiles. Notation for one 16-token sub-block of one head:
-q [16, K] (activated, scaled output gate), k = 1 − f [16, K], a = log f [16, K], b = cumsum(a) within the
-sub-block (so b ≤ 0 and non-increasing down the rows), v [16, BV].
+Everything here runs in registers on fp32 tiles. Notation for one BT-token sub-block (BT = 16 by default) of
+one head: q [BT, K] (activated, scaled output gate), k = 1 − f [BT, K], a = log f [BT, K], b = cumsum(a)
+within the sub-block (so b ≤ 0 and non-increasing down the rows), v [BT, BV].
 """
 
 import triton
@@ -31,22 +31,23 @@ def _load_beta(lb, i_h, K, ck, HAS_LB: tl.constexpr):
 
 
 @triton.jit
-def _tile(t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr, BV: tl.constexpr):
-    """Offsets and masks (rows in [bos, eos)) of the 16-token sub-block from row t0: ([16, BK], [16, BV]).
+def _tile(t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr, BV: tl.constexpr,
+          BT: tl.constexpr):
+    """Offsets and masks (rows in [bos, eos)) of the BT-token sub-block from row t0: ([BT, BK], [BT, BV]).
 
     Column masks only where the block is padded, so that the masks are constant along rows and the loads
     vectorise.
     """
-    tok = t0 + tl.arange(0, 16)
+    tok = t0 + tl.arange(0, BT)
     mt = (tok >= bos) & (tok < eos)
     offk = (tok[:, None] * H + i_h) * K + ck[None, :]
     offv = (tok[:, None] * H + i_h) * V + cv[None, :]
     if BK == K:
-        mtk = tl.broadcast_to(mt[:, None], (16, BK))
+        mtk = tl.broadcast_to(mt[:, None], (BT, BK))
     else:
         mtk = mt[:, None] & (ck < K)[None, :]
     if V % BV == 0:
-        mtv = tl.broadcast_to(mt[:, None], (16, BV))
+        mtv = tl.broadcast_to(mt[:, None], (BT, BV))
     else:
         mtv = mt[:, None] & (cv < V)[None, :]
     return offk, offv, mtk, mtv
@@ -120,13 +121,14 @@ def _col(x, cols, j):
 def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
 
-    A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([16, 16]). When the block's decay
-    spread (max over channels of b[0] − b[15], here −b_last) is below MAX_SPREAD (60), A is one tensor-core
+    A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([BT, BT]). When the block's decay
+    spread (max over channels of b[0] − b[BT−1], here −b_last) is below MAX_SPREAD (60), A is one tensor-core
     product (q e^{b})(k e^{−b})ᵀ — k e^{−b} ≤ e^{60} cannot overflow — and e^{b_last − b} = e^{b_last}·e^{−b}
     reuses e^{−b} (two exponentials per element in all). Otherwise A is exact, one column at a time with the
-    exponent masked before exp (blocks that forget more than e^-60 within 16 tokens).
+    exponent masked before exp (blocks that forget more than e^-60 within BT tokens).
     """
-    rows = tl.arange(0, 16)
+    BT: tl.constexpr = q.shape[0]
+    rows = tl.arange(0, BT)
     causal = rows[:, None] >= rows[None, :]
     eb = tl.exp(b)
     if spread < MAX_SPREAD:
@@ -135,8 +137,8 @@ def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.conste
         A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
     else:
         w_end = tl.exp(b_last[None, :] - b)
-        A = tl.zeros([16, 16], dtype=tl.float32)
-        for j in range(16):
+        A = tl.zeros([BT, BT], dtype=tl.float32)
+        for j in range(BT):
             k_j = _row(k, rows, j)
             b_j = _row(b, rows, j)
             w = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
@@ -147,9 +149,10 @@ def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.conste
 @triton.jit
 def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
                 PREC: tl.constexpr):
-    """Backward of the diagonal block given dA [16, 16] (causally masked) and `_diag_block`'s factors:
-    returns (dq, dk) [16, K]. The fast path gets e^{−b} as e^{b_last − b}·e^{−b_last} (a [K] exponential)."""
-    rows = tl.arange(0, 16)
+    """Backward of the diagonal block given dA [BT, BT] (causally masked) and `_diag_block`'s factors:
+    returns (dq, dk) [BT, K]. The fast path gets e^{−b} as e^{b_last − b}·e^{−b_last} (a [K] exponential)."""
+    BT: tl.constexpr = q.shape[0]
+    rows = tl.arange(0, BT)
     if spread < MAX_SPREAD:
         enb = w_end * tl.exp(-b_last)[None, :]
         dAc = dA.to(DT)
@@ -157,12 +160,12 @@ def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr
         dk = enb * tl.dot(tl.trans(dAc), (q * eb).to(DT), input_precision=PREC)
     else:
         dq = tl.zeros(q.shape, dtype=tl.float32)
-        for j in range(16):  # token j as the source s: feeds rows t ≥ j of dq
+        for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
             b_j = _row(b, rows, j)
             wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
             dq += _col(dA, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
         dk = tl.zeros(q.shape, dtype=tl.float32)
-        for j in range(16):  # token j as the target t: feeds rows s ≤ j of dk
+        for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
             b_j = _row(b, rows, j)
             wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
             dk += _row(dA, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk

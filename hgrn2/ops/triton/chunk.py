@@ -22,6 +22,10 @@ ACTS = {None: 0, "silu": 1, "sigmoid": 2}
 # tl.dot precision for fp32 inputs: "ieee" (exact fp32 FMAs, slow, spills), "tf32x3" (3 tensor-core passes,
 # ~fp32 accuracy, compiles far leaner), "tf32" (~1e-3 relative)
 FP32_DOT_PRECISION = "ieee"
+# tokens per sequential step (16 or 32): fewer, larger steps vs more registers per tile. The two backward
+# sweeps must share one (dq_inter is split at the same block boundaries); the forward is independent.
+BLOCK_T_FWD = 16
+BLOCK_T_BWD = 16
 MAX_BV = 128  # widest V-block per program; V is split into ceil(V / BV) programs
 FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
 NUM_WARPS = None  # None: 8 for [BV, BK] states of 8192+ elements, else 4
@@ -32,12 +36,13 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int):
+def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, split_below: float):
     """Block sizes, warps and the tl.dot operand dtype / precision for these inputs.
 
     Each program walks one (sequence, head, V-block) from start to end, so the V-blocks are the only source
-    of parallelism beyond N·H: split V while the programs fill less than half the SMs (each split repeats
-    the K-side gate and diagonal-block work, and a second wave costs more than it saves).
+    of parallelism beyond N·H: split V while the programs fill less than `split_below` of the SMs (each split
+    repeats the K-side gate and diagonal-block work, a second wave costs more than it saves, and in the
+    backward each split adds fp32 partial sums of do and dg, hence a lower threshold there).
     """
     K, V = o.shape[-1], i.shape[-1]
     if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
@@ -50,7 +55,7 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int):
     BK = max(16, triton.next_power_of_2(K))
     # fp32 dot operands take twice the registers: half the V-block
     BV = max(16, min(triton.next_power_of_2(V), MAX_BV, (16384 if dt == tl.bfloat16 else 8192) // BK))
-    while BV > 32 and 2 * n_seq_heads * triton.cdiv(V, BV) <= _sm_count(o.device):
+    while BV > 32 and n_seq_heads * triton.cdiv(V, BV) <= split_below * _sm_count(o.device):
         BV //= 2
     warps = NUM_WARPS or (8 if BK * BV >= 8192 else 4)
     return BK, BV, triton.cdiv(V, BV), warps, dt, prec
@@ -73,13 +78,13 @@ def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     """y [B, T, H, V] (i's dtype) and the final state [N, H, V, K] fp32 (empty when not requested)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    BK, BV, NV, warps, dt, prec = _config(o, i, N * H)
+    BK, BV, NV, warps, dt, prec = _config(o, i, N * H, split_below=0.5)
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
     with _device(o):
         hgrn2_fwd_kernel[(NV, N * H)](
             o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
-            H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            H=H, K=K, V=V, BT=BLOCK_T_FWD, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
             MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
         )
@@ -101,10 +106,10 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    BK, BV, NV, warps, dt, prec = _config(o, i, N * H)
+    BK, BV, NV, warps, dt, prec = _config(o, i, N * H, split_below=0.25)
     ntok = B * T
-    common = dict(H=H, K=K, V=V, BK=BK, BV=BV, HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None,
-                  DT=dt, PREC=prec, num_warps=warps)
+    common = dict(H=H, K=K, V=V, BT=BLOCK_T_BWD, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
+                  VARLEN=cu_seqlens is not None, DT=dt, PREC=prec, num_warps=warps)
     dq_inter = o.new_empty(NV, B, T, H, K, dtype=torch.float32)
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]

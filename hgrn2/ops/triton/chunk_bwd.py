@@ -1,8 +1,8 @@
 """Backward kernels: a forward sweep for the state-dependent part of dq, then one reverse sweep for the rest.
 
-Both walk a sequence 16 tokens at a time per (V-block, sequence·head), like the forward kernel.
+Both walk a sequence BT (16) tokens at a time per (V-block, sequence·head), like the forward kernel.
 
-1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes dq_inter = e^{b} ⊙ (dy S) [16, K] (fp32,
+1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes dq_inter = e^{b} ⊙ (dy S) [BT, K] (fp32,
    one slice per V-block; it is the only term of the backward that needs the forward state).
 2. `hgrn2_bwd_kernel` walks backwards carrying dS [BV, K] (the gradient of the state after the sub-block):
 
@@ -24,7 +24,7 @@ from ._common import _act, _act_and_grad, _diag_block, _diag_grads, _gates, _loa
 @triton.jit
 def hgrn2_bwd_dq_kernel(
     g, i, lb, h0, dy, dq, cu_seqlens, T, NTOK,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -42,17 +42,17 @@ def hgrn2_bwd_dq_kernel(
         S = tl.zeros([BV, BK], dtype=tl.float32)
     dq_base = dq + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
 
-    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-    for t0 in range(bos, eos, 16):
+    for t0 in range(bos, eos, BT):
         g_t, i_t, dy_t = g_nx, i_nx, dy_nx
-        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+        offk, offv, mtk, mtv = _tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
         dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
 
         a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
@@ -71,7 +71,7 @@ def hgrn2_bwd_dq_kernel(
 @triton.jit
 def hgrn2_bwd_kernel(
     o, g, i, lb, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, NTOK,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
     PREC: tl.constexpr,
@@ -79,7 +79,7 @@ def hgrn2_bwd_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
-    rows = tl.arange(0, 16)
+    rows = tl.arange(0, BT)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
     beta = _load_beta(lb, i_h, K, ck, HAS_LB)
@@ -96,21 +96,21 @@ def hgrn2_bwd_kernel(
     part = i_v.to(tl.int64) * NTOK * H * K  # offset of this V-block's slice in dq_inter and partial do/dg
 
     # walk the sub-blocks last to first, loading the previous one while this one computes
-    t_last = bos + (tl.cdiv(eos - bos, 16) - 1) * 16
-    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+    t_last = bos + (tl.cdiv(eos - bos, BT) - 1) * BT
+    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
     o_nx = tl.load(o + offk, mask=mtk, other=0.0)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-    for it in range(0, tl.cdiv(eos - bos, 16)):
-        t0 = t_last - it * 16
+    for it in range(0, tl.cdiv(eos - bos, BT)):
+        t0 = t_last - it * BT
         o_t, g_t, i_t, dy_t = o_nx, g_nx, i_nx, dy_nx
-        offk, offv, mtk, mtv = _tile(t0 - 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+        offk, offv, mtk, mtv = _tile(t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
         o_nx = tl.load(o + offk, mask=mtk, other=0.0)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
         dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
 
         o_raw = o_t.to(tl.float32)
         i_raw = i_t.to(tl.float32)
@@ -129,7 +129,7 @@ def hgrn2_bwd_kernel(
         dS_c = dS.to(DT)
 
         # dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy, stored at once (each result is written as soon as it is
-        # complete, to keep few [16, K] tiles alive)
+        # complete, to keep few [BT, K] tiles alive)
         b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
         b_dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
         tl.store(di + offv, (b_dv * dv_act).to(di.dtype.element_ty), mask=mtv)

@@ -1,9 +1,9 @@
-"""Forward kernel: the HGRN2 recurrence over 16-token sub-blocks, state held in registers, one pass over memory.
+"""Forward kernel: the HGRN2 recurrence over BT-token sub-blocks, state in registers, one pass over memory.
 
-One program per (V-block, sequence·head) walks its sequence 16 tokens at a time. Per sub-block, with b the
+One program per (V-block, sequence·head) walks its sequence BT (16) tokens at a time. Per sub-block, with b the
 within-block cumsum of log f (b ≤ 0, so every factor below is ≤ 1 except inside `_diag_block`):
 
-    y = (q ⊙ e^{b}) Sᵀ + A v                         A = the exact causal 16×16 block (see _common)
+    y = (q ⊙ e^{b}) Sᵀ + A v                         A = the exact causal BT×BT block (see _common)
     S ← S ⊙ e^{b_last} + vᵀ (k ⊙ e^{b_last − b})     S [BV, K] in fp32
 
 It reads o, g, i once and writes y once (plus the final state); k and log f live only in registers.
@@ -18,7 +18,7 @@ from ._common import _act, _diag_block, _gates, _load_beta, _seq_bounds, _tile
 @triton.jit
 def hgrn2_fwd_kernel(
     o, g, i, lb, h0, y, ht, cu_seqlens, scale, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_HT: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
     PREC: tl.constexpr,
@@ -38,17 +38,17 @@ def hgrn2_fwd_kernel(
         S = tl.zeros([BV, BK], dtype=tl.float32)
 
     # register double-buffering: the next sub-block's tiles load while this one computes
-    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
     o_nx = tl.load(o + offk, mask=mtk, other=0.0)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-    for t0 in range(bos, eos, 16):
+    for t0 in range(bos, eos, BT):
         o_t, g_t, i_t = o_nx, g_nx, i_nx
-        offk, offv, mtk, mtv = _tile(t0 + 16, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+        offk, offv, mtk, mtv = _tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
         o_nx = tl.load(o + offk, mask=mtk, other=0.0)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
 
         # rows past the end need a = 0 (b stays put) and v = 0; padded K columns need k = 0
         q = _act(o_t.to(tl.float32), O_ACT) * scale
