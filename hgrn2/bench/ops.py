@@ -213,6 +213,24 @@ def seq_rows(B, T, ctx) -> list[dict]:
     return rows
 
 
+def first_calls(ctx, B, T) -> dict:
+    """Seconds of the first forward+backward of ours and of fla at (B, T): compilation, and fla's autotuning
+    (minutes: every chunk_gla kernel tries its configs once per process), kept out of the timed rows."""
+    o, g, i, lb = gate_inputs(B, T, ctx, requires_grad=True)
+    dy = torch.randn_like(i)
+    fns = {"ours": lambda *a: ours(*a, ctx["D"] ** -0.5, ctx["backend"])}
+    if ctx["fla"]:
+        fns["fla"] = lambda *a: fla_chunk(ctx["fla"], *a, ctx["D"] ** -0.5)
+    out = {}
+    for name, fn in fns.items():
+        t0 = time.time()
+        fwd_bwd(fn, (o, g, i, lb), dy)()
+        if o.is_cuda:
+            torch.cuda.synchronize()
+        out[name] = round(time.time() - t0, 1)
+    return out
+
+
 def measure(timer, fn, args, dy, mode):
     if mode == "fwd":
         return timer(lambda: fn(*args))
@@ -387,15 +405,18 @@ def run(args) -> int:
     skip = set(filter(None, args.skip.split(",")))
     seq_lens = (32, 64) if quick else SEQ_LENS
     tokens = 64 if quick else TOKENS
-    jobs = []  # decode first: it is quick, and the long seq rows must not crowd it out of the budget
-    if "decode" not in skip:
-        jobs += [(f"decode B={B}", lambda B=B: decode_rows(B, ctx)) for B in ((1, 4) if quick else (1, 64))]
     if "seq" not in skip:
-        jobs += [(f"seq T={T}", lambda T=T: seq_rows(max(1, tokens // T), T, ctx)) for T in seq_lens]
+        info["first_call_s"] = first_calls(ctx, max(1, tokens // seq_lens[1]), seq_lens[1])
+        print(f"# first calls (compile / autotune), s: {info['first_call_s']}", flush=True)
+    # the target shape, the decode step and the layer first: the long seq rows must not crowd them out
+    jobs = [(f"seq T={T}", lambda T=T: seq_rows(max(1, tokens // T), T, ctx))
+            for T in sorted(seq_lens, key=lambda T: T != seq_lens[1]) if "seq" not in skip]
+    if "decode" not in skip:
+        jobs[1:1] = [(f"decode B={B}", lambda B=B: decode_rows(B, ctx)) for B in ((1, 4) if quick else (1, 64))]
+    if "layer" not in skip:
+        jobs.insert(1, ("layer", lambda: layer_rows(ctx)))
     if "hgrn1" not in skip:
         jobs.append(("hgrn1", lambda: hgrn1_rows(ctx)))
-    if "layer" not in skip:
-        jobs.append(("layer", lambda: layer_rows(ctx)))
 
     rows, t0 = [], time.time()
     for name, job in jobs:

@@ -108,8 +108,10 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     K, V = o.shape[-1], i.shape[-1]
     BK, BV, NV, warps, dt, prec = _config(o, i, N * H, split_below=0.25)
     ntok = B * T
+    # the state dots of the backward take fp32 operands: 3 tf32 passes unless fp32 inputs ask for ieee
+    sprec = prec if dt == tl.float32 and prec != "tf32" else "tf32x3"
     common = dict(H=H, K=K, V=V, BT=BLOCK_T_BWD, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
-                  VARLEN=cu_seqlens is not None, DT=dt, PREC=prec, num_warps=warps)
+                  VARLEN=cu_seqlens is not None, DT=dt, PREC=prec, SPREC=sprec, num_warps=warps)
     dq_inter = o.new_empty(NV, B, T, H, K, dtype=torch.float32)
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]

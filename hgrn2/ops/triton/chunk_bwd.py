@@ -26,7 +26,7 @@ def hgrn2_bwd_dq_kernel(
     g, i, lb, h0, dy, dq, cu_seqlens, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -61,7 +61,8 @@ def hgrn2_bwd_dq_kernel(
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
 
-        d = tl.exp(b) * tl.dot(dy_t.to(DT), S.to(DT), input_precision=PREC)
+        # fp32 operands (SPREC): dq_inter feeds the cross-block running sum of d log f (see hgrn2_bwd_kernel)
+        d = tl.exp(b) * tl.dot(dy_t.to(tl.float32), S, input_precision=SPREC)
         tl.store(dq_base + offk, d, mask=mtk)
 
         ke = (k * tl.exp(b_last[None, :] - b)).to(DT)
@@ -74,7 +75,7 @@ def hgrn2_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, SPREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -138,16 +139,20 @@ def hgrn2_bwd_kernel(
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
         dq_d, dk_d = _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
-        b_dq = tl.load(dq_inter + part + offk, mask=mtk, other=0.0) + dq_d
+        dq_s = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)
+        dk_s = w_end * tl.dot(v.to(tl.float32), dS, input_precision=SPREC)
+        b_dq = dq_s + dq_d
         tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
-        b_dk = w_end * tl.dot(v, dS_c, input_precision=PREC) + dk_d
+        b_dk = dk_s + dk_d
         dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * eb).to(DT), input_precision=PREC)
 
-        # d log f: reverse running sum of q ⊙ dq − k ⊙ dk
+        # d log f: reverse running sum of q ⊙ dq − k ⊙ dk. The diagonal block's share sums to exactly 0 over
+        # the block (A depends on b only through differences), so only the state terms — from fp32 operands —
+        # are carried across blocks: low-precision rounding of the diagonal terms then stays inside its block
+        # instead of accumulating over the whole sequence through cancellation.
         db = q * b_dq - k * b_dk
-        db_sum = tl.sum(db, 0)
-        b_dlogf = (dlogf_carry + db_sum)[None, :] - tl.cumsum(db, 0) + db
-        dlogf_carry += db_sum
+        b_dlogf = (dlogf_carry + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
+        dlogf_carry += tl.sum(q * dq_s - k * dk_s, 0)
 
         # chain rule to g and β. f = β + (1 − β)σ(g), k = 1 − f: dL/df = dlogf / f − dk, ∂f/∂g = kσ(g),
         # ∂f/∂β = σ(−g); kσ(g)/f ≤ 1 stays bounded (0 only where f underflowed, and then dlogf ≈ 0 too)
