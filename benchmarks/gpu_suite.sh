@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# The GPU job in one call, from the repository root: GPU tests, then the ops benchmark (< 10 minutes).
-#   OUT=/some/dir bash benchmarks/gpu_suite.sh          (BENCH_ARGS="--quick" for a smoke run)
-# Writes $OUT/gpu_tests.log, $OUT/bench_ops.json, $OUT/bench_ops.txt; prints a short table last.
+# The GPU jobs in one call, from the repository root (each step under its own time limit, < 10 minutes in all):
+#   OUT=/some/dir STEPS="tests bench" bash benchmarks/gpu_suite.sh
+# Steps (in the order given):
+#   tests  the kernel tests on the GPU                       -> $OUT/gpu_tests.log
+#   cp     benchmarks/gpu_cp_check.py (kernel check/timing)  -> $OUT/cp/
+#   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
+#   mqar   hgrn2 mqar --preset quick                          -> $OUT/mqar/ (MQAR_MINUTES, default 6)
+#   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 # Installs only wheels carried in .whl/ (no internet on the GPU machine); runs the package from the checkout.
 set -uo pipefail
 OUT=${OUT:-/tmp/hgrn2_out}
+STEPS=${STEPS:-tests bench}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 
@@ -19,18 +25,38 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 python3 -c "import fla; print('fla', getattr(fla, '__version__', '?'))" 2>&1 | tail -1
 
-echo "== GPU tests (log: $OUT/gpu_tests.log)"
-# the kernel tests (fla's model tests are left out here: its autotuning alone takes minutes)
-timeout 200 python3 -m pytest -q tests/test_triton_chunk.py tests/test_triton_recurrent.py tests/test_triton_hgrn1.py \
-  -p no:cacheprovider -rf \
-  > "$OUT/gpu_tests.log" 2>&1
-echo "pytest exit code $? (124 = timed out)"
-tail -n 15 "$OUT/gpu_tests.log"
-
-echo "== ops benchmark (json: $OUT/bench_ops.json)"
-timeout 360 python3 -m hgrn2.cli bench ops --budget-s 300 --out "$OUT/bench_ops.json" ${BENCH_ARGS:-} \
-  > "$OUT/bench_ops.txt" 2>&1
-echo "bench exit code $? (124 = timed out; rows measured so far are in the json)"
-grep -iE "error|traceback" "$OUT/bench_ops.txt" | tail -n 8
-python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['table'])" "$OUT/bench_ops.json" \
-  || tail -n 30 "$OUT/bench_ops.txt"
+for step in $STEPS; do
+  echo "== $step ($(date -u +%H:%M:%S))"
+  case $step in
+    tests)
+      # the kernel tests (fla's model tests are left out here: its autotuning alone takes minutes)
+      timeout 170 python3 -m pytest -q tests/test_triton_chunk.py tests/test_triton_recurrent.py \
+        tests/test_triton_hgrn1.py $(ls tests/test_triton_cp.py 2>/dev/null) -p no:cacheprovider -rf \
+        > "$OUT/gpu_tests.log" 2>&1
+      echo "pytest exit code $? (124 = timed out)"
+      tail -n 15 "$OUT/gpu_tests.log" ;;
+    cp)
+      timeout 250 python3 benchmarks/gpu_cp_check.py --out "$OUT/cp" > "$OUT/cp_check.txt" 2>&1
+      echo "cp check exit code $?"
+      tail -n 40 "$OUT/cp_check.txt" ;;
+    bench)
+      timeout "${BENCH_TIMEOUT:-330}" python3 -m hgrn2.cli bench ops --budget-s "${BENCH_BUDGET:-270}" \
+        --out "$OUT/bench_ops.json" ${BENCH_ARGS:-} > "$OUT/bench_ops.txt" 2>&1
+      echo "bench exit code $? (124 = timed out; rows measured so far are in the json)"
+      grep -iE "error|traceback" "$OUT/bench_ops.txt" | tail -n 8
+      python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['table'])" "$OUT/bench_ops.json" \
+        || tail -n 30 "$OUT/bench_ops.txt" ;;
+    mqar)
+      start=$(date +%s)
+      timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar --preset quick --out "$OUT/mqar" \
+        --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
+      echo "mqar exit code $? after $(( $(date +%s) - start )) s"
+      tail -n 25 "$OUT/mqar.txt" ;;
+    train)
+      timeout "${TRAIN_TIMEOUT:-300}" python3 -m hgrn2.cli bench train --out "$OUT/bench_train.json" \
+        ${TRAIN_ARGS:-} > "$OUT/bench_train.txt" 2>&1
+      echo "bench train exit code $?"
+      tail -n 20 "$OUT/bench_train.txt" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done

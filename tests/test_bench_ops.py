@@ -13,8 +13,9 @@ def test_quick_run_writes_rows(tmp_path):
     assert ops.run(parser.parse_args(["--quick", "--device", "cpu", "--out", str(out), "--skip", "seq"])) == 0
     result = json.loads(out.read_text())
     kinds = [r["kind"] for r in result["rows"]]
-    assert kinds == ["decode", "decode", "hgrn1", "layer"]
-    decode = result["rows"][0]
-    assert decode["ours_ms"] > 0 and decode["ours_api_ms"] > 0, decode
-    assert result["rows"][2]["ours_ms"] > 0
+    assert sorted(kinds) == ["decode", "decode", "hgrn1", "layer"]
+    for row in result["rows"]:
+        assert row["ours_ms"] > 0, row
+        if row["kind"] == "decode":
+            assert row["ours_api_ms"] > 0, row
     assert "ours_ms" in result["table"]

@@ -99,7 +99,7 @@ def test_build_runs_presets_and_overrides():
     parser = __import__("argparse").ArgumentParser()
     sweep_mod.add_arguments(parser)
     runs, grid = sweep_mod.build_runs(parser.parse_args([]), cfg)
-    assert len(runs) == 24 and {r.epochs for r in runs} == {64} and grid["max_minutes"] == 7
+    assert len(runs) == 36 and {r.epochs for r in runs} == {64} and grid["max_minutes"] == 7
     hgrn2 = [r for r in runs if r.mixer == "hgrn2" and r.d_model == 64][0]
     assert hgrn2.mixer_options == dict(expand_ratio=64, o_act="sigmoid", i_act="silu", scale=1.0, norm="layernorm",
                                        bias=True)
