@@ -3,9 +3,10 @@
 #   OUT=/some/dir STEPS="tests bench" bash benchmarks/gpu_suite.sh
 # Steps (in the order given):
 #   tests  the kernel tests on the GPU                       -> $OUT/gpu_tests.log
+#   accuracy benchmarks/gpu_accuracy.py (errors per tensor) -> $OUT/accuracy.{txt,json}
 #   cp     benchmarks/gpu_cp_check.py (kernel check/timing)  -> $OUT/cp/
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
-#   mqar   hgrn2 mqar --preset quick                          -> $OUT/mqar/ (MQAR_MINUTES, default 6)
+#   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar/ (MQAR_MINUTES, default 6)
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 # Installs only wheels carried in .whl/ (no internet on the GPU machine); runs the package from the checkout.
 set -uo pipefail
@@ -19,6 +20,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
+# Triton keeps autotuning results on disk, so fla's kernels tune once per call, not once per process
+export TRITON_CACHE_AUTOTUNING=1
 
 echo "== environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -35,6 +38,10 @@ for step in $STEPS; do
         > "$OUT/gpu_tests.log" 2>&1
       echo "pytest exit code $? (124 = timed out)"
       tail -n 15 "$OUT/gpu_tests.log" ;;
+    accuracy)  # rel L2 of every output/gradient vs the fp64 reference, per kernel, dtype and shape
+      timeout 200 python3 benchmarks/gpu_accuracy.py --out "$OUT/accuracy.json" > "$OUT/accuracy.txt" 2>&1
+      echo "accuracy exit code $?"
+      cat "$OUT/accuracy.txt" ;;
     cp)
       timeout 250 python3 benchmarks/gpu_cp_check.py --out "$OUT/cp" > "$OUT/cp_check.txt" 2>&1
       echo "cp check exit code $?"
@@ -48,7 +55,7 @@ for step in $STEPS; do
         || tail -n 30 "$OUT/bench_ops.txt" ;;
     mqar)
       start=$(date +%s)
-      timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar --preset quick --out "$OUT/mqar" \
+      timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} --out "$OUT/mqar" \
         --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
       tail -n 25 "$OUT/mqar.txt" ;;

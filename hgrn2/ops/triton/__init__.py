@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .chunk import hgrn2_chunk_triton
+from .recurrent import hgrn2_recurrent_triton
 
 __all__ = ["hgrn2_triton", "hgrn1_triton", "hgrn2_chunk_triton"]
 
@@ -24,12 +25,7 @@ def hgrn2_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None
     kw = dict(scale=scale, o_act=o_act, i_act=i_act, initial_state=initial_state,
               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     if o.shape[1] <= DECODE_MAX_T and not _needs_grad(o, g, i, lower_bound, initial_state):
-        try:
-            from .recurrent import hgrn2_recurrent_triton
-        except ImportError:
-            pass
-        else:
-            return hgrn2_recurrent_triton(o, g, i, lower_bound, **kw)
+        return hgrn2_recurrent_triton(o, g, i, lower_bound, **kw)
     return hgrn2_chunk_triton(o, g, i, lower_bound, **kw)
 
 
