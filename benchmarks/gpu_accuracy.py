@@ -2,8 +2,9 @@
 
     PYTHONPATH=. python benchmarks/gpu_accuracy.py [--kernels chunk,cp] [--out errors.json]
 
-The tests assert bounds; this prints the numbers (per tensor, dtype and shape), so a failing bound can be traced
-to one gradient. `chunk+fp32dots` runs the chunk kernel on bf16 inputs with fp32 tl.dot operands (tf32x3),
+The tests assert bounds; this prints the numbers (per tensor, dtype and shape; for ours and for fla's glue +
+chunk_gla, as its HGRN2 layer calls them), so a failing bound can be traced to one gradient.
+`chunk+fp32dots` runs the chunk kernel on bf16 inputs with fp32 tl.dot operands (tf32x3),
 which separates the error of bf16 dot operands from the rest.
 """
 
@@ -18,6 +19,7 @@ import time
 import torch
 import triton.language as tl
 
+from hgrn2.bench.ops import fla_chunk, fla_modules
 from hgrn2.ops import hgrn2_reference
 from hgrn2.ops.triton import chunk as chunk_mod
 
@@ -43,6 +45,12 @@ def kernels(names):
             out[name] = chunk_mod.hgrn2_chunk_triton
         elif name == "chunk+fp32dots":
             out[name] = _chunk_fp32_dots
+        elif name == "fla":
+            fla = fla_modules()
+            if fla is None:
+                print("fla: not installed")
+                continue
+            out[name] = functools.partial(_fla, fla)
         elif name == "cp":
             try:
                 from hgrn2.ops.triton.cp import hgrn2_cp_triton
@@ -51,6 +59,13 @@ def kernels(names):
                 continue
             out[name] = hgrn2_cp_triton
     return out
+
+
+def _fla(fla, o, g, i, lb, *, scale, o_act, initial_state, output_final_state):
+    """fla's HGRN2Attention between its projections and its kernel: glue + chunk_gla (o_act is silu there)."""
+    assert o_act == "silu" and lb is not None
+    y, ht = fla_chunk(fla, o, g, i, lb, scale, initial_state, output_final_state)
+    return y, ht.float()
 
 
 def _chunk_fp32_dots(*args, **kw):
@@ -98,7 +113,7 @@ def errors(fn, case, dtype, device):
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--kernels", default="chunk,chunk+fp32dots,cp")
+    p.add_argument("--kernels", default="chunk,cp,fla")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda")
     p.add_argument("--cases", default="", help="comma list of case labels (default: all)")
@@ -114,6 +129,8 @@ def main() -> int:
                 continue
             for case in cases:
                 t0 = time.time()
+                if kname == "fla" and case[-1] is None:
+                    continue  # fla's glue needs a lower bound
                 try:
                     err = errors(fn, case, dtype, args.device)
                 except Exception as e:  # one failure must not hide the rest
