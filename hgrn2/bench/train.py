@@ -60,15 +60,22 @@ def run(args) -> int:
         for b, t in shapes:
             rows.append({"model": name, "batch": b, "seq_len": t, "params": params,
                          **measure(model, opt, b, t, args.vocab, args.warmup, args.steps, device, args.seed)})
+            print(json.dumps(rows[-1]), flush=True)
+            save(args.out, device, args, rows)  # after every row: a run cut short keeps what it measured
         del model, opt
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print_table(rows)
+    save(args.out, device, args, rows)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"env": environment(device), "args": vars(args), "results": rows}, f, indent=2)
         print(f"wrote {args.out}")
     return 0
+
+
+def save(path, device, args, rows) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"env": environment(device), "args": vars(args), "results": rows}, f, indent=2)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -134,10 +141,12 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed) -> d
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
         for _ in range(warmup):
             step()
         if cuda:
             torch.cuda.synchronize()
+        warmup_s = time.perf_counter() - t0  # includes compiling / autotuning kernels on first use
         t0 = time.perf_counter()
         for _ in range(steps):
             loss = step().detach()
@@ -149,7 +158,8 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed) -> d
         torch.cuda.empty_cache()
         return {"status": "OOM"}
     return {"status": "ok", "tok_per_s": batch * seq_len * steps / dt, "step_ms": 1e3 * dt / steps,
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": loss.item()}
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": loss.item(),
+            "warmup_s": round(warmup_s, 1)}
 
 
 def print_table(rows) -> None:
