@@ -1,10 +1,16 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
-Run as a script in a process without TRITON_INTERPRET: `python tests/compile_sm90.py recurrent|hgrn1`.
-Exits non-zero and prints the compiler error if any variant fails.
+Run as a script in a process without TRITON_INTERPRET: `python tests/compile_sm90.py recurrent|hgrn1|cp`.
+Exits non-zero and prints the compiler error if any variant fails. The `cp` group also prints registers and
+spills (bundled `ptxas -v` on the PTX), compile time and the SASS size.
 """
 
+import os
+import re
+import subprocess
 import sys
+import tempfile
+import time
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -60,12 +66,84 @@ def hgrn1_variants():
                dict(common, HAS_H0=True, HAS_DIN=True, LOCAL=False, IS_VARLEN=True))
 
 
+def cp_variants():
+    """Every chunk-parallel kernel at K = V = 128 (and K = V = 64, 256 for bf16), bf16 and fp32, typical flags."""
+    from hgrn2.ops.triton import cp_bwd as b
+    from hgrn2.ops.triton import cp_fwd as f
+    for dt, ddt, prec, sprec in (("bf16", "bf16", "tf32", "tf32x3"), ("fp32", "fp32", "ieee", "ieee")):
+        tdt = "bf16" if dt == "bf16" else "fp32"
+        for KV in ((64, 128, 256) if dt == "bf16" else (128,)):
+            BK = KV
+            for BV, warps in ((128, 8), (64, 4), (64, 8)) if KV == 128 else ((min(KV, 128 if KV <= 128 else 64), 8),):
+                sfx = f"{dt} K=V={KV} BV={BV} w={warps}"
+                common = dict(H=16, K=KV, V=KV, BT=64, DT=getattr(__import__("triton.language").language,
+                                                                       "bfloat16" if ddt == "bf16" else "float32"),
+                              PREC=prec)
+                yield (f"fwd_h {sfx}", f.cp_fwd_h_kernel,
+                       dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{tdt}", ht="*fp32", T="i32",
+                            NT="i32"),
+                       dict(common, BK=BK, BV=BV, NV=KV // BV, I_ACT=0, HAS_LB=True, HAS_H0=True, STORE_HT=True,
+                            VARLEN=False), warps)
+                yield (f"fwd_o {sfx}", f.cp_fwd_o_kernel,
+                       dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{tdt}", y=f"*{dt}", scale="fp32",
+                            T="i32", NT="i32"),
+                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0),
+                       warps)
+                yield (f"bwd_dh {sfx}", b.cp_bwd_dh_kernel,
+                       dict(o=f"*{dt}", g=f"*{dt}", lb="*fp32", dy=f"*{dt}", dht="*fp32", dh=f"*{tdt}",
+                            dh0="*fp32", scale="fp32", T="i32", NT="i32"),
+                       dict(common, BK=BK, BV=BV, NV=KV // BV, O_ACT=1, HAS_LB=True, HAS_DHT=True, STORE_DH0=True,
+                            VARLEN=False), warps)
+                pdt = dt if BV == KV else "fp32"
+                yield (f"bwd {sfx}", b.cp_bwd_kernel,
+                       dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{tdt}", dh=f"*{tdt}",
+                            dy=f"*{dt}", do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", dlb="*fp32", scale="fp32",
+                            T="i32", NT="i32", NTOK="i32"),
+                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
+                            SPREC=sprec), warps)
+        # varlen flags once per dtype
+        common = dict(H=16, K=128, V=128, BT=64, BK=128, BV=128,
+                      DT=getattr(__import__("triton.language").language, "bfloat16" if ddt == "bf16" else "float32"),
+                      PREC=prec)
+        yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
+               dict(g=f"*{dt}", i=f"*{dt}", h=f"*{tdt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
+                    NT="i32"),
+               dict(common, NV=1, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True), 8)
+        yield (f"fwd_o varlen {dt}", f.cp_fwd_o_kernel,
+               dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{tdt}", y=f"*{dt}", chunks="*i32", scale="fp32",
+                    T="i32", NT="i32"),
+               dict(common, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0), 8)
+
+
+def ptxas_stats(compiled) -> str:
+    """Registers, spill stores/loads (bytes) and SASS instruction count of a compiled kernel."""
+    from triton.backends.nvidia import compiler as nv
+    ptxas = nv.get_ptxas(90).path if hasattr(nv, "get_ptxas") else os.path.join(
+        os.path.dirname(nv.__file__), "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "k.ptx")
+        with open(p, "w") as fh:
+            fh.write(compiled.asm["ptx"])
+        out = subprocess.run([ptxas, "-v", "-arch=sm_90a", p, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    n_sass = compiled.asm.get("sass", "").count("\n") if isinstance(compiled.asm.get("sass"), str) else "?"
+    return (f"regs={regs.group(1) if regs else '?'} spill st/ld={spill.group(1) if spill else '?'}/"
+            f"{spill.group(2) if spill else '?'} B sass_lines={n_sass}")
+
+
 if __name__ == "__main__":
-    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants}[sys.argv[1]]
+    group = sys.argv[1]
+    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "cp": cp_variants}[group]
     failed = 0
-    for name, kernel, types, consts in variants():
+    for name, kernel, types, consts, *w in variants():
         try:
-            compile_variant(kernel, types, consts)
+            t = time.time()
+            compiled = compile_variant(kernel, types, consts, *w)
+            if group == "cp":
+                print(f"ok {name}: {time.time() - t:.1f} s {ptxas_stats(compiled)}", flush=True)
+                continue
             print("ok", name)
         except Exception as e:  # noqa: BLE001 - report every failing variant
             failed += 1
