@@ -67,52 +67,64 @@ def hgrn1_variants():
 
 
 def cp_variants():
-    """Every chunk-parallel kernel at K = V = 128 (and K = V = 64, 256 for bf16), bf16 and fp32, typical flags."""
+    """Every chunk-parallel kernel, bf16 (K = V = 64, 128, 256) and fp32 (K = V = 128), BT = 64, typical flags:
+    the sequential kernels at (BK, BV, warps) and the parallel ones at (BK, BV, warps) as listed."""
+    import triton.language as tl
+
     from hgrn2.ops.triton import cp_bwd as b
     from hgrn2.ops.triton import cp_fwd as f
-    for dt, ddt, prec, sprec in (("bf16", "bf16", "tf32", "tf32x3"), ("fp32", "fp32", "ieee", "ieee")):
-        tdt = "bf16" if dt == "bf16" else "fp32"
+    seq_cfgs = {64: [(64, 64, 4)], 128: [(128, 128, 8), (64, 128, 8), (64, 64, 4)], 256: [(64, 128, 8)]}
+    par_cfgs = {64: [(64, 64, 4)], 128: [(64, 128, 8), (32, 128, 8), (64, 64, 4), (64, 64, 8)],
+                256: [(64, 128, 8)]}
+    for dt, prec in (("bf16", "tf32"), ("fp32", "ieee")):
+        DT = tl.bfloat16 if dt == "bf16" else tl.float32
         for KV in ((64, 128, 256) if dt == "bf16" else (128,)):
-            BK = KV
-            for BV, warps in ((128, 8), (64, 4), (64, 8)) if KV == 128 else ((min(KV, 128 if KV <= 128 else 64), 8),):
-                sfx = f"{dt} K=V={KV} BV={BV} w={warps}"
-                common = dict(H=16, K=KV, V=KV, BT=64, DT=getattr(__import__("triton.language").language,
-                                                                       "bfloat16" if ddt == "bf16" else "float32"),
-                              PREC=prec)
+            common = dict(H=16, K=KV, V=KV, BT=64, DT=DT, PREC=prec)
+            for BK, BV, warps in seq_cfgs[KV] if dt == "bf16" else [(64, 64, 4), (32, 64, 4), (32, 32, 4)]:
+                sfx = f"{dt} K=V={KV} BK={BK} BV={BV} w={warps}"
                 yield (f"fwd_h {sfx}", f.cp_fwd_h_kernel,
-                       dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{tdt}", ht="*fp32", T="i32",
+                       dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{dt}", ht="*fp32", T="i32",
                             NT="i32"),
                        dict(common, BK=BK, BV=BV, NV=KV // BV, I_ACT=0, HAS_LB=True, HAS_H0=True, STORE_HT=True,
                             VARLEN=False), warps)
-                yield (f"fwd_o {sfx}", f.cp_fwd_o_kernel,
-                       dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{tdt}", y=f"*{dt}", scale="fp32",
-                            T="i32", NT="i32"),
-                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0),
-                       warps)
                 yield (f"bwd_dh {sfx}", b.cp_bwd_dh_kernel,
-                       dict(o=f"*{dt}", g=f"*{dt}", lb="*fp32", dy=f"*{dt}", dht="*fp32", dh=f"*{tdt}",
+                       dict(o=f"*{dt}", g=f"*{dt}", lb="*fp32", dy=f"*{dt}", dht="*fp32", dh=f"*{dt}",
                             dh0="*fp32", scale="fp32", T="i32", NT="i32"),
                        dict(common, BK=BK, BV=BV, NV=KV // BV, O_ACT=1, HAS_LB=True, HAS_DHT=True, STORE_DH0=True,
                             VARLEN=False), warps)
+            for BK, BV, warps in par_cfgs[KV] if dt == "bf16" else [(32, 64, 4), (32, 32, 4), (16, 32, 4)]:
+                sfx = f"{dt} K=V={KV} BK={BK} BV={BV} w={warps}"
+                yield (f"fwd_o {sfx}", f.cp_fwd_o_kernel,
+                       dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", y=f"*{dt}", scale="fp32",
+                            T="i32", NT="i32"),
+                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0),
+                       warps)
                 pdt = dt if BV == KV else "fp32"
                 yield (f"bwd {sfx}", b.cp_bwd_kernel,
-                       dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{tdt}", dh=f"*{tdt}",
+                       dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", dh=f"*{dt}",
                             dy=f"*{dt}", do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", dlb="*fp32", scale="fp32",
                             T="i32", NT="i32", NTOK="i32"),
-                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                            SPREC=sprec), warps)
-        # varlen flags once per dtype
-        common = dict(H=16, K=128, V=128, BT=64, BK=128, BV=128,
-                      DT=getattr(__import__("triton.language").language, "bfloat16" if ddt == "bf16" else "float32"),
-                      PREC=prec)
+                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0),
+                       warps)
+        # varlen and the other flags once per dtype
+        common = dict(H=16, K=128, V=128, BT=64, DT=DT, PREC=prec)
         yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
-               dict(g=f"*{dt}", i=f"*{dt}", h=f"*{tdt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
+               dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),
-               dict(common, NV=1, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True), 8)
+               dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True), 4)
         yield (f"fwd_o varlen {dt}", f.cp_fwd_o_kernel,
-               dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{tdt}", y=f"*{dt}", chunks="*i32", scale="fp32",
+               dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
                     T="i32", NT="i32"),
-               dict(common, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0), 8)
+               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0), 4)
+        yield (f"bwd_dh varlen {dt}", b.cp_bwd_dh_kernel,
+               dict(o=f"*{dt}", g=f"*{dt}", dy=f"*{dt}", dh=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32",
+                    scale="fp32", T="i32", NT="i32"),
+               dict(common, BK=64, BV=64, NV=2, O_ACT=0, HAS_LB=False, HAS_DHT=False, STORE_DH0=False,
+                    VARLEN=True), 4)
+        yield (f"bwd varlen {dt}", b.cp_bwd_kernel,
+               dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}", do="*fp32",
+                    dg="*fp32", di=f"*{dt}", chunks="*i32", scale="fp32", T="i32", NT="i32", NTOK="i32"),
+               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0), 4)
 
 
 def ptxas_stats(compiled) -> str:

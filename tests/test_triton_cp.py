@@ -69,9 +69,10 @@ def check(got, ref, tol, skip=()):
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """V-blocks of 16 (V = 32 runs as two programs whose partial do/dg are summed) and K-blocks of 16 in the
-    sequential state kernels (K = 32 as two column blocks)."""
+    """Blocks of 16: V = 32 runs as two programs whose partial do/dg are summed, the parallel kernels loop
+    over two K-blocks, the sequential state kernels run K = 32 as two column blocks."""
     monkeypatch.setattr(cp_mod, "BV", 16)
+    monkeypatch.setattr(cp_mod, "BK", 16)
     monkeypatch.setattr(cp_mod, "BK_SEQ", 16)
 
 
@@ -163,7 +164,7 @@ def test_bf16():
 
 @pytest.mark.parametrize("lens", [[5, 70, 17, 1, 64], [130]])
 def test_varlen_equals_per_sequence_runs(lens):
-    """Packed sequences (one of a single token, one of exactly 64, one spanning 2 chunks): chunks never cross a boundary."""
+    """Packed sequences (one of a single token, one of exactly 64, one over 2 chunks): no chunk crosses a boundary."""
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
     o, g, i, beta, h0 = make_inputs(1, sum(lens), 2, 16, 16, n_states=len(lens))
     kw = dict(scale=0.5, o_act="silu", i_act="silu", output_final_state=True)

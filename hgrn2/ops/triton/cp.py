@@ -19,7 +19,8 @@ from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
 
 # --- tuning knobs (module globals) ------------------------------------------------------------------------
 BT = 64  # tokens per chunk (multiple of 16); the intra-chunk block works in 16-token sub-blocks
-BV = None  # V-block of the parallel kernels (None: min(V, 128), 64 when K > 128)
+BV = None  # V-block of the parallel kernels (None: min(V, 128))
+BK = 64  # K-block of the parallel kernels (they loop over K in blocks of BK)
 BK_SEQ = None  # K-block of the sequential h / dh kernels (None: whole K); the state's columns are independent
 BV_SEQ = None  # V-block of the sequential kernels (None: as BV)
 NUM_WARPS = None  # parallel kernels (None: 8 when BK·BV ≥ 8192 else 4)
@@ -40,15 +41,15 @@ def _dot_dtype(o, i):
 
 def _config(o, i):
     K, V = o.shape[-1], i.shape[-1]
-    BK = max(16, triton.next_power_of_2(K))
-    bv = BV or (128 if BK <= 128 else 64)
-    bv = max(16, min(triton.next_power_of_2(V), bv))
-    bk_seq = max(16, min(BK, BK_SEQ or BK))
+    kp = max(16, triton.next_power_of_2(K))
+    bk = max(16, min(kp, BK))
+    bv = max(16, min(triton.next_power_of_2(V), BV or 128))
+    bk_seq = max(16, min(kp, BK_SEQ or kp))
     bv_seq = max(16, min(triton.next_power_of_2(V), BV_SEQ or bv))
-    warps = NUM_WARPS or (8 if BK * bv >= 8192 else 4)
+    warps = NUM_WARPS or (8 if BT * max(bk, bv) >= 8192 else 4)
     warps_seq = NUM_WARPS_SEQ or (8 if bk_seq * bv_seq >= 8192 else 4)
     assert BT % 16 == 0
-    return BK, bv, bk_seq, bv_seq, warps, warps_seq
+    return bk, bv, bk_seq, bv_seq, warps, warps_seq
 
 
 def _num_chunks(o, cu_seqlens):
@@ -86,7 +87,7 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     chunk-start states h [n_chunks, H, V, K] (for the backward)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    BK, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bk, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
     dt, prec = _dot_dtype(o, i)
     NT = triton.cdiv(T, BT)
     n_chunks = _num_chunks(o, cu_seqlens)
@@ -105,7 +106,7 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
         )
         cp_fwd_o_kernel[(triton.cdiv(V, bv), n_chunks, H)](
             o, g, i, lower_bound, h, y, chunks, scale, T, NT,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            H=H, K=K, V=V, BT=BT, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
         )
     return y, ht, h
@@ -127,9 +128,8 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    BK, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bk, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
     dt, prec = _dot_dtype(o, i)
-    sprec = prec if dt == tl.float32 and prec != "tf32" else "tf32x3"
     NT = triton.cdiv(T, BT)
     n_chunks = h.shape[0]
     chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks)
@@ -153,8 +153,8 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
         )
         cp_bwd_kernel[(NV, n_chunks, H)](
             o, g, i, lower_bound, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
-            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, SPREC=sprec,
+            H=H, K=K, V=V, BT=BT, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec,
             num_warps=warps,
         )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)

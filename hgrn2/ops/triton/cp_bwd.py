@@ -23,7 +23,7 @@ Notation as in `cp_fwd.py`. For chunk c with start state h_c and dh_c = the grad
 import triton
 import triton.language as tl
 
-from ._common import _act_and_grad, _act, _col, _gates, _load_beta, _row, _seq_bounds, _tile
+from ._common import _act, _act_and_grad, _col, _gates, _load_beta, _row, _seq_bounds, _tile
 from .cp_fwd import _chunk_bounds, _chunk_decay, _chunk_offset, _expand_rows, _intra_A, _sub_decay
 
 
@@ -82,93 +82,103 @@ def cp_bwd_kernel(
     o, g, i, lb, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
+    """One program per (V-block, chunk, head), one loop over K-blocks of BK: dA = dy vᵀ comes first (it needs
+    no gate), then per K-block the gates, A's share, dv's state share, dq, dk, d log f and the stores of do,
+    dg and the β partial sums; dv = Aᵀ dy + its state share at the end."""
     NB: tl.constexpr = BT // 16
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     rows = tl.arange(0, BT)
     blk = rows // 16
-    ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
-    offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, ck, cv, BK, BV, BT)
-    o_t = tl.load(o + offk, mask=mtk, other=0.0)
-    g_t = tl.load(g + offk, mask=mtk, other=0.0)
+    offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
     i_t = tl.load(i + offv, mask=mtv, other=0.0)
     dy_t = tl.load(dy + offv, mask=mtv, other=0.0)
-    s_off = (i_c.to(tl.int64) * H + i_h) * V * K + cv[:, None] * K + ck[None, :]
-    s_mask = (cv < tl.where(t0 < t1, V, 0))[:, None] & (ck < K)[None, :]  # none for padding chunks
+    v_c = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
+    b_do = dy_t.to(DT)
+    dA = tl.dot(b_do, tl.trans(v_c), input_precision=PREC)
+    dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0).to(DT)
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    dv = tl.zeros([BT, BV], dtype=tl.float32)
+    s_base = (i_c.to(tl.int64) * H + i_h) * V * K
     part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of the partial do / dg
 
-    q, dq_act = _act_and_grad(o_t.to(tl.float32), O_ACT)
-    q = q * scale
-    a, k, s_pos, s_neg, f = _gates(g_t.to(tl.float32), beta, HAS_LB)
-    a = tl.where(mtk, a, 0.0)
-    k = tl.where(mtk, k, 0.0)
-    v, dv_act = _act_and_grad(i_t.to(tl.float32), I_ACT)
-    v = tl.where(mtv, v, 0.0)
-    b_do = dy_t.to(DT)
-    c, r, R, b_last = _chunk_decay(a, BT, BK)
-    spread = -tl.min(tl.min(c, 1), 0)
-    A, ec, enc = _intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
-    eb = ec * _expand_rows(tl.exp(r), BT, BK)
-    # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
-    if spread < MAX_SPREAD:
-        w_end = enc * _expand_rows(tl.exp(b_last[None, :] - r), BT, BK)
-    else:
-        w_end = tl.exp(b_last[None, :] - R - c)
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, ck, cv, BK, BV, BT)
+        o_t = tl.load(o + offk, mask=mtk, other=0.0)
+        g_t = tl.load(g + offk, mask=mtk, other=0.0)
+        s_mask = (cv < tl.where(t0 < t1, V, 0))[:, None] & (ck < K)[None, :]  # none for padding chunks
+        h_t = tl.load(h + s_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
+        dh_t = tl.load(dh + s_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
+        beta = _load_beta(lb, i_h, K, ck, HAS_LB)
 
-    # dv = Aᵀ dy + (k e^{b_last − b}) dh_cᵀ
-    dh_t = tl.load(dh + s_off, mask=s_mask, other=0.0)
-    b_dv = tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
-    b_dv += tl.dot((k * w_end).to(DT), tl.trans(dh_t.to(DT)), input_precision=PREC)
-    tl.store(di + offv, (b_dv * dv_act).to(di.dtype.element_ty), mask=mtv)
+        q = _act(o_t.to(tl.float32), O_ACT) * scale
+        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        c, r, R, b_last = _chunk_decay(a, BT, BK)
+        spread = -tl.min(tl.min(c, 1), 0)
+        A_k, ec, enc = _intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
+        A += A_k
+        # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
+        if spread < MAX_SPREAD:
+            w_end = enc * _expand_rows(tl.exp(b_last[None, :] - r), BT, BK)
+        else:
+            w_end = tl.exp(b_last[None, :] - R - c)
+        dh_c = dh_t.to(DT)
+        dv += tl.dot((k * w_end).to(DT), tl.trans(dh_c), input_precision=PREC)
 
-    # intra-chunk dq, dk from dA = dy vᵀ (causal)
-    dA = tl.dot(b_do, tl.trans(v.to(DT)), input_precision=PREC)
-    dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
-    if spread < MAX_SPREAD:
-        qt = q * ec
-        kt = k * enc
-        dq_i = tl.zeros([BT, BK], dtype=tl.float32)
-        dk_i = tl.zeros([BT, BK], dtype=tl.float32)
-        for j in tl.static_range(NB):
-            Ej = _sub_decay(r, j, BT, BK)
-            dAj = tl.where((blk == j)[None, :], dA, 0.0).to(DT)  # columns (sources) in sub-block j
-            dq_i += Ej * tl.dot(dAj, kt.to(DT), input_precision=PREC)
-            dk_i += tl.where((blk == j)[:, None], tl.dot(tl.trans(dAj), (qt * Ej).to(DT), input_precision=PREC),
-                             0.0)
-        dq_i = dq_i * ec
-        dk_i = dk_i * enc
-    else:
-        b = R + c
-        dq_i = tl.zeros([BT, BK], dtype=tl.float32)
-        for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
-            b_j = _row(b, rows, j)
-            wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
-            dq_i += _col(dA, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
-        dk_i = tl.zeros([BT, BK], dtype=tl.float32)
-        for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
-            b_j = _row(b, rows, j)
-            wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
-            dk_i += _row(dA, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
+        # intra-chunk dq, dk from dA
+        if spread < MAX_SPREAD:
+            qt = q * ec
+            kt = (k * enc).to(DT)
+            dq_i = tl.zeros([BT, BK], dtype=tl.float32)
+            dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+            for j in tl.static_range(NB):
+                Ej = _sub_decay(r, j, BT, BK)
+                dAj = tl.where((blk == j)[None, :], dA, 0.0)  # columns (sources) in sub-block j
+                dq_i += Ej * tl.dot(dAj, kt, input_precision=PREC)
+                dk_i += tl.where((blk == j)[:, None],
+                                 tl.dot(tl.trans(dAj), (qt * Ej).to(DT), input_precision=PREC), 0.0)
+            dq_i = dq_i * ec
+            dk_i = dk_i * enc
+        else:
+            b = R + c
+            dAf = dA.to(tl.float32)
+            dq_i = tl.zeros([BT, BK], dtype=tl.float32)
+            for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
+                b_j = _row(b, rows, j)
+                wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+                dq_i += _col(dAf, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
+            dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+            for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
+                b_j = _row(b, rows, j)
+                wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+                dk_i += _row(dAf, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
 
-    # state terms (fp32 operands where SPREC asks: they feed d log f)
-    h_t = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
-    dhf = dh_t.to(tl.float32)
-    dq_s = eb * tl.dot(dy_t.to(tl.float32), h_t, input_precision=SPREC)
-    dk_s = w_end * tl.dot(v, dhf, input_precision=SPREC)
-    b_dq = dq_s + dq_i
-    b_dk = dk_s + dk_i
-    tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
+        # state terms (operands in the dot dtype: h and dh are stored in it anyway)
+        eb = ec * _expand_rows(tl.exp(r), BT, BK)
+        b_dq = eb * tl.dot(b_do, h_t.to(DT), input_precision=PREC) + dq_i
+        dk_s = w_end * tl.dot(v_c, dh_c, input_precision=PREC)
+        b_dk = dk_s + dk_i
+        _, dq_act = _act_and_grad(o_t.to(tl.float32), O_ACT)
+        tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
 
-    # d log f: reverse cumsum within the chunk + the end state's share
-    tail = tl.exp(b_last) * tl.sum(dhf * h_t, 0) + tl.sum(k * dk_s, 0)
-    db = q * b_dq - k * b_dk
-    b_dlogf = (tail + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
-    d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
-    tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
-    if HAS_LB:
-        dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
-        tl.store(dlb + ((i_v * tl.num_programs(1) + i_c) * H + i_h) * K + ck, dlb_p, mask=ck < K)
+        # d log f: reverse cumsum within the chunk + the end state's share
+        tail = tl.exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(k * dk_s, 0)
+        db = q * b_dq - k * b_dk
+        b_dlogf = (tail + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
+        _, _, s_pos, s_neg, f = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
+        tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+        if HAS_LB:
+            dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
+            tl.store(dlb + ((i_v * tl.num_programs(1) + i_c) * H + i_h) * K + ck, dlb_p, mask=ck < K)
+
+    dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
+    offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
+    _, dv_act = _act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reload: registers
+    tl.store(di + offv, (dv * dv_act).to(di.dtype.element_ty), mask=mtv)

@@ -159,26 +159,35 @@ def cp_fwd_o_kernel(
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
     MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
+    """One program per (V-block, chunk, head); loops over K-blocks of BK (A and y accumulate over them; the
+    fast/exact choice of the intra block is made per K-block)."""
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
-    ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
-    offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, ck, cv, BK, BV, BT)
-    o_t = tl.load(o + offk, mask=mtk, other=0.0)
-    g_t = tl.load(g + offk, mask=mtk, other=0.0)
-    i_t = tl.load(i + offv, mask=mtv, other=0.0)
-    s_mask = (cv < tl.where(t0 < t1, V, 0))[:, None] & (ck < K)[None, :]  # none for padding chunks
-    h_t = tl.load(h + (i_c.to(tl.int64) * H + i_h) * V * K + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
+    h_base = h + (i_c.to(tl.int64) * H + i_h) * V * K
+    out = tl.zeros([BT, BV], dtype=tl.float32)
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, ck, cv, BK, BV, BT)
+        o_t = tl.load(o + offk, mask=mtk, other=0.0)
+        g_t = tl.load(g + offk, mask=mtk, other=0.0)
+        s_mask = (cv < tl.where(t0 < t1, V, 0))[:, None] & (ck < K)[None, :]  # none for padding chunks
+        h_t = tl.load(h_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
+        beta = _load_beta(lb, i_h, K, ck, HAS_LB)
 
-    q = _act(o_t.to(tl.float32), O_ACT) * scale
-    a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
-    a = tl.where(mtk, a, 0.0)
-    k = tl.where(mtk, k, 0.0)
+        q = _act(o_t.to(tl.float32), O_ACT) * scale
+        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        c, r, R, b_last = _chunk_decay(a, BT, BK)
+        A_k, ec, _ = _intra_A(q, k, c, r, R, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
+        A += A_k
+        eb = ec * _expand_rows(tl.exp(r), BT, BK)
+        out += tl.dot((q * eb).to(DT), tl.trans(h_t.to(DT)), input_precision=PREC)
+
+    offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
+    i_t = tl.load(i + offv, mask=mtv, other=0.0)
     v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0)
-    c, r, R, b_last = _chunk_decay(a, BT, BK)
-    A, ec, _ = _intra_A(q, k, c, r, R, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
-    eb = ec * _expand_rows(tl.exp(r), BT, BK)
-    out = tl.dot((q * eb).to(DT), tl.trans(h_t.to(DT)), input_precision=PREC)
     out += tl.dot(A.to(DT), v.to(DT), input_precision=PREC)
     tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
