@@ -76,7 +76,7 @@ def cp_variants():
     seq_cfgs = {64: [(64, 64, 4)], 128: [(128, 128, 8), (64, 128, 8), (64, 64, 4)], 256: [(64, 128, 8)]}
     par_cfgs = {64: [(64, 64, 4)], 128: [(64, 128, 8), (32, 128, 8), (64, 64, 4), (64, 64, 8)],
                 256: [(64, 128, 8)]}
-    for dt, prec in (("bf16", "tf32"), ("fp32", "ieee")):
+    for dt, prec in (("bf16", "tf32"), ("fp32", os.environ.get("FP32_PREC", "ieee"))):
         DT = tl.bfloat16 if dt == "bf16" else tl.float32
         for KV in ((64, 128, 256) if dt == "bf16" else (128,)):
             common = dict(H=16, K=KV, V=KV, BT=64, DT=DT, PREC=prec)

@@ -67,12 +67,20 @@ def check(got, ref, tol, skip=()):
         assert err <= tol, f"d{name}: {err:.2e}"
 
 
+@pytest.fixture(autouse=True)
+def production_chunks(monkeypatch):
+    """fp32 inputs normally run in 32-token chunks (BT_FP32); here they take the bf16 path's 64 (the math is
+    the same, and the interpreter computes every dot in fp32), except where a test sets it."""
+    monkeypatch.setattr(cp_mod, "BT_FP32", cp_mod.BT)
+
+
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks of 16: V = 32 runs as two programs whose partial do/dg are summed, the parallel kernels loop
     over two K-blocks, the sequential state kernels run K = 32 as two column blocks."""
     monkeypatch.setattr(cp_mod, "BV", 16)
     monkeypatch.setattr(cp_mod, "BK", 16)
+    monkeypatch.setattr(cp_mod, "BK_BWD", 16)
     monkeypatch.setattr(cp_mod, "BK_SEQ", 16)
 
 
@@ -115,7 +123,8 @@ def test_exact_intra_path_everywhere(monkeypatch):
 
 
 def test_32_token_chunks(monkeypatch):
-    monkeypatch.setattr(cp_mod, "BT", 32)
+    """The fp32 default (BT_FP32 = 32)."""
+    monkeypatch.setattr(cp_mod, "BT_FP32", 32)
     inputs = make_inputs(2, 75, 2, 16, 16, n_states=2)
     check(*run_both(inputs, scale=0.5, o_act="silu", output_final_state=True), tol=1e-4)
 

@@ -18,16 +18,20 @@ from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
 from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
 
 # --- tuning knobs (module globals) ------------------------------------------------------------------------
-BT = 64  # tokens per chunk (multiple of 16); the intra-chunk block works in 16-token sub-blocks
-BV = None  # V-block of the parallel kernels (None: min(V, 128))
-BK = 64  # K-block of the parallel kernels (they loop over K in blocks of BK)
-BK_SEQ = None  # K-block of the sequential h / dh kernels (None: whole K); the state's columns are independent
-BV_SEQ = None  # V-block of the sequential kernels (None: as BV)
-NUM_WARPS = None  # parallel kernels (None: 8 when BK·BV ≥ 8192 else 4)
-NUM_WARPS_SEQ = None  # sequential kernels (None: same rule)
+BT = 64  # tokens per chunk (multiple of 16) for bf16/fp16 inputs; the intra block works in 16-token sub-blocks
+BT_FP32 = 32  # the same for fp32 inputs (ieee fp32 dots need far more registers: BT = 64 spills ~60 KB)
+BK = 64  # K-block of the forward output kernel (it loops over K in blocks of BK)
+BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast with BK: see NOTES)
+BV = None  # V-block of the parallel kernels (None: min(V, 128); fp32: 32). fp32 caps every K-block at 32
+BK_SEQ = 64  # K-block of the sequential h / dh kernels (the state's columns are independent; None: whole K)
+BV_SEQ = None  # V-block of the sequential kernels (None: min(V, 128); fp32: 64)
+NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 8192 else 4)
+NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 8192 else 4)
 STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
-FAST_DIAG_MAX_SPREAD = 60.0  # chunks whose largest 16-token log-decay spread is below this take the dot path
-FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee", "tf32x3", "tf32")
+FAST_DIAG_MAX_SPREAD = 60.0  # K-blocks of a chunk whose largest 16-token log-decay spread is below this take
+# the factorised (tensor-core) intra-chunk path, others the exact column loop
+FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/bf16x3 crash Triton 3.9's
+# layout pass in the backward kernel)
 
 
 def _dot_dtype(o, i):
@@ -39,26 +43,36 @@ def _dot_dtype(o, i):
     return tl.float32, "tf32"  # fp16: e^{±60} factors need fp32's range
 
 
+def _bt(o):
+    return BT_FP32 if o.dtype == torch.float32 else BT
+
+
 def _config(o, i):
+    """(BK fwd, BK bwd, BV, BK seq, BV seq, warps, warps seq)."""
     K, V = o.shape[-1], i.shape[-1]
-    kp = max(16, triton.next_power_of_2(K))
-    bk = max(16, min(kp, BK))
-    bv = max(16, min(triton.next_power_of_2(V), BV or 128))
-    bk_seq = max(16, min(kp, BK_SEQ or kp))
-    bv_seq = max(16, min(triton.next_power_of_2(V), BV_SEQ or bv))
-    warps = NUM_WARPS or (8 if BT * max(bk, bv) >= 8192 else 4)
+    fp32 = o.dtype == torch.float32 or i.dtype == torch.float32
+    kp, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    cap = 32 if fp32 else kp  # fp32 (ieee dots): at most 32-wide K-blocks
+    bk = max(16, min(kp, cap, BK))
+    bk_bwd = max(16, min(kp, cap, BK_BWD))
+    bv = max(16, min(vp, BV or (32 if fp32 else 128)))
+    bk_seq = max(16, min(kp, cap, BK_SEQ or kp))
+    bv_seq = max(16, min(vp, BV_SEQ or (64 if fp32 else 128)))
+    bt = _bt(o)
+    assert bt % 16 == 0
+    warps = NUM_WARPS or (8 if bt * max(bk, bv) >= 8192 else 4)
     warps_seq = NUM_WARPS_SEQ or (8 if bk_seq * bv_seq >= 8192 else 4)
-    assert BT % 16 == 0
-    return bk, bv, bk_seq, bv_seq, warps, warps_seq
+    return bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq
 
 
 def _num_chunks(o, cu_seqlens):
     """Upper bound of the number of chunks (the h tensors' first dimension): exact without cu_seqlens."""
     B, T, H, N = _layout(o, cu_seqlens)
-    return B * triton.cdiv(T, BT) if cu_seqlens is None else triton.cdiv(T, BT) + N
+    bt = _bt(o)
+    return B * triton.cdiv(T, bt) if cu_seqlens is None else triton.cdiv(T, bt) + N
 
 
-def _chunk_tables(cu_seqlens, T, n_chunks):
+def _chunk_tables(cu_seqlens, T, n_chunks, BT):
     """Varlen: (chunks [n_chunks, 2] int32 = [t0, t1) of each chunk (0, 0 for padding), chunk_offsets [N + 1]),
     built on the device without a host sync."""
     if cu_seqlens is None:
@@ -87,11 +101,12 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     chunk-start states h [n_chunks, H, V, K] (for the backward)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bt = _bt(o)
     dt, prec = _dot_dtype(o, i)
-    NT = triton.cdiv(T, BT)
+    NT = triton.cdiv(T, bt)
     n_chunks = _num_chunks(o, cu_seqlens)
-    chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks)
+    chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
     h = o.new_zeros(n_chunks, H, V, K, dtype=_state_dtype(o)) if cu_seqlens is not None else \
         o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o))
     y = torch.empty_like(i)
@@ -100,13 +115,13 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     with _device(o):
         cp_fwd_h_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
             g, i, lower_bound, initial_state, h, ht, cu_seqlens, offs, T, NT,
-            H=H, K=K, V=V, BT=BT, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
             HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
             DT=dt, PREC=prec, num_warps=warps_seq,
         )
         cp_fwd_o_kernel[(triton.cdiv(V, bv), n_chunks, H)](
             o, g, i, lower_bound, h, y, chunks, scale, T, NT,
-            H=H, K=K, V=V, BT=BT, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
         )
     return y, ht, h
@@ -128,11 +143,12 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bt = _bt(o)
     dt, prec = _dot_dtype(o, i)
-    NT = triton.cdiv(T, BT)
+    NT = triton.cdiv(T, bt)
     n_chunks = h.shape[0]
-    chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks)
+    chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
     NV = triton.cdiv(V, bv)
     dh = torch.zeros_like(h) if cu_seqlens is not None else torch.empty_like(h)
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
@@ -147,13 +163,13 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     with _device(o):
         cp_bwd_dh_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
             o, g, lower_bound, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
-            H=H, K=K, V=V, BT=BT, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_LB=lower_bound is not None,
+            H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_LB=lower_bound is not None,
             HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
             DT=dt, PREC=prec, num_warps=warps_seq,
         )
         cp_bwd_kernel[(NV, n_chunks, H)](
             o, g, i, lower_bound, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T,
-            H=H, K=K, V=V, BT=BT, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec,
             num_warps=warps,
         )

@@ -134,15 +134,17 @@ def cp_bwd_kernel(
         # intra-chunk dq, dk from dA
         if spread < MAX_SPREAD:
             qt = q * ec
-            kt = (k * enc).to(DT)
+            kt = k * enc
             dq_i = tl.zeros([BT, BK], dtype=tl.float32)
             dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+            # sub-block j of the sources: mask the K-block side, not dA (a masked dA would be loop-invariant,
+            # and the compiler would keep NB converted copies of it alive across the K loop)
             for j in tl.static_range(NB):
                 Ej = _sub_decay(r, j, BT, BK)
-                dAj = tl.where((blk == j)[None, :], dA, 0.0)  # columns (sources) in sub-block j
-                dq_i += Ej * tl.dot(dAj, kt, input_precision=PREC)
+                kt_j = tl.where((blk == j)[:, None], kt, 0.0).to(DT)
+                dq_i += Ej * tl.dot(dA, kt_j, input_precision=PREC)
                 dk_i += tl.where((blk == j)[:, None],
-                                 tl.dot(tl.trans(dAj), (qt * Ej).to(DT), input_precision=PREC), 0.0)
+                                 tl.dot(tl.trans(dA), (qt * Ej).to(DT), input_precision=PREC), 0.0)
             dq_i = dq_i * ec
             dk_i = dk_i * enc
         else:
