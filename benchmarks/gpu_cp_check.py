@@ -31,14 +31,14 @@ SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 RESULTS = {"device": None, "correctness": [], "timings": [], "first_call_s": {}, "errors": [], "best_cp": None}
 
-# (name, parallel BK, BV, warps, sequential BK, BV, warps)
+# (name, fwd-o BK, bwd BK, parallel BV, parallel warps, sequential BK, BV, warps); the first is cp.py's default
 CP_CONFIGS = [
-    ("bk64-bv128-w8", 64, 128, 8, 64, 128, 8),
-    ("bk32-bv128-w8", 32, 128, 8, 64, 128, 8),
-    ("bk64-bv64-w8", 64, 64, 8, 64, 64, 4),
-    ("bk32-bv64-w4", 32, 64, 4, 64, 64, 4),
-    ("bk64-bv128-w4", 64, 128, 4, 128, 128, 8),
-    ("bk32-bv128-w4", 32, 128, 4, 32, 128, 4),
+    ("o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8),
+    ("o64-b16-v128-w8-s64", 64, 16, 128, 8, 64, 128, 8),
+    ("o32-b64-v128-w8-s128", 32, 64, 128, 8, 128, 128, 8),
+    ("o64-b64-v64-w8-s64v64", 64, 64, 64, 8, 64, 64, 4),
+    ("o32-b32-v64-w4-s32", 32, 32, 64, 4, 32, 128, 4),
+    ("o32-b16-v128-w8-s32", 32, 16, 128, 8, 32, 128, 4),
 ]
 
 
@@ -57,7 +57,7 @@ def left():
 
 def set_cp_config(cfg):
     from hgrn2.ops.triton import cp
-    _, cp.BK, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ = cfg
+    _, cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ = cfg
 
 
 def rel(x, ref):
@@ -217,9 +217,10 @@ def main():
     RESULTS["versions"] = dict(torch=torch.__version__, triton=triton.__version__)
     log("device", RESULTS["device"], RESULTS["versions"])
     from hgrn2.ops.triton import cp
-    RESULTS["cp_defaults"] = dict(BT=cp.BT, BK=cp.BK, BV=cp.BV, FP32_DOT_PRECISION=cp.FP32_DOT_PRECISION,
+    RESULTS["cp_defaults"] = dict(BT=cp.BT, BT_FP32=cp.BT_FP32, BK=cp.BK, BK_BWD=cp.BK_BWD, BV=cp.BV,
+                                  BK_SEQ=cp.BK_SEQ, FP32_DOT_PRECISION=cp.FP32_DOT_PRECISION,
                                   STATE_DTYPE=str(cp.STATE_DTYPE))
-    defaults = ("default", cp.BK, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ)
+    defaults = ("default", cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ)
 
     case = step("inputs", make_case)
     ref = step("fp64 reference", reference, *case) if case else None

@@ -25,8 +25,8 @@ BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast 
 BV = None  # V-block of the parallel kernels (None: min(V, 128); fp32: 32). fp32 caps every K-block at 32
 BK_SEQ = 64  # K-block of the sequential h / dh kernels (the state's columns are independent; None: whole K)
 BV_SEQ = None  # V-block of the sequential kernels (None: min(V, 128); fp32: 64)
-NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 8192 else 4)
-NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 8192 else 4)
+NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 4096 else 4: 4 warps spill KBs)
+NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
 STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
 FAST_DIAG_MAX_SPREAD = 60.0  # K-blocks of a chunk whose largest 16-token log-decay spread is below this take
 # the factorised (tensor-core) intra-chunk path, others the exact column loop
@@ -60,8 +60,8 @@ def _config(o, i):
     bv_seq = max(16, min(vp, BV_SEQ or (64 if fp32 else 128)))
     bt = _bt(o)
     assert bt % 16 == 0
-    warps = NUM_WARPS or (8 if bt * max(bk, bv) >= 8192 else 4)
-    warps_seq = NUM_WARPS_SEQ or (8 if bk_seq * bv_seq >= 8192 else 4)
+    warps = NUM_WARPS or (8 if bt * max(bk, bv) >= 4096 else 4)
+    warps_seq = NUM_WARPS_SEQ or (8 if bk_seq * bv_seq >= 4096 else 4)
     return bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq
 
 
