@@ -115,20 +115,23 @@ def cp_variants():
         yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),
-               dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True), 4)
+               dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True),
+               8 if dt == "bf16" else 4)
         yield (f"fwd_o varlen {dt}", f.cp_fwd_o_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
                     T="i32", NT="i32"),
-               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0), 4)
+               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0),
+               8 if dt == "bf16" else 4)
         yield (f"bwd_dh varlen {dt}", b.cp_bwd_dh_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", dy=f"*{dt}", dh=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32",
                     scale="fp32", T="i32", NT="i32"),
                dict(common, BK=64, BV=64, NV=2, O_ACT=0, HAS_LB=False, HAS_DHT=False, STORE_DH0=False,
-                    VARLEN=True), 4)
+                    VARLEN=True), 8 if dt == "bf16" else 4)
         yield (f"bwd varlen {dt}", b.cp_bwd_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}", do="*fp32",
                     dg="*fp32", di=f"*{dt}", chunks="*i32", scale="fp32", T="i32", NT="i32", NTOK="i32"),
-               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0), 4)
+               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0),
+               8 if dt == "bf16" else 4)
 
 
 def ptxas_stats(compiled) -> str:

@@ -101,7 +101,7 @@ def cp_bwd_kernel(
     dA = tl.dot(b_do, tl.trans(v_c), input_precision=PREC)
     dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0).to(DT)
     A = tl.zeros([BT, BT], dtype=tl.float32)
-    dv = tl.zeros([BT, BV], dtype=tl.float32)
+    dvT = tl.zeros([BV, BT], dtype=tl.float32)
     s_base = (i_c.to(tl.int64) * H + i_h) * V * K
     part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of the partial do / dg
 
@@ -129,7 +129,9 @@ def cp_bwd_kernel(
         else:
             w_end = tl.exp(b_last[None, :] - R - c)
         dh_c = dh_t.to(DT)
-        dv += tl.dot((k * w_end).to(DT), tl.trans(dh_c), input_precision=PREC)
+        # dv's state share, accumulated transposed: dh_c (k e^{b_last − b})ᵀ. The untransposed form
+        # (k e^{b_last − b}) dh_cᵀ breaks Triton 3.6's layout pass for fp32 inputs (k as the left operand).
+        dvT += tl.dot(dh_c, tl.trans((k * w_end).to(DT)), input_precision=PREC)
 
         # intra-chunk dq, dk from dA
         if spread < MAX_SPREAD:
@@ -173,14 +175,17 @@ def cp_bwd_kernel(
         tail = tl.exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(k * dk_s, 0)
         db = q * b_dq - k * b_dk
         b_dlogf = (tail + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
-        _, _, s_pos, s_neg, f = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        # σ(±g), f recomputed (fewer live registers) from a reloaded tile (reusing g_t trips Triton 3.6's
+        # layout pass for fp32 inputs)
+        g_2 = tl.load(g + offk, mask=mtk, other=0.0)
+        _, _, s_pos, s_neg, f = _gates(g_2.to(tl.float32), beta, HAS_LB)
         d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
         tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
         if HAS_LB:
             dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
             tl.store(dlb + ((i_v * tl.num_programs(1) + i_c) * H + i_h) * K + ck, dlb_p, mask=ck < K)
 
-    dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
+    dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
     offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
     _, dv_act = _act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reload: registers
     tl.store(di + offv, (dv * dv_act).to(di.dtype.element_ty), mask=mtv)
