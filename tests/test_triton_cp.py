@@ -96,6 +96,12 @@ def test_fp32_matches_reference(T, K, V, o_act, i_act):
     check(*run_both(inputs, **kw), tol=1e-4)
 
 
+def test_default_blocks_at_head_size_64():
+    """K = V = 64 with the default blocks (fwd K-block 64, backward K-loop of two 32-wide blocks, whole V)."""
+    inputs = make_inputs(1, 130, 1, 64, 64, n_states=1)
+    check(*run_both(inputs, scale=0.125, o_act="silu", output_final_state=True), tol=1e-4)
+
+
 def test_no_state_no_bound_split_blocks(small_blocks):
     inputs = make_inputs(2, 100, 2, 32, 32, lb=None)
     check(*run_both(inputs, o_act="sigmoid", i_act="silu"), tol=1e-4)

@@ -107,8 +107,8 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     NT = triton.cdiv(T, bt)
     n_chunks = _num_chunks(o, cu_seqlens)
     chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
-    h = o.new_zeros(n_chunks, H, V, K, dtype=_state_dtype(o)) if cu_seqlens is not None else \
-        o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o))
+    # varlen: the padding slots past the real chunks are never read (their programs are fully masked)
+    h = o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o))
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
     nv_seq = triton.cdiv(V, bv_seq)
@@ -150,7 +150,7 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     n_chunks = h.shape[0]
     chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
     NV = triton.cdiv(V, bv)
-    dh = torch.zeros_like(h) if cu_seqlens is not None else torch.empty_like(h)
+    dh = torch.empty_like(h)
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
