@@ -193,6 +193,30 @@ def sdpa(o, g, i, lb):
     return run
 
 
+def profile_cp(shape):
+    """Per-kernel GPU time of the default cp config, fwd+bwd (5 iterations under torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    (o, g, i, lb), dy = bench_inputs(*shape)
+    fn = ours("cp")(o, g, i, lb)
+    for _ in range(2):
+        fn().backward(dy)
+    sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(5):
+            fn().backward(dy)
+        sync()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t and e.key.startswith(("cp_", "hgrn2_")) or (t and "kernel" in e.key.lower() and e.count >= 5):
+            rows.append(dict(kernel=e.key[:60], calls=e.count, us_per_iter=round(t / 5, 1)))
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    RESULTS["profile_cp_default"] = dict(shape=list(shape), kernels=rows[:15])
+    for r in rows[:15]:
+        log(f"  profile {r['kernel']:>60}: {r['us_per_iter']:8.1f} us/iter ({r['calls']} calls)")
+
+
 def step(name, fn, *args, need_s=5):
     if left() < need_s:
         log(f"SKIP {name}: {left():.0f} s left")
@@ -238,6 +262,7 @@ def main():
         for shape in shapes:
             step(f"bench cp {cfg[0]} {shape}", bench_impl, f"cp {cfg[0]}", ours("cp"), shape, need_s=40)
     set_cp_config(defaults)
+    step("profile cp default", profile_cp, shapes[0], need_s=30)
 
     cps = [r for r in RESULTS["timings"] if r["impl"].startswith("cp ")]
     for s in shapes:

@@ -177,6 +177,12 @@ def test_bf16():
     check(*run_both(inputs, scale=32 ** -0.5, o_act="silu", output_final_state=True), tol=2e-2)
 
 
+def test_fp16():
+    """fp16 inputs: fp32 dot operands and fp32 stored states (32-token chunks outside these tests)."""
+    inputs = make_inputs(1, 70, 2, 32, 32, n_states=1, dtype=torch.float16)
+    check(*run_both(inputs, scale=32 ** -0.5, o_act="silu", output_final_state=True), tol=2e-2)
+
+
 @pytest.mark.parametrize("lens", [[5, 70, 17, 1, 64], [130]])
 def test_varlen_equals_per_sequence_runs(lens):
     """Packed sequences (one of a single token, one of exactly 64, one over 2 chunks): no chunk crosses a boundary."""

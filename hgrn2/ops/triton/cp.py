@@ -19,7 +19,7 @@ from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
 
 # --- tuning knobs (module globals) ------------------------------------------------------------------------
 BT = 64  # tokens per chunk (multiple of 16) for bf16/fp16 inputs; the intra block works in 16-token sub-blocks
-BT_FP32 = 32  # the same for fp32 inputs (ieee fp32 dots need far more registers: BT = 64 spills ~60 KB)
+BT_FP32 = 32  # the same for fp32 / fp16 inputs (fp32 dot operands; ieee dots at BT = 64 spill ~60 KB)
 BK = 64  # K-block of the forward output kernel (it loops over K in blocks of BK)
 BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast with BK: see NOTES)
 BV = None  # V-block of the parallel kernels (None: min(V, 128); fp32: 32). fp32 caps every K-block at 32
@@ -44,13 +44,13 @@ def _dot_dtype(o, i):
 
 
 def _bt(o):
-    return BT_FP32 if o.dtype == torch.float32 else BT
+    return BT if o.dtype == torch.bfloat16 else BT_FP32  # fp32 / fp16 inputs take fp32 dot operands
 
 
 def _config(o, i):
     """(BK fwd, BK bwd, BV, BK seq, BV seq, warps, warps seq)."""
     K, V = o.shape[-1], i.shape[-1]
-    fp32 = o.dtype == torch.float32 or i.dtype == torch.float32
+    fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
     kp, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     cap = 32 if fp32 else kp  # fp32 (ieee dots): at most 32-wide K-blocks
     bk = max(16, min(kp, cap, BK))
