@@ -31,14 +31,15 @@ SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 RESULTS = {"device": None, "correctness": [], "timings": [], "first_call_s": {}, "errors": [], "best_cp": None}
 
-# (name, fwd-o BK, bwd BK, parallel BV, parallel warps, sequential BK, BV, warps); the first is cp.py's default
+# (name, fwd-o BK, bwd BK, parallel BV, parallel warps, sequential BK, BV, warps, split backward); the first is
+# cp.py's default
 CP_CONFIGS = [
-    ("o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8),
-    ("o64-b16-v128-w8-s64", 64, 16, 128, 8, 64, 128, 8),
-    ("o32-b64-v128-w8-s128", 32, 64, 128, 8, 128, 128, 8),
-    ("o64-b64-v64-w8-s64v64", 64, 64, 64, 8, 64, 64, 4),
-    ("o32-b32-v64-w4-s32", 32, 32, 64, 4, 32, 128, 4),
-    ("o32-b16-v128-w8-s32", 32, 16, 128, 8, 32, 128, 4),
+    ("o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, False),
+    ("o64-b16-v128-w8-s64", 64, 16, 128, 8, 64, 128, 8, False),
+    ("split-o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, True),
+    ("o64-b64-v64-w8-s64v64", 64, 64, 64, 8, 64, 64, 4, False),
+    ("o32-b32-v64-w4-s32", 32, 32, 64, 4, 32, 128, 4, False),
+    ("split-o32-b64-v128-w8-s32", 32, 64, 128, 8, 32, 128, 4, True),
 ]
 
 
@@ -57,7 +58,7 @@ def left():
 
 def set_cp_config(cfg):
     from hgrn2.ops.triton import cp
-    _, cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ = cfg
+    _, cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ, cp.BWD_SPLIT = cfg
 
 
 def rel(x, ref):
@@ -244,7 +245,8 @@ def main():
     RESULTS["cp_defaults"] = dict(BT=cp.BT, BT_FP32=cp.BT_FP32, BK=cp.BK, BK_BWD=cp.BK_BWD, BV=cp.BV,
                                   BK_SEQ=cp.BK_SEQ, FP32_DOT_PRECISION=cp.FP32_DOT_PRECISION,
                                   STATE_DTYPE=str(cp.STATE_DTYPE))
-    defaults = ("default", cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ)
+    defaults = ("default", cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ,
+                cp.BWD_SPLIT)
 
     case = step("inputs", make_case)
     ref = step("fp64 reference", reference, *case) if case else None

@@ -108,8 +108,20 @@ def cp_variants():
                        dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", dh=f"*{dt}",
                             dy=f"*{dt}", do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", dlb="*fp32", scale="fp32",
                             T="i32", NT="i32", NTOK="i32"),
-                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0),
-                       warps)
+                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
+                            DV=True, DQK=True), warps)
+        # the split backward (cp.BWD_SPLIT): dv alone, dq/dk/dg alone
+        if dt == "bf16":
+            common = dict(H=16, K=128, V=128, BT=64, DT=DT, PREC=prec)
+            for BK in (64, 32):
+                for flags in (dict(DV=True, DQK=False), dict(DV=False, DQK=True)):
+                    yield (f"bwd split {'dv' if flags['DV'] else 'dqk'} bf16 K=V=128 BK={BK} BV=128 w=8",
+                           b.cp_bwd_kernel,
+                           dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", dh="*bf16", dy="*bf16",
+                                do="*bf16", dg="*bf16", di="*bf16", dlb="*fp32", scale="fp32", T="i32", NT="i32",
+                                NTOK="i32"),
+                           dict(common, BK=BK, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False,
+                                MAX_SPREAD=60.0, **flags), 8)
         # varlen and the other flags once per dtype
         common = dict(H=16, K=128, V=128, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
         yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
@@ -130,8 +142,8 @@ def cp_variants():
         yield (f"bwd varlen {dt}", b.cp_bwd_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}", do="*fp32",
                     dg="*fp32", di=f"*{dt}", chunks="*i32", scale="fp32", T="i32", NT="i32", NTOK="i32"),
-               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0),
-               8 if dt == "bf16" else 4)
+               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
+                    DV=True, DQK=True), 8 if dt == "bf16" else 4)
 
 
 def ptxas_stats(compiled) -> str:

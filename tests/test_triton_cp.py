@@ -128,6 +128,15 @@ def test_exact_intra_path_everywhere(monkeypatch):
     check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
+@pytest.mark.parametrize("max_spread", [60.0, -1.0])
+def test_split_backward(monkeypatch, small_blocks, max_spread):
+    """BWD_SPLIT: dv and dq/dk/dg from two launches; fast and exact intra paths; split K and V blocks."""
+    monkeypatch.setattr(cp_mod, "BWD_SPLIT", True)
+    monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", max_spread)
+    inputs = make_inputs(1, 40 if max_spread < 0 else 70, 1, 32, 32, n_states=1)
+    check(*run_both(inputs, scale=0.3, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
+
+
 def test_32_token_chunks(monkeypatch):
     """The fp32 default (BT_FP32 = 32)."""
     monkeypatch.setattr(cp_mod, "BT_FP32", 32)

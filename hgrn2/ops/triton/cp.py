@@ -28,6 +28,7 @@ BV_SEQ = None  # V-block of the sequential kernels (None: min(V, 128); fp32: 64)
 NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 4096 else 4: 4 warps spill KBs)
 NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
 STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
+BWD_SPLIT = False  # backward in two parallel launches (dv; dq/dk/dg) instead of one fused: fewer registers
 FAST_DIAG_MAX_SPREAD = 60.0  # K-blocks of a chunk whose largest 16-token log-decay spread is below this take
 # the factorised (tensor-core) intra-chunk path, others the exact column loop
 FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/bf16x3 crash Triton 3.9's
@@ -167,12 +168,13 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
             HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
             DT=dt, PREC=prec, num_warps=warps_seq,
         )
-        cp_bwd_kernel[(NV, n_chunks, H)](
-            o, g, i, lower_bound, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T,
-            H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
-            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec,
-            num_warps=warps,
-        )
+        args = (o, g, i, lower_bound, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T)
+        kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
+                  HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
+                  DT=dt, PREC=prec, num_warps=warps)
+        for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if BWD_SPLIT else
+                      (dict(DV=True, DQK=True),)):
+            cp_bwd_kernel[(NV, n_chunks, H)](*args, **kw, **flags)
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:
