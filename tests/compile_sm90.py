@@ -1,10 +1,16 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
-Run as a script in a process without TRITON_INTERPRET: `python tests/compile_sm90.py recurrent|hgrn1`.
-Exits non-zero and prints the compiler error if any variant fails.
+Run as a script in a process without TRITON_INTERPRET: `python tests/compile_sm90.py recurrent|hgrn1|cp`.
+Exits non-zero and prints the compiler error if any variant fails. The `cp` group also prints registers and
+spills (bundled `ptxas -v` on the PTX) and compile times.
 """
 
+import os
+import re
+import subprocess
 import sys
+import tempfile
+import time
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -60,12 +66,115 @@ def hgrn1_variants():
                dict(common, HAS_H0=True, HAS_DIN=True, LOCAL=False, IS_VARLEN=True))
 
 
+def cp_variants():
+    """Every chunk-parallel kernel, bf16 (K = V = 64, 128, 256; BT = 64) and fp32 (K = V = 128; BT = 32, ieee
+    dots), typical flags: the sequential kernels and the parallel ones at the (BK, BV, warps) listed."""
+    import triton.language as tl
+
+    from hgrn2.ops.triton import cp_bwd as b
+    from hgrn2.ops.triton import cp_fwd as f
+    # (BK, BV, warps): the defaults of cp.py first, then the alternatives of benchmarks/gpu_cp_check.py
+    seq_cfgs = {64: [(64, 64, 8), (64, 64, 4)],
+                128: [(64, 128, 8), (128, 128, 8), (64, 64, 4), (32, 128, 4)],
+                256: [(64, 128, 8)]}
+    par_cfgs = {64: [(64, 64, 8), (32, 64, 8)],
+                128: [(64, 128, 8), (32, 128, 8), (16, 128, 8), (64, 64, 8), (32, 64, 4), (64, 128, 4), (32, 128, 4)],
+                256: [(64, 128, 8), (32, 128, 8)]}
+    for dt, prec in (("bf16", "tf32"), ("fp32", os.environ.get("FP32_PREC", "ieee"))):
+        DT = tl.bfloat16 if dt == "bf16" else tl.float32
+        for KV in ((64, 128, 256) if dt == "bf16" else (128,)):
+            common = dict(H=16, K=KV, V=KV, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
+            for BK, BV, warps in seq_cfgs[KV] if dt == "bf16" else [(32, 64, 4)]:
+                sfx = f"{dt} K=V={KV} BK={BK} BV={BV} w={warps}"
+                yield (f"fwd_h {sfx}", f.cp_fwd_h_kernel,
+                       dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{dt}", ht="*fp32", T="i32",
+                            NT="i32"),
+                       dict(common, BK=BK, BV=BV, NV=KV // BV, I_ACT=0, HAS_LB=True, HAS_H0=True, STORE_HT=True,
+                            VARLEN=False), warps)
+                yield (f"bwd_dh {sfx}", b.cp_bwd_dh_kernel,
+                       dict(o=f"*{dt}", g=f"*{dt}", lb="*fp32", dy=f"*{dt}", dht="*fp32", dh=f"*{dt}",
+                            dh0="*fp32", scale="fp32", T="i32", NT="i32"),
+                       dict(common, BK=BK, BV=BV, NV=KV // BV, O_ACT=1, HAS_LB=True, HAS_DHT=True, STORE_DH0=True,
+                            VARLEN=False), warps)
+            for BK, BV, warps in par_cfgs[KV] if dt == "bf16" else [(32, 32, 4)]:
+                sfx = f"{dt} K=V={KV} BK={BK} BV={BV} w={warps}"
+                yield (f"fwd_o {sfx}", f.cp_fwd_o_kernel,
+                       dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", y=f"*{dt}", scale="fp32",
+                            T="i32", NT="i32"),
+                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0),
+                       warps)
+                pdt = dt if BV == KV else "fp32"
+                yield (f"bwd {sfx}", b.cp_bwd_kernel,
+                       dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", dh=f"*{dt}",
+                            dy=f"*{dt}", do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", dlb="*fp32", scale="fp32",
+                            T="i32", NT="i32", NTOK="i32"),
+                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
+                            DV=True, DQK=True), warps)
+        # the split backward (cp.BWD_SPLIT): dv alone, dq/dk/dg alone
+        if dt == "bf16":
+            common = dict(H=16, K=128, V=128, BT=64, DT=DT, PREC=prec)
+            for BK in (64, 32):
+                for flags in (dict(DV=True, DQK=False), dict(DV=False, DQK=True)):
+                    yield (f"bwd split {'dv' if flags['DV'] else 'dqk'} bf16 K=V=128 BK={BK} BV=128 w=8",
+                           b.cp_bwd_kernel,
+                           dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", dh="*bf16", dy="*bf16",
+                                do="*bf16", dg="*bf16", di="*bf16", dlb="*fp32", scale="fp32", T="i32", NT="i32",
+                                NTOK="i32"),
+                           dict(common, BK=BK, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False,
+                                MAX_SPREAD=60.0, **flags), 8)
+        # varlen and the other flags once per dtype
+        common = dict(H=16, K=128, V=128, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
+        yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
+               dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
+                    NT="i32"),
+               dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True),
+               8 if dt == "bf16" else 4)
+        yield (f"fwd_o varlen {dt}", f.cp_fwd_o_kernel,
+               dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
+                    T="i32", NT="i32"),
+               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0),
+               8 if dt == "bf16" else 4)
+        yield (f"bwd_dh varlen {dt}", b.cp_bwd_dh_kernel,
+               dict(o=f"*{dt}", g=f"*{dt}", dy=f"*{dt}", dh=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32",
+                    scale="fp32", T="i32", NT="i32"),
+               dict(common, BK=64, BV=64, NV=2, O_ACT=0, HAS_LB=False, HAS_DHT=False, STORE_DH0=False,
+                    VARLEN=True), 8 if dt == "bf16" else 4)
+        yield (f"bwd varlen {dt}", b.cp_bwd_kernel,
+               dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}", do="*fp32",
+                    dg="*fp32", di=f"*{dt}", chunks="*i32", scale="fp32", T="i32", NT="i32", NTOK="i32"),
+               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
+                    DV=True, DQK=True), 8 if dt == "bf16" else 4)
+
+
+def ptxas_stats(compiled) -> str:
+    """Registers and spill stores/loads (bytes) of a compiled kernel: the bundled ptxas (the one Triton uses
+    for sm_90) run with -v on its PTX."""
+    from triton.backends.nvidia import compiler as nv
+    ptxas = nv.get_ptxas(90).path if hasattr(nv, "get_ptxas") else os.path.join(
+        os.path.dirname(nv.__file__), "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "k.ptx")
+        with open(p, "w") as fh:
+            fh.write(compiled.asm["ptx"])
+        out = subprocess.run([ptxas, "-v", "-arch=sm_90a", p, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    return (f"regs={regs.group(1) if regs else '?'} spill st/ld={spill.group(1) if spill else '?'}/"
+            f"{spill.group(2) if spill else '?'} B")
+
+
 if __name__ == "__main__":
-    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants}[sys.argv[1]]
+    group = sys.argv[1]
+    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "cp": cp_variants}[group]
     failed = 0
-    for name, kernel, types, consts in variants():
+    for name, kernel, types, consts, *w in variants():
         try:
-            compile_variant(kernel, types, consts)
+            t = time.time()
+            compiled = compile_variant(kernel, types, consts, *w)
+            if group == "cp":
+                print(f"ok {name}: {time.time() - t:.1f} s {ptxas_stats(compiled)}", flush=True)
+                continue
             print("ok", name)
         except Exception as e:  # noqa: BLE001 - report every failing variant
             failed += 1

@@ -1,0 +1,233 @@
+"""HGRN2 on the chunk-parallel Triton kernels of `cp_fwd.py` / `cp_bwd.py`, as torch custom ops with autograd.
+
+`hgrn2_cp_triton` has exactly the contract of `hgrn2_chunk_triton` (and `hgrn2.ops.hgrn2`). The custom ops
+`hgrn2::cp_fwd` / `hgrn2::cp_bwd` are opaque to torch.compile; the chunk-start states h are an extra output
+of the forward op (saved for the backward, not recomputed), with a static upper-bound shape in varlen mode.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk import ACTS, _device, _layout
+from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
+from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
+
+# --- tuning knobs (module globals) ------------------------------------------------------------------------
+BT = 64  # tokens per chunk (multiple of 16) for bf16/fp16 inputs; the intra block works in 16-token sub-blocks
+BT_FP32 = 32  # the same for fp32 / fp16 inputs (fp32 dot operands; ieee dots at BT = 64 spill ~60 KB)
+BK = 64  # K-block of the forward output kernel (it loops over K in blocks of BK)
+BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast with BK: see NOTES)
+BV = None  # V-block of the parallel kernels (None: min(V, 128); fp32: 32). fp32 caps every K-block at 32
+BK_SEQ = 64  # K-block of the sequential h / dh kernels (the state's columns are independent; None: whole K)
+BV_SEQ = None  # V-block of the sequential kernels (None: min(V, 128); fp32: 64)
+NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 4096 else 4: 4 warps spill KBs)
+NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
+STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
+BWD_SPLIT = False  # backward in two parallel launches (dv; dq/dk/dg) instead of one fused: fewer registers
+FAST_DIAG_MAX_SPREAD = 60.0  # K-blocks of a chunk whose largest 16-token log-decay spread is below this take
+# the factorised (tensor-core) intra-chunk path, others the exact column loop
+FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/bf16x3 crash Triton 3.9's
+# layout pass in the backward kernel)
+
+
+def _dot_dtype(o, i):
+    if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
+        # Triton's CPU interpreter computes bf16 tl.dot wrongly (Triton 3.9): fp32 operands there
+        return (tl.float32, "ieee") if os.environ.get("TRITON_INTERPRET") == "1" else (tl.bfloat16, "tf32")
+    if torch.float32 in (o.dtype, i.dtype):
+        return tl.float32, FP32_DOT_PRECISION
+    return tl.float32, "tf32"  # fp16: e^{±60} factors need fp32's range
+
+
+def _bt(o):
+    return BT if o.dtype == torch.bfloat16 else BT_FP32  # fp32 / fp16 inputs take fp32 dot operands
+
+
+def _config(o, i):
+    """(BK fwd, BK bwd, BV, BK seq, BV seq, warps, warps seq)."""
+    K, V = o.shape[-1], i.shape[-1]
+    fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
+    kp, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    cap = 32 if fp32 else kp  # fp32 (ieee dots): at most 32-wide K-blocks
+    bk = max(16, min(kp, cap, BK))
+    bk_bwd = max(16, min(kp, cap, BK_BWD))
+    bv = max(16, min(vp, BV or (32 if fp32 else 128)))
+    bk_seq = max(16, min(kp, cap, BK_SEQ or kp))
+    bv_seq = max(16, min(vp, BV_SEQ or (64 if fp32 else 128)))
+    bt = _bt(o)
+    assert bt % 16 == 0
+    warps = NUM_WARPS or (8 if bt * max(bk, bv) >= 4096 else 4)
+    warps_seq = NUM_WARPS_SEQ or (8 if bk_seq * bv_seq >= 4096 else 4)
+    return bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq
+
+
+def _num_chunks(o, cu_seqlens):
+    """Upper bound of the number of chunks (the h tensors' first dimension): exact without cu_seqlens."""
+    B, T, H, N = _layout(o, cu_seqlens)
+    bt = _bt(o)
+    return B * triton.cdiv(T, bt) if cu_seqlens is None else triton.cdiv(T, bt) + N
+
+
+def _chunk_tables(cu_seqlens, T, n_chunks, BT):
+    """Varlen: (chunks [n_chunks, 2] int32 = [t0, t1) of each chunk (0, 0 for padding), chunk_offsets [N + 1]),
+    built on the device without a host sync."""
+    if cu_seqlens is None:
+        return None, None
+    cu = cu_seqlens.to(torch.int64)
+    nts = (cu[1:] - cu[:-1] + BT - 1) // BT
+    offs = torch.cat([cu.new_zeros(1), nts.cumsum(0)])
+    ids = torch.arange(n_chunks, device=cu.device)
+    seq = torch.searchsorted(offs[1:], ids, right=True).clamp(max=cu.numel() - 2)
+    valid = ids < offs[-1]
+    t0 = cu[seq] + (ids - offs[seq]) * BT
+    t1 = torch.minimum(t0 + BT, cu[seq + 1])
+    chunks = torch.stack([torch.where(valid, t0, 0), torch.where(valid, t1, 0)], 1).to(torch.int32).contiguous()
+    return chunks, offs.to(torch.int32)
+
+
+def _state_dtype(o):
+    return STATE_DTYPE or (o.dtype if o.dtype != torch.float16 else torch.float32)
+
+
+@torch.library.custom_op("hgrn2::cp_fwd", mutates_args=())
+def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
+           initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
+           i_act: int, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested) and the
+    chunk-start states h [n_chunks, H, V, K] (for the backward)."""
+    B, T, H, N = _layout(o, cu_seqlens)
+    K, V = o.shape[-1], i.shape[-1]
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bt = _bt(o)
+    dt, prec = _dot_dtype(o, i)
+    NT = triton.cdiv(T, bt)
+    n_chunks = _num_chunks(o, cu_seqlens)
+    chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
+    # varlen: the padding slots past the real chunks are never read (their programs are fully masked)
+    h = o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o))
+    y = torch.empty_like(i)
+    ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
+    nv_seq = triton.cdiv(V, bv_seq)
+    with _device(o):
+        cp_fwd_h_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
+            g, i, lower_bound, initial_state, h, ht, cu_seqlens, offs, T, NT,
+            H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
+            DT=dt, PREC=prec, num_warps=warps_seq,
+        )
+        cp_fwd_o_kernel[(triton.cdiv(V, bv), n_chunks, H)](
+            o, g, i, lower_bound, h, y, chunks, scale, T, NT,
+            H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
+        )
+    return y, ht, h
+
+
+@cp_fwd.register_fake
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state):
+    B, T, H, N = _layout(o, cu_seqlens)
+    shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
+    h = o.new_empty(_num_chunks(o, cu_seqlens), H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o))
+    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h
+
+
+@torch.library.custom_op("hgrn2::cp_bwd", mutates_args=())
+def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
+           initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, h: torch.Tensor,
+           dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
+    B, T, H, N = _layout(o, cu_seqlens)
+    K, V = o.shape[-1], i.shape[-1]
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bt = _bt(o)
+    dt, prec = _dot_dtype(o, i)
+    NT = triton.cdiv(T, bt)
+    n_chunks = h.shape[0]
+    chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
+    NV = triton.cdiv(V, bv)
+    dh = torch.empty_like(h)
+    dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
+    if NV == 1:
+        do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
+    else:  # per-V-block partial sums, added below
+        do = o.new_empty(NV, *o.shape, dtype=torch.float32)
+        dg = torch.empty_like(do)
+    di = torch.empty_like(i)
+    dlb = o.new_zeros(NV, n_chunks, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
+    nv_seq = triton.cdiv(V, bv_seq)
+    with _device(o):
+        cp_bwd_dh_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
+            o, g, lower_bound, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
+            H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_LB=lower_bound is not None,
+            HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
+            DT=dt, PREC=prec, num_warps=warps_seq,
+        )
+        args = (o, g, i, lower_bound, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T)
+        kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
+                  HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
+                  DT=dt, PREC=prec, num_warps=warps)
+        for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if BWD_SPLIT else
+                      (dict(DV=True, DQK=True),)):
+            cp_bwd_kernel[(NV, n_chunks, H)](*args, **kw, **flags)
+    do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
+    dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
+    if lower_bound is not None:
+        dlb = dlb.sum((0, 1)).to(lower_bound.dtype)
+    if initial_state is not None:
+        dh0 = dh0.to(initial_state.dtype)
+    return do, dg, di, dlb, dh0
+
+
+@cp_bwd.register_fake
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, dy, dht, scale, o_act, i_act):
+    dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
+    dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
+    return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
+
+
+def _setup_context(ctx, inputs, output):
+    o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state = inputs
+    ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, output[2])
+    ctx.args = (scale, o_act, i_act, output_final_state)
+
+
+def _backward(ctx, dy, dht, _dh):
+    o, g, i, lower_bound, initial_state, cu_seqlens, h = ctx.saved_tensors
+    scale, o_act, i_act, output_final_state = ctx.args
+    dy = torch.zeros_like(i) if dy is None else dy.contiguous()
+    dht = dht.contiguous() if output_final_state and dht is not None else None
+    do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, dy, dht, scale, o_act, i_act)
+    return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
+            None, None, None, None, None)
+
+
+cp_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def hgrn2_cp_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
+                    output_final_state=False, cu_seqlens=None):
+    """HGRN2 by the chunk-parallel Triton kernels; arguments and result as `hgrn2.ops.hgrn2` (shapes there).
+
+    float64 inputs run in float32 (the kernels accumulate in float32) and are cast back.
+    """
+    if o_act not in ACTS:
+        raise ValueError(f"o_act must be one of {list(ACTS)}, got {o_act!r}")
+    if i_act not in ACTS:
+        raise ValueError(f"i_act must be one of {list(ACTS)}, got {i_act!r}")
+    in_dtype = i.dtype
+    if torch.float64 in (o.dtype, g.dtype, i.dtype):
+        o, g, i = o.float(), g.float(), i.float()
+    y, ht, _ = cp_fwd(
+        o.contiguous(), g.contiguous(), i.contiguous(),
+        None if lower_bound is None else lower_bound.contiguous(),
+        None if initial_state is None else initial_state.contiguous(),
+        None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
+        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state),
+    )
+    return y.to(in_dtype), (ht if output_final_state else None)

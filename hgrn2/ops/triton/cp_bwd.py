@@ -1,0 +1,212 @@
+"""Chunk-parallel backward: a short reverse pass for the per-chunk state gradients, then one program per chunk.
+
+Notation as in `cp_fwd.py`. For chunk c with start state h_c and dh_c = the gradient w.r.t. its END state
+(everything later chunks and dht send back):
+
+1. `cp_bwd_dh_kernel`, grid (NK·NV, N·H), reverse over chunks: stores dh_c, then
+   dS ← dS ⊙ e^{b_last} + dyᵀ (q ⊙ e^b); d initial_state = dS at the start. K may be split.
+2. `cp_bwd_kernel`, grid (NV, NT_total, H), one program per chunk (and V-block):
+
+       dv = Aᵀ dy + (k ⊙ e^{b_last − b}) dh_cᵀ
+       dq = e^b ⊙ (dy h_c) + intra(dA)             dA = dy vᵀ (causal)
+       dk = e^{b_last − b} ⊙ (v dh_c) + intra(dA)
+       d log f_t = Σ_{t ≤ t' in chunk} (q ⊙ dq − k ⊙ dk)_{t'} + Σ_v dh_c ⊙ S_end
+       Σ_v dh_c ⊙ S_end = e^{b_last} ⊙ Σ_v (dh_c ⊙ h_c) + Σ_{s in chunk} k_s ⊙ dk_state_s
+
+   (the GLA identity restarted per chunk: b_t enters the loss through e^{b_t}, e^{b_t − b_s}, and — for
+   the last row — through S_end = h_c e^{b_last} + Σ_s v_s (k_s e^{b_last − b_s})ᵀ; the last term is exact,
+   no running sum crosses chunks). Then dL/df = dlogf / f − dk, dg = kσ(g)·dL/df, dβ = Σ σ(−g)·dL/df,
+   do = dq·scale·act_o', di = dv·act_i'. With V split (NV > 1) do, dg are fp32 partial sums (linear in dq,
+   dk, dlogf), added in torch.
+"""
+
+import triton
+import triton.language as tl
+
+from ._common import _act, _act_and_grad, _col, _gates, _load_beta, _row, _seq_bounds, _tile
+from .cp_fwd import _chunk_bounds, _chunk_decay, _chunk_offset, _expand_rows, _intra_A, _sub_decay
+
+
+@triton.jit
+def cp_bwd_dh_kernel(
+    o, g, lb, dy, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    NV: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+    i_k, i_v = i_kv // NV, i_kv % NV
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    boff = _chunk_offset(chunk_offsets, i_n, NT, VARLEN)
+    ck = i_k * BK + tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+    s_pos = cv[:, None] * K + ck[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht + i_nh.to(tl.int64) * V * K + s_pos, mask=s_mask, other=0.0).to(tl.float32)
+    else:
+        dS = tl.zeros([BV, BK], dtype=tl.float32)
+
+    n_c = tl.cdiv(eos - bos, BT)
+    offk, offv, mtk, mtv = _tile(bos + (n_c - 1) * BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+    for it in range(0, n_c):
+        c = n_c - 1 - it
+        t0 = bos + c * BT
+        o_t, g_t, dy_t = o_nx, g_nx, dy_nx
+        offk, offv, mtk, mtv = _tile(t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+
+        tl.store(dh + ((boff + c) * H + i_h) * V * K + s_pos, dS.to(dh.dtype.element_ty), mask=s_mask)
+        q = _act(o_t.to(tl.float32), O_ACT) * scale
+        a, _, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        b = tl.cumsum(a, 0)
+        b_last = tl.sum(a, 0)
+        qe = tl.where(mtk, q * tl.exp(b), 0.0)
+        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(dy_t.to(DT)), qe.to(DT), input_precision=PREC)
+
+    if STORE_DH0:
+        tl.store(dh0 + i_nh.to(tl.int64) * V * K + s_pos, dS, mask=s_mask)
+
+
+@triton.jit
+def cp_bwd_kernel(
+    o, g, i, lb, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, NTOK,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr,
+):
+    """One program per (V-block, chunk, head), one loop over K-blocks of BK: dA = dy vᵀ comes first (it needs
+    no gate), then per K-block the gates, A's share, dv's state share, dq, dk, d log f and the stores of do,
+    dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
+
+    DV / DQK select the outputs: both (one fused launch, the default) or one each (two launches that
+    recompute the gates and re-read o, g, dy, dh but hold far fewer registers; `cp.BWD_SPLIT`)."""
+    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+    rows = tl.arange(0, BT)
+    blk = rows // 16
+    cv = i_v * BV + tl.arange(0, BV)
+    offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
+    i_t = tl.load(i + offv, mask=mtv, other=0.0)
+    dy_t = tl.load(dy + offv, mask=mtv, other=0.0)
+    b_do = dy_t.to(DT)
+    if DQK:
+        v_c = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
+        dA = tl.dot(b_do, tl.trans(v_c), input_precision=PREC)
+        dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0).to(DT)
+    if DV:
+        A = tl.zeros([BT, BT], dtype=tl.float32)
+        dvT = tl.zeros([BV, BT], dtype=tl.float32)
+    s_base = (i_c.to(tl.int64) * H + i_h) * V * K
+    part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of the partial do / dg
+
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, ck, cv, BK, BV, BT)
+        o_t = tl.load(o + offk, mask=mtk, other=0.0)
+        g_t = tl.load(g + offk, mask=mtk, other=0.0)
+        s_mask = (cv < tl.where(t0 < t1, V, 0))[:, None] & (ck < K)[None, :]  # none for padding chunks
+        dh_t = tl.load(dh + s_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
+        beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+
+        q = _act(o_t.to(tl.float32), O_ACT) * scale
+        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        c, r, R, b_last = _chunk_decay(a, BT, BK)
+        spread = -tl.min(tl.min(c, 1), 0)
+        if DV:
+            A_k, ec, enc = _intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
+            A += A_k
+        else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
+            ec = tl.exp(c)
+            enc = tl.exp(tl.minimum(-c, 80.0))
+        # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
+        if spread < MAX_SPREAD:
+            w_end = enc * _expand_rows(tl.exp(b_last[None, :] - r), BT, BK)
+        else:
+            w_end = tl.exp(b_last[None, :] - R - c)
+        dh_c = dh_t.to(DT)
+        if DV:
+            # dv's state share, accumulated transposed: dh_c (k e^{b_last − b})ᵀ. The untransposed form
+            # (k e^{b_last − b}) dh_cᵀ breaks Triton 3.6's layout pass for fp32 inputs (k as the left operand).
+            dvT += tl.dot(dh_c, tl.trans((k * w_end).to(DT)), input_precision=PREC)
+        if DQK:
+            _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_end, dA, b_do, v_c,
+                        dh_t, dh_c, beta, offk, mtk, s_base, s_mask, cv, ck, rows, blk, part, i_v, i_c, i_h, scale,
+                        H, K, BT, BK, O_ACT, HAS_LB, MAX_SPREAD, DT, PREC)
+
+    if DV:
+        dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
+        offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
+        _, dv_act = _act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reloaded
+        tl.store(di + offv, (dv * dv_act).to(di.dtype.element_ty), mask=mtv)
+
+
+@triton.jit
+def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_end, dA, b_do, v_c, dh_t, dh_c,
+                beta, offk, mtk, s_base, s_mask, cv, ck, rows, blk, part, i_v, i_c, i_h, scale,
+                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, O_ACT: tl.constexpr,
+                HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """One K-block of `cp_bwd_kernel`'s dq, dk, d log f and the stores of do, dg and the β partial sums."""
+    NB: tl.constexpr = BT // 16
+    # intra-chunk dq, dk from dA
+    if spread < MAX_SPREAD:
+        qt = q * ec
+        kt = k * enc
+        dq_i = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+        # sub-block j of the sources: mask the K-block side, not dA (a masked dA would be loop-invariant,
+        # and the compiler would keep NB converted copies of it alive across the K loop)
+        for j in tl.static_range(NB):
+            Ej = _sub_decay(r, j, BT, BK)
+            kt_j = tl.where((blk == j)[:, None], kt, 0.0).to(DT)
+            dq_i += Ej * tl.dot(dA, kt_j, input_precision=PREC)
+            dk_i += tl.where((blk == j)[:, None],
+                             tl.dot(tl.trans(dA), (qt * Ej).to(DT), input_precision=PREC), 0.0)
+        dq_i = dq_i * ec
+        dk_i = dk_i * enc
+    else:
+        b = R + c
+        dAf = dA.to(tl.float32)
+        dq_i = tl.zeros([BT, BK], dtype=tl.float32)
+        for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
+            b_j = _row(b, rows, j)
+            wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            dq_i += _col(dAf, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
+        dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+        for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
+            b_j = _row(b, rows, j)
+            wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            dk_i += _row(dAf, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
+
+    # state terms (operands in the dot dtype: h and dh are stored in it anyway)
+    h_t = tl.load(h + s_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
+    eb = ec * _expand_rows(tl.exp(r), BT, BK)
+    b_dq = eb * tl.dot(b_do, h_t.to(DT), input_precision=PREC) + dq_i
+    dk_s = w_end * tl.dot(v_c, dh_c, input_precision=PREC)
+    b_dk = dk_s + dk_i
+    _, dq_act = _act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
+    tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
+
+    # d log f: reverse cumsum within the chunk + the end state's share
+    tail = tl.exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(k * dk_s, 0)
+    db = q * b_dq - k * b_dk
+    b_dlogf = (tail + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
+    # σ(±g), f recomputed from a reloaded tile (fewer live registers)
+    g_2 = tl.load(g + offk, mask=mtk, other=0.0)
+    _, _, s_pos, s_neg, f = _gates(g_2.to(tl.float32), beta, HAS_LB)
+    d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
+    tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+    if HAS_LB:
+        dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
+        tl.store(dlb + ((i_v * tl.num_programs(1) + i_c) * H + i_h) * K + ck, dlb_p, mask=ck < K)
