@@ -33,13 +33,13 @@ for step in $STEPS; do
   case $step in
     tests)
       # the kernel tests (fla's model tests are left out here: its autotuning alone takes minutes)
-      timeout 170 python3 -m pytest -q tests/test_triton_chunk.py tests/test_triton_recurrent.py \
-        tests/test_triton_hgrn1.py $(ls tests/test_triton_cp.py 2>/dev/null) -p no:cacheprovider -rf \
+      timeout "${TESTS_TIMEOUT:-170}" python3 -m pytest -q ${TESTS:-tests/test_triton_cp.py tests/test_triton_recurrent.py \
+        tests/test_triton_hgrn1.py tests/test_triton_chunk.py} -p no:cacheprovider -rf --durations=8 \
         > "$OUT/gpu_tests.log" 2>&1
       echo "pytest exit code $? (124 = timed out)"
       tail -n 15 "$OUT/gpu_tests.log" ;;
     accuracy)  # rel L2 of every output/gradient vs the fp64 reference, per kernel, dtype and shape
-      timeout 200 python3 benchmarks/gpu_accuracy.py --out "$OUT/accuracy.json" > "$OUT/accuracy.txt" 2>&1
+      timeout 200 python3 benchmarks/gpu_accuracy.py ${ACCURACY_ARGS:-} --out "$OUT/accuracy.json" > "$OUT/accuracy.txt" 2>&1
       echo "accuracy exit code $?"
       cat "$OUT/accuracy.txt" ;;
     cp)
@@ -59,6 +59,11 @@ for step in $STEPS; do
         --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
       tail -n 25 "$OUT/mqar.txt" ;;
+    profile)  # one MQAR training step alone: steps/s and where the time goes
+      for m in hgrn2 attention; do
+        timeout 60 python3 benchmarks/profile_mqar_step.py --mixer $m --d 128 --L 512 --batch 128 2>&1 | head -32
+      done > "$OUT/profile_mqar.txt"
+      cat "$OUT/profile_mqar.txt" ;;
     train)
       timeout "${TRAIN_TIMEOUT:-300}" python3 -m hgrn2.cli bench train --out "$OUT/bench_train.json" \
         ${TRAIN_ARGS:-} > "$OUT/bench_train.txt" 2>&1
