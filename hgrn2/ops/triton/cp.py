@@ -28,7 +28,9 @@ BV_SEQ = None  # V-block of the sequential kernels (None: min(V, 128); fp32: 64)
 NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 4096 else 4: 4 warps spill KBs)
 NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
 STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
-BWD_SPLIT = False  # backward in two parallel launches (dv; dq/dk/dg) instead of one fused: fewer registers
+# backward in two parallel launches (dv; dq/dk/dg) instead of one fused: fewer registers. True: the fused bf16
+# kernel fails Triton 3.6's RemoveLayoutConversions pass on an H100 (2026-11-23), the split one compiles
+BWD_SPLIT = True
 FAST_DIAG_MAX_SPREAD = 60.0  # K-blocks of a chunk whose largest 16-token log-decay spread is below this take
 # the factorised (tensor-core) intra-chunk path, others the exact column loop
 FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/bf16x3 crash Triton 3.9's
