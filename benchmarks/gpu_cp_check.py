@@ -259,7 +259,7 @@ def main():
     for shape in shapes:
         step(f"bench chunk {shape}", bench_impl, "chunk (sequential)", ours("chunk"), shape, need_s=25)
         step(f"bench sdpa {shape}", bench_impl, "sdpa flash causal", sdpa, shape, need_s=10)
-    for cfg in CP_CONFIGS[:2] if SMOKE else CP_CONFIGS:
+    for cfg in CP_CONFIGS[:3] if SMOKE else CP_CONFIGS:
         set_cp_config(cfg)
         for shape in shapes:
             step(f"bench cp {cfg[0]} {shape}", bench_impl, f"cp {cfg[0]}", ours("cp"), shape, need_s=40)
