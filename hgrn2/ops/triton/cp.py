@@ -18,7 +18,7 @@ from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
 from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
 
 # --- tuning knobs (module globals) ------------------------------------------------------------------------
-BT = 64  # tokens per chunk (multiple of 16) for bf16/fp16 inputs; the intra block works in 16-token sub-blocks
+BT = 64  # tokens per chunk (multiple of 16) for bf16 inputs; the intra block works in 16-token sub-blocks
 BT_FP32 = 32  # the same for fp32 / fp16 inputs (fp32 dot operands; ieee dots at BT = 64 spill ~60 KB)
 BK = 64  # K-block of the forward output kernel (it loops over K in blocks of BK)
 BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast with BK: see NOTES)
