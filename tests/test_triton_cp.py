@@ -106,7 +106,7 @@ def test_default_blocks_at_head_size_64():
 
 
 def test_no_state_no_bound_split_blocks(small_blocks):
-    inputs = make_inputs(2, 100, 2, 32, 32, lb=None)
+    inputs = make_inputs(2, 70, 2, 32, 32, lb=None)
     check(*run_both(inputs, o_act="sigmoid", i_act="silu"), tol=1e-4)
 
 
@@ -127,7 +127,7 @@ def test_float64_inputs_and_initial_state_without_final():
 def test_exact_intra_path_everywhere(monkeypatch):
     """The exact (column-loop) intra-chunk block, normally only for fast-forgetting chunks, on ordinary inputs."""
     monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", -1.0)
-    inputs = make_inputs(1, 70, 2, 16, 16, n_states=1)
+    inputs = make_inputs(1, 70, 1, 16, 16, n_states=1)
     check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
