@@ -1,6 +1,6 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
-Run as a script in a process without TRITON_INTERPRET: `python tests/compile_sm90.py recurrent|hgrn1|cp`.
+Run as a script in a process without TRITON_INTERPRET: `python tests/compile_sm90.py recurrent|hgrn1|cp|cp-default`.
 Exits non-zero and prints the compiler error if any variant fails. The `cp` group also prints registers and
 spills (bundled `ptxas -v` on the PTX) and compile times.
 """
@@ -146,6 +146,13 @@ def cp_variants():
                     DV=True, DQK=True), 8 if dt == "bf16" else 4)
 
 
+def cp_default_variants():
+    """The four cp kernels at cp.py's defaults for bf16, K = V = 128 (a quick check for the test suite)."""
+    keep = ("fwd_h bf16 K=V=128 BK=64 BV=128 w=8", "bwd_dh bf16 K=V=128 BK=64 BV=128 w=8",
+            "fwd_o bf16 K=V=128 BK=64 BV=128 w=8", "bwd bf16 K=V=128 BK=32 BV=128 w=8")
+    return (v for v in cp_variants() if v[0] in keep)
+
+
 def ptxas_stats(compiled) -> str:
     """Registers and spill stores/loads (bytes) of a compiled kernel: the bundled ptxas (the one Triton uses
     for sm_90) run with -v on its PTX."""
@@ -166,7 +173,8 @@ def ptxas_stats(compiled) -> str:
 
 if __name__ == "__main__":
     group = sys.argv[1]
-    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "cp": cp_variants}[group]
+    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "cp": cp_variants,
+                "cp-default": cp_default_variants}[group]
     failed = 0
     for name, kernel, types, consts, *w in variants():
         try:

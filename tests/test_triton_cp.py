@@ -7,6 +7,9 @@ GPU-only tests at the end cover real head sizes and torch.compile.
 
 import faulthandler
 import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -103,7 +106,7 @@ def test_default_blocks_at_head_size_64():
 
 
 def test_no_state_no_bound_split_blocks(small_blocks):
-    inputs = make_inputs(2, 100, 2, 32, 32, lb=None)
+    inputs = make_inputs(2, 70, 2, 32, 32, lb=None)
     check(*run_both(inputs, o_act="sigmoid", i_act="silu"), tol=1e-4)
 
 
@@ -124,7 +127,7 @@ def test_float64_inputs_and_initial_state_without_final():
 def test_exact_intra_path_everywhere(monkeypatch):
     """The exact (column-loop) intra-chunk block, normally only for fast-forgetting chunks, on ordinary inputs."""
     monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", -1.0)
-    inputs = make_inputs(1, 70, 2, 16, 16, n_states=1)
+    inputs = make_inputs(1, 70, 1, 16, 16, n_states=1)
     check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
@@ -233,6 +236,21 @@ def test_bad_activation_is_a_clear_error():
     o, g, i, *_ = make_inputs(1, 4, 1, 16, 16)
     with pytest.raises(ValueError, match="o_act"):
         hgrn2_cp_triton(o, g, i, o_act="gelu")
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90():
+    """The interpreter accepts code the compiler rejects: compile the four kernels (bf16 defaults) for sm_90
+    (`python tests/compile_sm90.py cp` compiles every variant and prints registers and spills)."""
+    if CUDA:
+        pytest.skip("covered by the GPU runs")
+    pytest.importorskip("triton.backends.nvidia")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, str(root / "tests" / "compile_sm90.py"), "cp-default"], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 
 # --- GPU only: real head sizes, long sequences, compile ----------------------------------------------------

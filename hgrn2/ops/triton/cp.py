@@ -18,7 +18,7 @@ from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
 from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
 
 # --- tuning knobs (module globals) ------------------------------------------------------------------------
-BT = 64  # tokens per chunk (multiple of 16) for bf16/fp16 inputs; the intra block works in 16-token sub-blocks
+BT = 64  # tokens per chunk (multiple of 16) for bf16 inputs; the intra block works in 16-token sub-blocks
 BT_FP32 = 32  # the same for fp32 / fp16 inputs (fp32 dot operands; ieee dots at BT = 64 spill ~60 KB)
 BK = 64  # K-block of the forward output kernel (it loops over K in blocks of BK)
 BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast with BK: see NOTES)
@@ -122,7 +122,7 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
             HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
             DT=dt, PREC=prec, num_warps=warps_seq,
         )
-        cp_fwd_o_kernel[(triton.cdiv(V, bv), n_chunks, H)](
+        cp_fwd_o_kernel[(n_chunks, triton.cdiv(V, bv), H)](
             o, g, i, lower_bound, h, y, chunks, scale, T, NT,
             H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
@@ -176,7 +176,7 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
                   DT=dt, PREC=prec, num_warps=warps)
         for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if BWD_SPLIT else
                       (dict(DV=True, DQK=True),)):
-            cp_bwd_kernel[(NV, n_chunks, H)](*args, **kw, **flags)
+            cp_bwd_kernel[(n_chunks, NV, H)](*args, **kw, **flags)
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:

@@ -5,7 +5,7 @@ Notation as in `cp_fwd.py`. For chunk c with start state h_c and dh_c = the grad
 
 1. `cp_bwd_dh_kernel`, grid (NK·NV, N·H), reverse over chunks: stores dh_c, then
    dS ← dS ⊙ e^{b_last} + dyᵀ (q ⊙ e^b); d initial_state = dS at the start. K may be split.
-2. `cp_bwd_kernel`, grid (NV, NT_total, H), one program per chunk (and V-block):
+2. `cp_bwd_kernel`, grid (NT_total, NV, H), one program per chunk (and V-block):
 
        dv = Aᵀ dy + (k ⊙ e^{b_last − b}) dh_cᵀ
        dq = e^b ⊙ (dy h_c) + intra(dA)             dA = dy vᵀ (causal)
@@ -90,7 +90,7 @@ def cp_bwd_kernel(
 
     DV / DQK select the outputs: both (one fused launch, the default) or one each (two launches that
     recompute the gates and re-read o, g, dy, dh but hold far fewer registers; `cp.BWD_SPLIT`)."""
-    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     rows = tl.arange(0, BT)
     blk = rows // 16
@@ -209,4 +209,4 @@ def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_
     tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
     if HAS_LB:
         dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
-        tl.store(dlb + ((i_v * tl.num_programs(1) + i_c) * H + i_h) * K + ck, dlb_p, mask=ck < K)
+        tl.store(dlb + ((i_v * tl.num_programs(0) + i_c) * H + i_h) * K + ck, dlb_p, mask=ck < K)

@@ -9,7 +9,7 @@ e^{−c} (bounded by the largest 16-token decay spread, checked against MAX_SPRE
 1. `cp_fwd_h_kernel`, grid (NK·NV, N·H): walks the chunks of one sequence, stores the chunk-START state
    h_c [V, K] (STATE_DTYPE) and updates S ← S ⊙ e^{b_last} + vᵀ (k ⊙ e^{b_last − b}); final state in fp32.
    K may be split (the state's columns are independent).
-2. `cp_fwd_o_kernel`, grid (NV, NT_total, H): y = (q ⊙ e^b) h_cᵀ + A v with the causal BT×BT block
+2. `cp_fwd_o_kernel`, grid (NT_total, NV, H): y = (q ⊙ e^b) h_cᵀ + A v with the causal BT×BT block
    A[t, s] = Σ_k q_t k_s e^{b_t − b_s}. Fast path (spread < MAX_SPREAD): A = Σ_j (q e^{c} ⊙ E_j)(k e^{−c} on
    sub-block j)ᵀ with E_j[t] = e^{r_{i(t)} − r_j} (i(t) ≥ j, else 0): every factor bounded. Otherwise an exact
    column loop with the exponent masked before exp.
@@ -161,7 +161,7 @@ def cp_fwd_o_kernel(
 ):
     """One program per (V-block, chunk, head); loops over K-blocks of BK (A and y accumulate over them; the
     fast/exact choice of the intra block is made per K-block)."""
-    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     cv = i_v * BV + tl.arange(0, BV)
     h_base = h + (i_c.to(tl.int64) * H + i_h) * V * K
