@@ -148,16 +148,11 @@ def test_short_sequence_without_grad():
     assert rel_err(y, y_ref) <= 1e-4 and rel_err(ht, ht_ref) <= 1e-4
 
 
-# On a GPU (bf16/fp16 tensor-core dots) the sequential backward's dβ is off by 0.05–1.0 and its dg by up to
-# 3.7e-2 (H100, BENCHMARKS.md "Accuracy"); training therefore takes the chunk-parallel kernels. strict: a fix
-# shows up as XPASS and fails the run until the marker goes.
-LOW_PRECISION_BWD_ON_GPU = pytest.mark.xfail(CUDA, reason="sequential backward: bf16/fp16 dβ on a GPU",
-                                             strict=True)
-
-
-@LOW_PRECISION_BWD_ON_GPU
 def test_bf16():
-    inputs = make_inputs(2, 70, 2, 32, 32, n_states=2, dtype=torch.bfloat16)
+    """bf16 dot operands (the interpreter rounds as the GPU does, see `_interpret.py`). 300 tokens (19 sequential
+    blocks): d log f is a running sum whose terms cancel, and before they were formed from the rounded
+    operands dβ was off by 5e-2 here (1.0 on an H100 at T = 2048)."""
+    inputs = make_inputs(2, 300, 2, 32, 32, n_states=2, dtype=torch.bfloat16)
     kw = dict(scale=32 ** -0.5, o_act="silu", output_final_state=True)
     check(*run_both(inputs, **kw), tol=2e-2)
 
@@ -214,8 +209,7 @@ def hard_time_limit():
 @gpu
 @pytest.mark.parametrize("K,V", [(64, 64), (128, 128), (256, 256), (128, 64)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4),
-                                       pytest.param(torch.bfloat16, 2e-2, marks=LOW_PRECISION_BWD_ON_GPU),
-                                       pytest.param(torch.float16, 2e-2, marks=LOW_PRECISION_BWD_ON_GPU)])
+                                       (torch.bfloat16, 2e-2), (torch.float16, 2e-2)])
 def test_gpu_head_sizes(K, V, dtype, tol):
     inputs = make_inputs(2, 300, 2, K, V, n_states=2, dtype=dtype)
     kw = dict(scale=K ** -0.5, o_act="silu", output_final_state=True)
@@ -223,7 +217,7 @@ def test_gpu_head_sizes(K, V, dtype, tol):
 
 
 @gpu
-@pytest.mark.parametrize("T", [pytest.param(4096, marks=LOW_PRECISION_BWD_ON_GPU), 65536])
+@pytest.mark.parametrize("T", [4096, 65536])
 def test_gpu_long_sequences(T):
     """Long sequences, slow decay: all gradients at 4K; outputs and final state at 64K (the fp64 step-loop
     reference's autograd graph would not be reasonable there)."""

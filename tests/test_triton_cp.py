@@ -185,7 +185,9 @@ def test_long_sequence_slow_decay():
 
 
 def test_bf16():
-    inputs = make_inputs(2, 70, 2, 32, 32, n_states=2, dtype=torch.bfloat16)
+    """bf16 dot operands, as rounded on the GPU (`_interpret.py`); 300 tokens: before d log f's cancelling
+    terms were formed from the rounded operands, dβ was off by 6e-2 here."""
+    inputs = make_inputs(2, 300, 2, 32, 32, n_states=2, dtype=torch.bfloat16)
     check(*run_both(inputs, scale=32 ** -0.5, o_act="silu", output_final_state=True), tol=2e-2)
 
 

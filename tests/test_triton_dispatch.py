@@ -1,5 +1,5 @@
-"""`hgrn2_triton` picks its kernel: decode for a few tokens without autograd, chunk-parallel with autograd or
-for few long sequences, the sequential chunk kernel otherwise; each choice gives the reference's result."""
+"""`hgrn2_triton` picks its kernel: decode for a few tokens without autograd, chunk-parallel for few long
+sequences, the sequential chunk kernel otherwise; each choice gives the reference's result."""
 
 import os
 
@@ -17,10 +17,11 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.mark.parametrize("B,T,grad,cu_seqlens,expected", [
     (2, 8, False, None, "recurrent"),
-    (2, 8, True, None, "cp"),             # autograd: always chunk-parallel
-    (3, 80, True, None, "cp"),
+    (2, 8, True, None, "chunk"),          # autograd needs a chunk kernel, even for a few tokens
+    (3, 80, True, None, "chunk"),         # 3 x 2 = 6 programs > CP_MAX_PROGRAMS (4 here)
+    (1, 80, True, None, "cp"),
     (1, 80, False, None, "cp"),           # inference, 1 sequence x 2 heads, long: chunk-parallel
-    (3, 80, False, None, "chunk"),        # 3 x 2 = 6 programs > CP_MAX_PROGRAMS (4 here)
+    (3, 80, False, None, "chunk"),
     (1, 40, False, None, "chunk"),        # shorter than CP_MIN_T
     (1, 150, False, [0, 70, 150], "cp"),  # packed: 2 sequences of 75 tokens on average
     (3, 150, False, None, "chunk"),       # 6 programs

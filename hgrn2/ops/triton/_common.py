@@ -118,6 +118,17 @@ def _col(x, cols, j):
 
 
 @triton.jit
+def _w_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
+    """e^{b_last − b} [BT, K], the decay from each row to the sub-block's end, computed exactly as
+    `_diag_block` does (its fast path reuses e^{−b}): the state updates of the forward and of both backward
+    sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see `_diag_grads`)."""
+    if spread < MAX_SPREAD:
+        return tl.exp(b_last)[None, :] * tl.exp(-b)
+    else:
+        return tl.exp(b_last[None, :] - b)
+
+
+@triton.jit
 def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
 
@@ -150,14 +161,26 @@ def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.conste
 def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
                 PREC: tl.constexpr):
     """Backward of the diagonal block given dA [BT, BT] (causally masked) and `_diag_block`'s factors:
-    returns (dq, dk) [BT, K]. The fast path gets e^{−b} as e^{b_last − b}·e^{−b_last} (a [K] exponential)."""
+    returns (dq, dk, q ⊙ dq − k ⊙ dk) [BT, K], the last being the block's share of d log f's running sum.
+
+    That share cancels pair by pair (Σ over the block is 0: A depends on b only through differences), and
+    d log f is the small remainder of large terms. On the fast path each pair (t, s) enters dq through the
+    rounded operand (k e^{−b})_s and dk through (q e^{b})_t, so the share is formed from the same rounded
+    operands, (q e^{b}) ⊙ dot(dA, k e^{−b}) − (k e^{−b}) ⊙ dot(dAᵀ, q e^{b}): then the pairs cancel to fp32
+    rounding instead of leaving bf16's 4e-3 of every term in d log f (and in dg, dβ). The fast path gets e^{−b}
+    as e^{b_last − b}·e^{−b_last} (a [K] exponential)."""
     BT: tl.constexpr = q.shape[0]
     rows = tl.arange(0, BT)
     if spread < MAX_SPREAD:
         enb = w_end * tl.exp(-b_last)[None, :]
         dAc = dA.to(DT)
-        dq = eb * tl.dot(dAc, (k * enb).to(DT), input_precision=PREC)
-        dk = enb * tl.dot(tl.trans(dAc), (q * eb).to(DT), input_precision=PREC)
+        ke = (k * enb).to(DT)
+        qe = (q * eb).to(DT)
+        dq_raw = tl.dot(dAc, ke, input_precision=PREC)
+        dk_raw = tl.dot(tl.trans(dAc), qe, input_precision=PREC)
+        dq = eb * dq_raw
+        dk = enb * dk_raw
+        db = qe.to(tl.float32) * dq_raw - ke.to(tl.float32) * dk_raw
     else:
         dq = tl.zeros(q.shape, dtype=tl.float32)
         for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
@@ -169,4 +192,5 @@ def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr
             b_j = _row(b, rows, j)
             wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
             dk += _row(dA, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
-    return dq, dk
+        db = q * dq - k * dk
+    return dq, dk, db

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 
 import torch
 import triton
@@ -46,8 +45,7 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, split_below: flo
     """
     K, V = o.shape[-1], i.shape[-1]
     if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
-        # Triton's CPU interpreter computes bf16 tl.dot wrongly (Triton 3.9), so it gets fp32 operands there
-        dt, prec = (tl.float32, "ieee") if os.environ.get("TRITON_INTERPRET") == "1" else (tl.bfloat16, "tf32")
+        dt, prec = tl.bfloat16, "tf32"
     elif torch.float32 in (o.dtype, i.dtype):
         dt, prec = tl.float32, FP32_DOT_PRECISION
     else:  # fp16: its 5-bit exponent cannot hold the e^{±60} factors of the diagonal block; tf32 can
@@ -111,8 +109,9 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     # the state dots of the backward take fp32 operands: 3 tf32 passes unless fp32 inputs ask for ieee
     sprec = prec if dt == tl.float32 and prec != "tf32" else "tf32x3"
     common = dict(H=H, K=K, V=V, BT=BLOCK_T_BWD, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
-                  VARLEN=cu_seqlens is not None, DT=dt, PREC=prec, SPREC=sprec, num_warps=warps)
-    dq_inter = o.new_empty(NV, B, T, H, K, dtype=torch.float32)
+                  VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, SPREC=sprec,
+                  num_warps=warps)
+    dq_inter = o.new_empty(NV, B, T, H, K, dtype=torch.float32)  # P = dy S of the forward sweep
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
     else:  # per-V-block partial sums, added below
@@ -128,7 +127,7 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
         hgrn2_bwd_kernel[(NV, N * H)](
             o, g, i, lower_bound, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
             O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None,
-            MAX_SPREAD=FAST_DIAG_MAX_SPREAD, **common,
+            **common,
         )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)

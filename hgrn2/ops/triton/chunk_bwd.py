@@ -2,15 +2,17 @@
 
 Both walk a sequence BT (16) tokens at a time per (V-block, sequence·head), like the forward kernel.
 
-1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes dq_inter = e^{b} ⊙ (dy S) [BT, K] (fp32,
-   one slice per V-block; it is the only term of the backward that needs the forward state).
+1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes P = dy S [BT, K] (fp32, one slice per
+   V-block; dq's state term is e^{b} ⊙ P, the only term of the backward that needs the forward state).
 2. `hgrn2_bwd_kernel` walks backwards carrying dS [BV, K] (the gradient of the state after the sub-block):
 
-       dq = dq_inter + diag part          dk = e^{b_last − b} ⊙ (v dS) + diag part
+       dq = e^{b} ⊙ P + diag part         dk = e^{b_last − b} ⊙ (v dS) + diag part
        dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy          dS ← dS ⊙ e^{b_last} + dyᵀ (q ⊙ e^{b})
 
    and the gradient of log f by the GLA identity, d log f_t = Σ_{t' ≥ t} (q ⊙ dq − k ⊙ dk)_{t'} + Σ_v dS_T ⊙ S_T
-   (a reverse running sum carried across sub-blocks; the last term is the final state's share). It then
+   (a reverse running sum carried across sub-blocks; the last term is the final state's share). Its terms
+   cancel pair by pair, so each is formed from the dot operands as rounded (k e^{b_last − b} in S, q e^{b}
+   in dS; see `_diag_grads` for the diagonal block): the running sum then carries fp32 rounding only. It then
    chains through the activations and the gate, dg = dlogf·∂log f/∂g + dk·∂k/∂g (and the same for β), and
    writes do, dg (per V-block partial sums when V is split), di, the β partial sums and d initial_state.
 """
@@ -18,7 +20,7 @@ Both walk a sequence BT (16) tokens at a time per (V-block, sequence·head), lik
 import triton
 import triton.language as tl
 
-from ._common import _act, _act_and_grad, _diag_block, _diag_grads, _gates, _load_beta, _seq_bounds, _tile
+from ._common import _act, _act_and_grad, _diag_block, _diag_grads, _gates, _load_beta, _seq_bounds, _tile, _w_end
 
 
 @triton.jit
@@ -26,7 +28,7 @@ def hgrn2_bwd_dq_kernel(
     g, i, lb, h0, dy, dq, cu_seqlens, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -61,11 +63,11 @@ def hgrn2_bwd_dq_kernel(
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
 
-        # fp32 operands (SPREC): dq_inter feeds the cross-block running sum of d log f (see hgrn2_bwd_kernel)
-        d = tl.exp(b) * tl.dot(dy_t.to(tl.float32), S, input_precision=SPREC)
-        tl.store(dq_base + offk, d, mask=mtk)
+        # fp32 operands (SPREC): P feeds the cross-block running sum of d log f (see hgrn2_bwd_kernel)
+        tl.store(dq_base + offk, tl.dot(dy_t.to(tl.float32), S, input_precision=SPREC), mask=mtk)
 
-        ke = (k * tl.exp(b_last[None, :] - b)).to(DT)
+        # the same rounded operand as the forward's and the reverse sweep's state update
+        ke = (k * _w_end(b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
         S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v), ke, input_precision=PREC)
 
 
@@ -128,31 +130,35 @@ def hgrn2_bwd_kernel(
         spread = -tl.min(b_last)
         A, eb, w_end = _diag_block(q, k, b, b_last, spread, MAX_SPREAD, DT, PREC)
         dS_c = dS.to(DT)
+        ke = (k * w_end).to(DT)  # S's operand in the forward sweeps, dS's partner below
+        qe = (q * eb).to(DT)  # dS's operand
 
         # dv = (k ⊙ e^{b_last − b}) dSᵀ + Aᵀ dy, stored at once (each result is written as soon as it is
         # complete, to keep few [BT, K] tiles alive)
-        b_dv = tl.dot((k * w_end).to(DT), tl.trans(dS_c), input_precision=PREC)
+        b_dv = tl.dot(ke, tl.trans(dS_c), input_precision=PREC)
         b_dv += tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
         tl.store(di + offv, (b_dv * dv_act).to(di.dtype.element_ty), mask=mtv)
 
         # dq, dk: the diagonal block plus the state terms (dq's came from the forward sweep)
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
-        dq_d, dk_d = _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
-        dq_s = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)
-        dk_s = w_end * tl.dot(v.to(tl.float32), dS, input_precision=SPREC)
-        b_dq = dq_s + dq_d
+        dq_d, dk_d, db_d = _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
+        P = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)  # dy S
+        vdS = tl.dot(v.to(tl.float32), dS, input_precision=SPREC)
+        b_dq = eb * P + dq_d
         tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
-        b_dk = dk_s + dk_d
-        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), (q * eb).to(DT), input_precision=PREC)
+        b_dk = w_end * vdS + dk_d
+        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_do), qe, input_precision=PREC)
 
-        # d log f: reverse running sum of q ⊙ dq − k ⊙ dk. The diagonal block's share sums to exactly 0 over
-        # the block (A depends on b only through differences), so only the state terms — from fp32 operands —
-        # are carried across blocks: low-precision rounding of the diagonal terms then stays inside its block
-        # instead of accumulating over the whole sequence through cancellation.
-        db = q * b_dq - k * b_dk
+        # d log f: reverse running sum of q ⊙ dq − k ⊙ dk. A pair (s earlier, t later) enters the state terms
+        # as (q e^{b})_t·dy_t·S ∋ v_s (k e^{b_last − b})_s and as (k e^{b_last − b})_s·v_s·dS ∋ dy_t (q e^{b})_t,
+        # so with both factors taken as the rounded dot operands the pair cancels to fp32 rounding wherever
+        # both ends lie past t. The diagonal block's share sums to 0 over the block, so only the state terms
+        # are carried across blocks.
+        db_s = qe.to(tl.float32) * P - ke.to(tl.float32) * vdS
+        db = db_s + db_d
         b_dlogf = (dlogf_carry + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
-        dlogf_carry += tl.sum(q * dq_s - k * dk_s, 0)
+        dlogf_carry += tl.sum(db_s, 0)
 
         # chain rule to g and β. f = β + (1 − β)σ(g), k = 1 − f: dL/df = dlogf / f − dk, ∂f/∂g = kσ(g),
         # ∂f/∂β = σ(−g); kσ(g)/f ≤ 1 stays bounded (0 only where f underflowed, and then dlogf ≈ 0 too)

@@ -7,8 +7,6 @@ of the forward op (saved for the backward, not recomputed), with a static upper-
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -39,8 +37,7 @@ FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/
 
 def _dot_dtype(o, i):
     if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
-        # Triton's CPU interpreter computes bf16 tl.dot wrongly (Triton 3.9): fp32 operands there
-        return (tl.float32, "ieee") if os.environ.get("TRITON_INTERPRET") == "1" else (tl.bfloat16, "tf32")
+        return tl.bfloat16, "tf32"
     if torch.float32 in (o.dtype, i.dtype):
         return tl.float32, FP32_DOT_PRECISION
     return tl.float32, "tf32"  # fp16: e^{±60} factors need fp32's range

@@ -159,20 +159,25 @@ def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_
                 HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """One K-block of `cp_bwd_kernel`'s dq, dk, d log f and the stores of do, dg and the β partial sums."""
     NB: tl.constexpr = BT // 16
-    # intra-chunk dq, dk from dA
+    # intra-chunk dq, dk from dA, and their share of d log f's sum, q ⊙ dq − k ⊙ dk: its pairs cancel (the
+    # sum over the chunk is 0), so the share is formed from the rounded dot operands that carry each pair
+    # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)
     if spread < MAX_SPREAD:
         qt = q * ec
-        kt = k * enc
+        kt = (k * enc).to(DT)
         dq_i = tl.zeros([BT, BK], dtype=tl.float32)
         dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+        db_i = tl.zeros([BT, BK], dtype=tl.float32)
         # sub-block j of the sources: mask the K-block side, not dA (a masked dA would be loop-invariant,
         # and the compiler would keep NB converted copies of it alive across the K loop)
         for j in tl.static_range(NB):
             Ej = _sub_decay(r, j, BT, BK)
-            kt_j = tl.where((blk == j)[:, None], kt, 0.0).to(DT)
-            dq_i += Ej * tl.dot(dA, kt_j, input_precision=PREC)
-            dk_i += tl.where((blk == j)[:, None],
-                             tl.dot(tl.trans(dA), (qt * Ej).to(DT), input_precision=PREC), 0.0)
+            qt_j = (qt * Ej).to(DT)
+            dq_j = tl.dot(dA, tl.where((blk == j)[:, None], kt, 0.0), input_precision=PREC)
+            dq_i += Ej * dq_j
+            db_i += qt_j.to(tl.float32) * dq_j
+            dk_i += tl.where((blk == j)[:, None], tl.dot(tl.trans(dA), qt_j, input_precision=PREC), 0.0)
+        db_i -= kt.to(tl.float32) * dk_i
         dq_i = dq_i * ec
         dk_i = dk_i * enc
     else:
@@ -188,11 +193,13 @@ def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_
             b_j = _row(b, rows, j)
             wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
             dk_i += _row(dAf, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
+        db_i = q * dq_i - k * dk_i
 
     # state terms (operands in the dot dtype: h and dh are stored in it anyway)
     h_t = tl.load(h + s_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
     eb = ec * _expand_rows(tl.exp(r), BT, BK)
-    b_dq = eb * tl.dot(b_do, h_t.to(DT), input_precision=PREC) + dq_i
+    dq_s = eb * tl.dot(b_do, h_t.to(DT), input_precision=PREC)
+    b_dq = dq_s + dq_i
     dk_s = w_end * tl.dot(v_c, dh_c, input_precision=PREC)
     b_dk = dk_s + dk_i
     _, dq_act = _act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
@@ -200,7 +207,7 @@ def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_
 
     # d log f: reverse cumsum within the chunk + the end state's share
     tail = tl.exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(k * dk_s, 0)
-    db = q * b_dq - k * b_dk
+    db = q * dq_s - k * dk_s + db_i
     b_dlogf = (tail + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
     # σ(±g), f recomputed from a reloaded tile (fewer live registers)
     g_2 = tl.load(g + offk, mask=mtk, other=0.0)
