@@ -4,6 +4,7 @@
 # Steps (in the order given):
 #   tests  the kernel tests on the GPU                       -> $OUT/gpu_tests.log
 #   accuracy benchmarks/gpu_accuracy.py (errors per tensor) -> $OUT/accuracy.{txt,json}
+#   convert benchmarks/gpu_convert_fla.py (fla checkpoint)   -> $OUT/convert/
 #   cp     benchmarks/gpu_cp_check.py (kernel check/timing)  -> $OUT/cp/
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar/ (MQAR_MINUTES, default 6)
@@ -16,7 +17,9 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 
 if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  # once per machine (several suites may run side by side: correctness steps can share the GPU, timings not)
+  [ -d /tmp/site/fla ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -39,11 +42,16 @@ for step in $STEPS; do
       echo "pytest exit code $? (124 = timed out)"
       tail -n 15 "$OUT/gpu_tests.log" ;;
     accuracy)  # rel L2 of every output/gradient vs the fp64 reference, per kernel, dtype and shape
-      timeout 200 python3 benchmarks/gpu_accuracy.py ${ACCURACY_ARGS:-} --out "$OUT/accuracy.json" > "$OUT/accuracy.txt" 2>&1
+      timeout "${ACCURACY_TIMEOUT:-200}" python3 benchmarks/gpu_accuracy.py ${ACCURACY_ARGS:-} --out "$OUT/accuracy.json" > "$OUT/accuracy.txt" 2>&1
       echo "accuracy exit code $?"
       cat "$OUT/accuracy.txt" ;;
+    convert)  # fla's HGRN2 with random weights → ours: logits (fp32, bf16) and greedy generations
+      timeout "${CONVERT_TIMEOUT:-300}" python3 benchmarks/gpu_convert_fla.py --out "$OUT/convert" \
+        > "$OUT/convert.txt" 2>&1
+      echo "convert exit code $?"
+      tail -n 12 "$OUT/convert.txt" ;;
     cp)
-      timeout 250 python3 benchmarks/gpu_cp_check.py --out "$OUT/cp" > "$OUT/cp_check.txt" 2>&1
+      timeout "${CP_TIMEOUT:-250}" python3 benchmarks/gpu_cp_check.py --out "$OUT/cp" > "$OUT/cp_check.txt" 2>&1
       echo "cp check exit code $?"
       tail -n 40 "$OUT/cp_check.txt" ;;
     bench)
