@@ -49,6 +49,10 @@ def fla_model(args):
     return model.to(args.device).eval()
 
 
+def log(t0, what):
+    print(f"[{time.time() - t0:6.1f} s] {what}", flush=True)
+
+
 def first_difference(a, b):
     diff = (a != b).nonzero()
     return None if len(diff) == 0 else int(diff[:, 1].min())
@@ -79,16 +83,22 @@ def main():
         ours = HGRN2ForCausalLM.from_pretrained(Path(tmp) / "ours").to(args.device).eval()
         oracle = HGRN2ForCausalLM.from_pretrained(Path(tmp) / "ours", backend="reference",
                                                   dtype=torch.float64).to(args.device).eval()
+    log(t0, "models built and converted")
     torch.manual_seed(1)
     ids = torch.randint(0, args.vocab, (2, args.prompt_len), device=args.device)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         fla_m, ours_m = ref_fla.to(dtype), ours.to(dtype)
         want = oracle.to(dtype).to(torch.float64)(ids).logits
-        a, b = fla_m(ids).logits, ours_m(ids).logits
+        a = fla_m(ids).logits
+        log(t0, f"{dtype}: fla logits")
+        b = ours_m(ids).logits
+        log(t0, f"{dtype}: our logits")
         mask = torch.ones_like(ids)
         ga = fla_m.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False)
+        log(t0, f"{dtype}: fla generate")
         gb = ours_m.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False)
+        log(t0, f"{dtype}: our generate")
         row = {"dtype": str(dtype).removeprefix("torch."), "fla_vs_fp64": rel(a, want),
                "ours_vs_fp64": rel(b, want), "ours_vs_fla": rel(b, a),
                "greedy_equal": bool(torch.equal(ga, gb)), "first_differing_position": first_difference(ga, gb),

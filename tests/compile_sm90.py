@@ -1,6 +1,10 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
-Run as a script in a process without TRITON_INTERPRET: `python tests/compile_sm90.py recurrent|hgrn1|cp|cp-default`.
+Run as a script in a process without TRITON_INTERPRET:
+`python tests/compile_sm90.py recurrent|hgrn1|chunk|chunk-default|cp|cp-default`. Triton versions differ in
+what they reject (3.6, on the GPU machines, refuses a `return` inside a branch on a runtime value; 3.9 takes
+it): to check against another version, `pip install --target /tmp/t36 --no-deps triton==3.6.0` and put
+/tmp/t36 first on PYTHONPATH.
 Exits non-zero and prints the compiler error if any variant fails. The `cp` group also prints registers and
 spills (bundled `ptxas -v` on the PTX) and compile times.
 """
@@ -64,6 +68,36 @@ def hgrn1_variants():
                      dlb="*fp32", end="*fp32", cu_seqlens="*i64", **({"dth": "*fp32"} if cplx == 2 else {}))
         yield (f"bwd pass 3 cplx={cplx}", m._bwd_kernel, {**base, **grads},
                dict(common, HAS_H0=True, HAS_DIN=True, LOCAL=False, IS_VARLEN=True))
+
+
+def chunk_variants():
+    """The sequential chunk kernels (chunk_fwd.py, chunk_bwd.py): bf16 at K = V = 128 and 64 with chunk.py's
+    block sizes, fp32 (ieee dots) and fp16 (fp32 operands, tf32), varlen and the optional inputs once."""
+    import triton.language as tl
+
+    from hgrn2.ops.triton import chunk_bwd as b
+    from hgrn2.ops.triton import chunk_fwd as f
+    for dt, DT, prec, sprec, KV, BV, warps in (("bf16", tl.bfloat16, "tf32", "tf32x3", 128, 128, 8),
+                                                ("bf16", tl.bfloat16, "tf32", "tf32x3", 64, 64, 4),
+                                                ("fp32", tl.float32, "ieee", "ieee", 128, 64, 8),
+                                                ("fp16", tl.float32, "tf32", "tf32x3", 128, 64, 8)):
+        for full in (True, False):
+            common = dict(H=16, K=KV, V=KV, BT=16, BK=KV, BV=BV, HAS_LB=full, VARLEN=not full, MAX_SPREAD=60.0,
+                          DT=DT, PREC=prec)
+            opt = dict(lb="*fp32", h0="*fp32") if full else dict(cu_seqlens="*i32")
+            sfx = f"{dt} K=V={KV} BV={BV} w={warps} full={full}"
+            yield (f"fwd {sfx}", f.hgrn2_fwd_kernel,
+                   dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", y=f"*{dt}", ht="*fp32", scale="fp32", T="i32", **opt),
+                   dict(common, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
+            yield (f"bwd_dq {sfx}", b.hgrn2_bwd_dq_kernel,
+                   dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dq="*fp32", T="i32", NTOK="i32", **opt),
+                   dict(common, I_ACT=1, HAS_H0=full, SPREC=sprec), warps)
+            pdt = dt if BV == KV else "fp32"
+            grads = dict(dlb="*fp32", dh0="*fp32", dht="*fp32") if full else {}
+            yield (f"bwd {sfx}", b.hgrn2_bwd_kernel,
+                   dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dq_inter="*fp32", ht="*fp32",
+                        do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", scale="fp32", T="i32", NTOK="i32", **opt, **grads),
+                   dict(common, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
 
 
 def cp_variants():
@@ -146,6 +180,11 @@ def cp_variants():
                     DV=True, DQK=True), 8 if dt == "bf16" else 4)
 
 
+def chunk_default_variants():
+    """The three chunk kernels at chunk.py's defaults for bf16, K = V = 128 (a quick check for the test suite)."""
+    return (v for v in chunk_variants() if v[0].endswith("bf16 K=V=128 BV=128 w=8 full=True"))
+
+
 def cp_default_variants():
     """The four cp kernels at cp.py's defaults for bf16, K = V = 128 (a quick check for the test suite)."""
     keep = ("fwd_h bf16 K=V=128 BK=64 BV=128 w=8", "bwd_dh bf16 K=V=128 BK=64 BV=128 w=8",
@@ -173,14 +212,15 @@ def ptxas_stats(compiled) -> str:
 
 if __name__ == "__main__":
     group = sys.argv[1]
-    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "cp": cp_variants,
+    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "chunk": chunk_variants,
+                "chunk-default": chunk_default_variants, "cp": cp_variants,
                 "cp-default": cp_default_variants}[group]
     failed = 0
     for name, kernel, types, consts, *w in variants():
         try:
             t = time.time()
             compiled = compile_variant(kernel, types, consts, *w)
-            if group == "cp":
+            if group in ("cp", "chunk"):
                 print(f"ok {name}: {time.time() - t:.1f} s {ptxas_stats(compiled)}", flush=True)
                 continue
             print("ok", name)

@@ -122,10 +122,12 @@ def _w_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
     """e^{b_last − b} [BT, K], the decay from each row to the sub-block's end, computed exactly as
     `_diag_block` does (its fast path reuses e^{−b}): the state updates of the forward and of both backward
     sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see `_diag_grads`)."""
+    # one return after the branch: Triton 3.6 cannot lower returns inside a branch on a runtime value
     if spread < MAX_SPREAD:
-        return tl.exp(b_last)[None, :] * tl.exp(-b)
+        w = tl.exp(b_last)[None, :] * tl.exp(-b)
     else:
-        return tl.exp(b_last[None, :] - b)
+        w = tl.exp(b_last[None, :] - b)
+    return w
 
 
 @triton.jit
