@@ -80,7 +80,7 @@ def chunk_variants():
     for dt, DT, prec, sprec, KV, BV, warps in (("bf16", tl.bfloat16, "tf32", "tf32x3", 128, 128, 8),
                                                 ("bf16", tl.bfloat16, "tf32", "tf32x3", 64, 64, 4),
                                                 ("fp32", tl.float32, "ieee", "ieee", 128, 64, 8),
-                                                ("fp16", tl.float32, "tf32", "tf32x3", 128, 64, 8)):
+                                                ("fp16", tl.float32, "tf32x3", "tf32x3", 128, 64, 8)):
         for full in (True, False):
             common = dict(H=16, K=KV, V=KV, BT=16, BK=KV, BV=BV, HAS_LB=full, VARLEN=not full, MAX_SPREAD=60.0,
                           DT=DT, PREC=prec)

@@ -48,8 +48,10 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, split_below: flo
         dt, prec = tl.bfloat16, "tf32"
     elif torch.float32 in (o.dtype, i.dtype):
         dt, prec = tl.float32, FP32_DOT_PRECISION
-    else:  # fp16: its 5-bit exponent cannot hold the e^{±60} factors of the diagonal block; tf32 can
-        dt, prec = tl.float32, "tf32"
+    else:  # fp16: its 5-bit exponent cannot hold the e^{±60} factors of the diagonal block, so fp32 operands;
+        # 3 tf32 passes, not 1: d log f's pairs cancel only if each factor enters both sides as the same value,
+        # and a single tf32 pass truncates inside the MMA (dβ was off by 5e-2 on an H100)
+        dt, prec = tl.float32, "tf32x3"
     BK = max(16, triton.next_power_of_2(K))
     # fp32 dot operands take twice the registers: half the V-block
     BV = max(16, min(triton.next_power_of_2(V), MAX_BV, (16384 if dt == tl.bfloat16 else 8192) // BK))
