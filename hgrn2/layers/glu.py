@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from ..ops.swiglu import swiglu
 
 
 def glu_intermediate_size(hidden_size: int, hidden_ratio: float | None = 4) -> int:
@@ -32,4 +33,4 @@ class GLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))

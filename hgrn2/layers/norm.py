@@ -1,10 +1,12 @@
-"""Normalisation layers that compute in (at least) float32 whatever the input dtype, as fla's fused kernels do."""
+"""Normalisation layers that compute in (at least) float32 whatever the input dtype, as fla's fused kernels do,
+and keep only their input and per-row statistics for the backward (`hgrn2.ops.norm`)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from ..ops.norm import layer_norm, rms_norm
 
 NORMS = ("rmsnorm", "layernorm", None)
 
@@ -21,10 +23,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dt = torch.promote_types(x.dtype, torch.float32)  # fp32 for half inputs, fp64 stays fp64
-        xf = x.to(dt)
-        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(dt)).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
@@ -34,10 +33,7 @@ class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm computed in float32, returned in the input's dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dt = torch.promote_types(x.dtype, torch.float32)
-        w = None if self.weight is None else self.weight.to(dt)
-        b = None if self.bias is None else self.bias.to(dt)
-        return F.layer_norm(x.to(dt), self.normalized_shape, w, b, self.eps).to(x.dtype)
+        return layer_norm(x, self.weight, self.bias, self.eps)
 
 
 def build_norm(kind: str | None, hidden_size: int, eps: float) -> nn.Module:

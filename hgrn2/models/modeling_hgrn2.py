@@ -43,12 +43,22 @@ class HGRN2Block(nn.Module):
             self.mlp = GLU(d, config.hidden_ratio, config.intermediate_size, config.hidden_act)
 
     def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
-        y, state = self.attn(self.attn_norm(x), lower_bound=lower_bound, state=state, use_cache=use_cache,
-                             attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+        y, state = self.attn(_autocast_once(self.attn_norm(x)), lower_bound=lower_bound, state=state,
+                             use_cache=use_cache, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
         x = x + y
         if self.mlp is not None:
-            x = x + self.mlp(self.mlp_norm(x))
+            x = x + self.mlp(_autocast_once(self.mlp_norm(x)))
         return x, state
+
+
+def _autocast_once(h: torch.Tensor) -> torch.Tensor:
+    """Under autocast, the normalised fp32 residual in the autocast dtype. Its consumers are projections, which
+    autocast would cast to that dtype anyway, one copy each (three in the token mixer, two in the MLP), every
+    copy kept for the backward; cast once, they share one."""
+    kind = h.device.type
+    if h.dtype == torch.float32 and torch.is_autocast_enabled(kind):
+        return h.to(torch.get_autocast_dtype(kind))
+    return h
 
 
 class HGRN2PreTrainedModel(PreTrainedModel):

@@ -1,0 +1,79 @@
+"""RMSNorm and LayerNorm over the last dim, computed in (at least) float32, that keep little for the backward.
+
+Written as the obvious composite (upcast, statistics, scale), autograd would save the float32 copy of the input
+and the float32 normalised tensor: two full-size fp32 tensors per norm, three norms per HGRN2 layer, most of a
+training step's activation memory (`benchmarks/saved_activations.py`). These functions save the input in its
+own dtype and the per-row statistics, and recompute the normalised tensor in the backward (one element-wise
+pass). The forward arithmetic is the composite's, operation for operation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)  # fp32 for half inputs, fp64 stays fp64
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        dt = _compute_dtype(x)
+        xf = x.to(dt)
+        rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * weight.to(dt)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dt = rstd.dtype
+        xhat, dyf = x.to(dt) * rstd, dy.to(dt)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            g = dyf * weight.to(dt)
+            dx = (rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = (dyf * xhat).reshape(-1, xhat.shape[-1]).sum(0).to(weight.dtype)
+        return dx, dw, None
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        dt = _compute_dtype(x)
+        w = None if weight is None else weight.to(dt)
+        b = None if bias is None else bias.to(dt)
+        y, mean, rstd = torch.native_layer_norm(x.to(dt), x.shape[-1:], w, b, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dt = rstd.dtype
+        w = None if weight is None else weight.to(dt)
+        b = None if bias is None else bias.to(dt)
+        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1],
+                bias is not None and ctx.needs_input_grad[2]]
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy.to(dt), x.to(dt), x.shape[-1:], mean, rstd, w, b,
+                                                               mask)
+        return (None if dx is None else dx.to(x.dtype), None if dw is None else dw.to(weight.dtype),
+                None if db is None else db.to(bias.dtype), None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] / sqrt(mean(x², -1) + eps) · weight [D], in float32 (fp64 for fp64 x), returned in x's dtype."""
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"`weight`: expected shape {tuple(x.shape[-1:])} (x's last dim), got {tuple(weight.shape)}")
+    return _RMSNorm.apply(x, weight, eps)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """F.layer_norm over x's last dim [D] with optional weight, bias [D], in float32 (fp64 for fp64 x), returned
+    in x's dtype."""
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and p.shape != x.shape[-1:]:
+            raise ValueError(f"`{name}`: expected shape {tuple(x.shape[-1:])} (x's last dim), got {tuple(p.shape)}")
+    return _LayerNorm.apply(x, weight, bias, eps)
