@@ -54,7 +54,9 @@ class HGRN2Block(nn.Module):
 def _autocast_once(h: torch.Tensor) -> torch.Tensor:
     """Under autocast, the normalised fp32 residual in the autocast dtype. Its consumers are projections, which
     autocast would cast to that dtype anyway, one copy each (three in the token mixer, two in the MLP), every
-    copy kept for the backward; cast once, they share one."""
+    copy kept for the backward; cast once, they share one. The forward is unchanged; the consumers' input
+    gradients are then summed in the autocast dtype before the cast back (as for any low-precision activation
+    with several consumers)."""
     kind = h.device.type
     if h.dtype == torch.float32 and torch.is_autocast_enabled(kind):
         return h.to(torch.get_autocast_dtype(kind))

@@ -19,15 +19,13 @@ class _SwiGLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        # the composite's backward, op for op (so its gradients bit for bit), with silu(g) recomputed
         g, u = ctx.saved_tensors
-        dt = torch.promote_types(g.dtype, torch.float32)  # as silu's own backward: float32 arithmetic
-        gf, uf, dyf = g.to(dt), u.to(dt), dy.to(dt)
-        s = torch.sigmoid(gf)
         dg = du = None
         if ctx.needs_input_grad[0]:
-            dg = (dyf * uf * (s * (1 + gf * (1 - s)))).to(g.dtype)
+            dg = torch.ops.aten.silu_backward(dy * u, g)
         if ctx.needs_input_grad[1]:
-            du = (dyf * (gf * s)).to(u.dtype)
+            du = dy * F.silu(g)
         return dg, du
 
 def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
