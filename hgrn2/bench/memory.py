@@ -14,13 +14,14 @@ import torch
 def saved_tensor_bytes(step, device_type: str,
                        autocast_dtype: torch.dtype | None = torch.bfloat16) -> collections.Counter:
     """Run `step()` (forward and backward) and return {"dtype (shape)": bytes} of every tensor autograd saved,
-    each storage counted once (views of one storage share it); under autocast unless `autocast_dtype` is None."""
+    each storage counted once (views of one storage share it), parameters left out (they exist anyway); under
+    autocast unless `autocast_dtype` is None."""
     seen, by_kind = set(), collections.Counter()
 
     def pack(t):
         storage = t.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if key not in seen and t.numel() > 0:
+        if key not in seen and t.numel() > 0 and not isinstance(t, torch.nn.Parameter):
             seen.add(key)
             by_kind[f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"] += storage.nbytes()
         return t

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..ops.swiglu import swiglu
+from ..ops.swiglu import swiglu_linear
 
 
 def glu_intermediate_size(hidden_size: int, hidden_ratio: float | None = 4) -> int:
@@ -33,4 +33,5 @@ class GLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        # down_proj's weights through swiglu_linear: the backward recomputes silu(g) · u instead of keeping it
+        return swiglu_linear(self.gate_proj(x), self.up_proj(x), self.down_proj.weight, self.down_proj.bias)
