@@ -76,6 +76,8 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    if args.device == "cpu":  # fla's kernels in Triton's interpreter: make it round bf16 as a GPU does
+        import hgrn2.ops.triton  # noqa: F401
     # a correctness check: fla's autotuner (minutes of compiling and timing configs on a cold cache, and it
     # cannot time at all in Triton's CPU interpreter) takes each kernel's first config instead
     import triton.runtime.autotuner as autotuner

@@ -109,6 +109,34 @@ def test_convert_refuses_clearly(tmp_path, changes, match):
         convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
 
 
+@torch.no_grad()
+def test_convert_bf16_logits_and_greedy(tmp_path):
+    """bf16, fla's own initialisation (std 0.02) with random lower bounds and norm weights: logits within 1e-2
+    of fla's and the same greedy tokens. On the CPU fla's kernels run in Triton's interpreter, which
+    `hgrn2.ops.triton` makes round bf16 as a GPU does (its truncating casts would double fla's error)."""
+    import hgrn2.ops.triton  # noqa: F401  (applies the interpreter fix)
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = fla_models.HGRN2Config(vocab_size=1000, hidden_size=256, num_hidden_layers=2, expand_ratio=64,
+                                 fuse_cross_entropy=False)
+    torch.manual_seed(0)
+    ref = fla_models.HGRN2ForCausalLM(cfg).eval()
+    for name, p in ref.named_parameters():
+        if "lower_bounds" in name:
+            p.copy_(torch.randn_like(p))
+        elif "norm" in name:
+            p.copy_(1 + 0.2 * torch.randn_like(p))
+    ref.save_pretrained(tmp_path / "fla")
+    convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
+    ours = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.bfloat16).to(dev).eval()
+    ref = ref.to(dev, torch.bfloat16)
+    ids = torch.randint(0, 1000, (2, 64), device=dev)
+    assert rel_err(ours(ids).logits, ref(ids).logits) <= 1e-2
+    mask = torch.ones_like(ids)
+    want = ref.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    assert torch.equal(ours.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False), want)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.no_grad()
