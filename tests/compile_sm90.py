@@ -90,12 +90,12 @@ def chunk_variants():
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", y=f"*{dt}", ht="*fp32", scale="fp32", T="i32", **opt),
                    dict(common, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
             yield (f"bwd_dq {sfx}", b.hgrn2_bwd_dq_kernel,
-                   dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dq="*fp32", T="i32", NTOK="i32", **opt),
+                   dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", T="i32", NTOK="i32", **opt),
                    dict(common, I_ACT=1, HAS_H0=full, SPREC=sprec), warps)
             pdt = dt if BV == KV else "fp32"
             grads = dict(dlb="*fp32", dh0="*fp32", dht="*fp32") if full else {}
             yield (f"bwd {sfx}", b.hgrn2_bwd_kernel,
-                   dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dq_inter="*fp32", ht="*fp32",
+                   dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32",
                         do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", scale="fp32", T="i32", NTOK="i32", **opt, **grads),
                    dict(common, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
 

@@ -22,7 +22,7 @@ ACTS = {None: 0, "silu": 1, "sigmoid": 2}
 # ~fp32 accuracy, compiles far leaner), "tf32" (~1e-3 relative)
 FP32_DOT_PRECISION = "ieee"
 # tokens per sequential step (16 or 32): fewer, larger steps vs more registers per tile. The two backward
-# sweeps must share one (dq_inter is split at the same block boundaries); the forward is independent.
+# sweeps must share one (dys = dy S is split at the same block boundaries); the forward is independent.
 BLOCK_T_FWD = 16
 BLOCK_T_BWD = 16
 MAX_BV = 128  # widest V-block per program; V is split into ceil(V / BV) programs
@@ -113,21 +113,21 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     common = dict(H=H, K=K, V=V, BT=BLOCK_T_BWD, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
                   VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, SPREC=sprec,
                   num_warps=warps)
-    dq_inter = o.new_empty(NV, B, T, H, K, dtype=torch.float32)  # P = dy S of the forward sweep
+    dys = o.new_empty(NV, B, T, H, K, dtype=torch.float32)  # dy S, from the forward sweep
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
     else:  # per-V-block partial sums, added below
-        do, dg = torch.empty_like(dq_inter), torch.empty_like(dq_inter)
+        do, dg = torch.empty_like(dys), torch.empty_like(dys)
     di = torch.empty_like(i)
     dlb = o.new_empty(NV, N, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
     with _device(o):
         hgrn2_bwd_dq_kernel[(NV, N * H)](
-            g, i, lower_bound, initial_state, dy, dq_inter, cu_seqlens, T, ntok,
+            g, i, lower_bound, initial_state, dy, dys, cu_seqlens, T, ntok,
             I_ACT=i_act, HAS_H0=initial_state is not None, **common,
         )
         hgrn2_bwd_kernel[(NV, N * H)](
-            o, g, i, lower_bound, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
+            o, g, i, lower_bound, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
             O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None,
             **common,
         )

@@ -2,7 +2,7 @@
 
 Both walk a sequence BT (16) tokens at a time per (V-block, sequence·head), like the forward kernel.
 
-1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes P = dy S [BT, K] (fp32, one slice per
+1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes dys = P = dy S [BT, K] (fp32, one slice per
    V-block; dq's state term is e^{b} ⊙ P, the only term of the backward that needs the forward state).
 2. `hgrn2_bwd_kernel` walks backwards carrying dS [BV, K] (the gradient of the state after the sub-block):
 
@@ -25,7 +25,7 @@ from ._common import _act, _act_and_grad, _diag_block, _diag_grads, _gates, _loa
 
 @triton.jit
 def hgrn2_bwd_dq_kernel(
-    g, i, lb, h0, dy, dq, cu_seqlens, T, NTOK,
+    g, i, lb, h0, dy, dys, cu_seqlens, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr,
     MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
@@ -42,7 +42,7 @@ def hgrn2_bwd_dq_kernel(
         S = tl.load(h0 + s_off, mask=s_mask, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BV, BK], dtype=tl.float32)
-    dq_base = dq + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
+    dys_base = dys + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
 
     offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
@@ -64,7 +64,7 @@ def hgrn2_bwd_dq_kernel(
         b_last = tl.sum(a, 0)
 
         # fp32 operands (SPREC): P feeds the cross-block running sum of d log f (see hgrn2_bwd_kernel)
-        tl.store(dq_base + offk, tl.dot(dy_t.to(tl.float32), S, input_precision=SPREC), mask=mtk)
+        tl.store(dys_base + offk, tl.dot(dy_t.to(tl.float32), S, input_precision=SPREC), mask=mtk)
 
         # the same rounded operand as the forward's and the reverse sweep's state update
         ke = (k * _w_end(b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
@@ -73,7 +73,7 @@ def hgrn2_bwd_dq_kernel(
 
 @triton.jit
 def hgrn2_bwd_kernel(
-    o, g, i, lb, dy, dq_inter, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, NTOK,
+    o, g, i, lb, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
@@ -96,7 +96,7 @@ def hgrn2_bwd_kernel(
         dS = tl.zeros([BV, BK], dtype=tl.float32)
         dlogf_carry = tl.zeros([BK], dtype=tl.float32)
     dlb_acc = tl.zeros([BK], dtype=tl.float32)
-    part = i_v.to(tl.int64) * NTOK * H * K  # offset of this V-block's slice in dq_inter and partial do/dg
+    part = i_v.to(tl.int64) * NTOK * H * K  # offset of this V-block's slice in dys and partial do/dg
 
     # walk the sub-blocks last to first, loading the previous one while this one computes
     t_last = bos + (tl.cdiv(eos - bos, BT) - 1) * BT
@@ -143,7 +143,7 @@ def hgrn2_bwd_kernel(
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
         dq_d, dk_d, db_d = _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
-        P = tl.load(dq_inter + part + offk, mask=mtk, other=0.0)  # dy S
+        P = tl.load(dys + part + offk, mask=mtk, other=0.0)  # dy S
         vdS = tl.dot(v.to(tl.float32), dS, input_precision=SPREC)
         b_dq = eb * P + dq_d
         tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
