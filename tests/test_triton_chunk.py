@@ -208,8 +208,7 @@ def hard_time_limit():
 
 @gpu
 @pytest.mark.parametrize("K,V", [(64, 64), (128, 128), (256, 256), (128, 64)])
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4),
-                                       (torch.bfloat16, 2e-2), (torch.float16, 2e-2)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2), (torch.float16, 2e-2)])
 def test_gpu_head_sizes(K, V, dtype, tol):
     inputs = make_inputs(2, 300, 2, K, V, n_states=2, dtype=dtype)
     kw = dict(scale=K ** -0.5, o_act="silu", output_final_state=True)
