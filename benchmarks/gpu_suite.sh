@@ -10,6 +10,8 @@
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar/ (MQAR_MINUTES, default 6)
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 # Installs only wheels carried in .whl/ (no internet on the GPU machine); runs the package from the checkout.
+# Triton's autotuning results go to $OUT/triton-autotune.tar; extract it into .triton-autotune/ here and carry
+# that folder, and the next machine (same GPU kind and Triton) skips the autotuning (fla's takes minutes).
 set -uo pipefail
 OUT=${OUT:-/tmp/hgrn2_out}
 STEPS=${STEPS:-tests bench}
@@ -25,6 +27,13 @@ export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 # Triton keeps autotuning results on disk, so fla's kernels tune once per call, not once per process
 export TRITON_CACHE_AUTOTUNING=1
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
+mkdir -p "$TRITON_CACHE_DIR"
+[ -d .triton-autotune ] && cp -rn .triton-autotune/. "$TRITON_CACHE_DIR/"
+save_autotune() {  # one file: the device tool brings back only a few files per call
+  (cd "$TRITON_CACHE_DIR" && find . -name "*.autotune.json" | tar -cf "$OUT/triton-autotune.tar" -T -)
+}
+trap save_autotune EXIT
 
 echo "== environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
