@@ -1,7 +1,7 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
 Run as a script in a process without TRITON_INTERPRET:
-`python tests/compile_sm90.py recurrent|hgrn1|chunk|chunk-default|cp|cp-default`. Triton versions differ in
+`python tests/compile_sm90.py recurrent|hgrn1|chunk|chunk-default|cp|cp-default|glue`. Triton versions differ in
 what they reject (3.6, on the GPU machines, refuses a `return` inside a branch on a runtime value; 3.9 takes
 it): to check against another version, `pip install --target /tmp/t36 --no-deps triton==3.6.0` and put
 /tmp/t36 first on PYTHONPATH.
@@ -192,6 +192,25 @@ def cp_default_variants():
     return (v for v in cp_variants() if v[0] in keep)
 
 
+def glue_variants():
+    """RMSNorm and SwiGLU kernels (the model's glue) for bf16 / fp32 inputs at the launch shapes they take."""
+    from hgrn2.ops.triton import norm, swiglu
+    for dt in ("bf16", "fp32"):
+        for D in (1024, 5632):
+            block, warps = norm._launch_shape(D)
+            yield (f"rms fwd {dt} D={D}", norm._rms_norm_fwd_kernel,
+                   dict(x=f"*{dt}", w="*fp32", y=f"*{dt}", rstd="*fp32", eps="fp32", D="i32"),
+                   dict(BLOCK_D=block), warps)
+            yield (f"rms bwd {dt} D={D}", norm._rms_norm_bwd_kernel,
+                   dict(dy=f"*{dt}", x=f"*{dt}", w="*fp32", rstd="*fp32", dx=f"*{dt}", dw_part="*fp32", N="i32",
+                        D="i32", ROWS="i32"), dict(BLOCK_D=block), warps)
+        yield (f"swiglu fwd {dt}", swiglu._swiglu_fwd_kernel, dict(g=f"*{dt}", u=f"*{dt}", p=f"*{dt}", n="i64"),
+               dict(BLOCK=swiglu.BLOCK), 8)
+        yield (f"swiglu bwd {dt}", swiglu._swiglu_bwd_kernel,
+               dict(g=f"*{dt}", u=f"*{dt}", dp=f"*{dt}", dg=f"*{dt}", du=f"*{dt}", p=f"*{dt}", n="i64"),
+               dict(BLOCK=swiglu.BLOCK), 8)
+
+
 def ptxas_stats(compiled) -> str:
     """Registers and spill stores/loads (bytes) of a compiled kernel: the bundled ptxas (the one Triton uses
     for sm_90) run with -v on its PTX."""
@@ -214,13 +233,13 @@ if __name__ == "__main__":
     group = sys.argv[1]
     variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "chunk": chunk_variants,
                 "chunk-default": chunk_default_variants, "cp": cp_variants,
-                "cp-default": cp_default_variants}[group]
+                "cp-default": cp_default_variants, "glue": glue_variants}[group]
     failed = 0
     for name, kernel, types, consts, *w in variants():
         try:
             t = time.time()
             compiled = compile_variant(kernel, types, consts, *w)
-            if group in ("cp", "chunk"):
+            if group in ("cp", "chunk", "glue"):
                 print(f"ok {name}: {time.time() - t:.1f} s {ptxas_stats(compiled)}", flush=True)
                 continue
             print("ok", name)

@@ -13,7 +13,7 @@ import torch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", ["recurrent", "hgrn1", "chunk-default", "cp-default"])
+@pytest.mark.parametrize("group", ["recurrent", "hgrn1", "chunk-default", "cp-default", "glue"])
 def test_kernels_compile_for_sm90(group):
     if torch.cuda.is_available():
         pytest.skip("covered by the GPU runs")

@@ -8,6 +8,9 @@ Rows (bf16, H = 16, K = V = 128):
   decode  one token from a state, B ∈ {1, 64}: ours vs fla's fused_recurrent_gla (with the same glue)
   layer   HGRU2 with its projections (d = 2048) vs fla's HGRN2Attention, forward+backward
   hgrn1   the element-wise HGRN1 scan at an MQAR shape vs fla's fused_recurrent_hgrn, forward+backward
+  rmsnorm hgrn2.ops.norm.rms_norm vs fla's fused RMSNorm (16K rows of 2048), forward+backward
+  swiglu  hgrn2.ops.swiglu.swiglu_linear vs fla's swiglu_linear (16K rows, 5632 → 2048), forward+backward
+          (both glue rows also time the plain PyTorch composite, in the row's note)
 
 Before timing, ours is checked against fla (relative error of outputs and input gradients). The floor of a row
 is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured at the start of the run. Times are
@@ -38,7 +41,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--backend", default=None, help="our backend (default: triton on CUDA, reference on CPU)")
     parser.add_argument("--budget-s", type=float, default=360.0, help="skip the remaining rows after this long")
-    parser.add_argument("--skip", default="", help="comma-separated row kinds to skip: seq,decode,layer,hgrn1")
+    parser.add_argument("--skip", default="", help="comma-separated row kinds to skip: seq,decode,layer,glue,hgrn1")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -97,12 +100,14 @@ def copies_for(nbytes: int, device: torch.device) -> int:
 def fla_modules() -> dict | None:
     try:
         from fla.layers.hgrn2 import HGRN2Attention
+        from fla.modules import RMSNorm
+        from fla.modules.activations import swiglu_linear
         from fla.ops.gla import chunk_gla, fused_recurrent_gla
         from fla.ops.hgrn import fused_recurrent_hgrn
     except Exception:  # noqa: BLE001 - any import failure means "no fla column"
         return None
     return {"chunk_gla": chunk_gla, "fused_recurrent_gla": fused_recurrent_gla, "HGRN2Attention": HGRN2Attention,
-            "fused_recurrent_hgrn": fused_recurrent_hgrn}
+            "fused_recurrent_hgrn": fused_recurrent_hgrn, "RMSNorm": RMSNorm, "swiglu_linear": swiglu_linear}
 
 
 def fla_glue(o, g, i, lb):
@@ -335,6 +340,52 @@ def hgrn1_rows(ctx) -> list[dict]:
     return [row]
 
 
+def glue_rows(ctx) -> list[dict]:
+    """The model's element-wise glue around the matmuls, forward+backward: RMSNorm and SwiGLU + down proj."""
+    from hgrn2.ops.norm import rms_norm
+    from hgrn2.ops.swiglu import swiglu_linear
+
+    dev, dt, timer, fla = ctx["device"], ctx["dtype"], ctx["timer"], ctx["fla"]
+    N, d, inter = (64, 64, 176) if ctx["quick"] else (TOKENS, H * D, 5632)
+    rows = []
+    x = torch.randn(N, d, device=dev, dtype=dt, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(d, device=dev)).requires_grad_()
+    dy = torch.randn_like(x)
+    row = {"kind": "rmsnorm", "mode": "fwd+bwd", "shape": f"N={N} D={d}", "B": N, "T": 1,
+           "floor_ms": floor_ms(ctx, 5 * N * d * dt.itemsize, 0)}
+
+    def comp_rms(x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-5) * w).to(x.dtype)
+
+    def timed(f):
+        return timer(lambda: f(x).backward(dy), grad_to_none=[x, w])
+
+    row["ours_ms"] = try_time(row, "ours", lambda: timed(lambda x: rms_norm(x, w, 1e-5)))
+    comp = try_time(row, "composite", lambda: timed(comp_rms))
+    if fla:
+        norm = fla["RMSNorm"](d, eps=1e-5).to(dev)
+        row["fla_ms"] = try_time(row, "fla", lambda: timer(lambda: norm(x).backward(dy), grad_to_none=[x]))
+    row["note"] = f"composite {comp:.4f} ms" if comp else None
+    rows.append(row)
+
+    g, u = (torch.randn(N, inter, device=dev, dtype=dt, requires_grad=True) for _ in range(2))
+    wd = (torch.randn(d, inter, device=dev, dtype=dt) / inter ** 0.5).requires_grad_()
+    row = {"kind": "swiglu", "mode": "fwd+bwd", "shape": f"N={N} I={inter}", "B": N, "T": 1,
+           "floor_ms": floor_ms(ctx, 6 * N * inter * dt.itemsize, 6 * N * inter * d)}
+
+    def timed3(f):
+        return timer(lambda: f(g, u, wd).backward(dy), grad_to_none=[g, u, wd])
+
+    row["ours_ms"] = try_time(row, "ours", lambda: timed3(swiglu_linear))
+    comp = try_time(row, "composite", lambda: timed3(lambda g, u, w: F.linear(F.silu(g) * u, w)))
+    if fla:
+        row["fla_ms"] = try_time(row, "fla", lambda: timed3(lambda g, u, w: fla["swiglu_linear"](g, u, w, None)))
+    row["note"] = f"composite {comp:.4f} ms" if comp else None
+    rows.append(row)
+    return rows
+
+
 def try_time(row, name, thunk):
     try:
         return thunk()
@@ -415,6 +466,8 @@ def run(args) -> int:
         jobs[1:1] = [(f"decode B={B}", lambda B=B: decode_rows(B, ctx)) for B in ((1, 4) if quick else (1, 64))]
     if "layer" not in skip:
         jobs.insert(1, ("layer", lambda: layer_rows(ctx)))
+    if "glue" not in skip:
+        jobs.insert(2, ("glue", lambda: glue_rows(ctx)))
     if "hgrn1" not in skip:
         jobs.append(("hgrn1", lambda: hgrn1_rows(ctx)))
 

@@ -2,7 +2,8 @@
 
 Autograd of the composite `down(silu(g) · u)` saves silu(g) and the product p = silu(g) · u besides g and u:
 two more tensors of the MLP's intermediate width ([B, T, intermediate], the widest activations of a layer).
-Recomputing silu(g) and p in the backward costs two element-wise passes.
+Recomputing silu(g) and p in the backward costs two element-wise passes. On CUDA the element-wise parts
+run as one Triton kernel per direction (`hgrn2.ops.triton.swiglu`), which also computes p in the backward.
 """
 
 from __future__ import annotations
@@ -10,13 +11,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import triton_available
+
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _use_triton(g: torch.Tensor) -> bool:
+    return g.is_cuda and g.dtype in _TRITON_DTYPES and triton_available()
+
 
 class _SwiGLULinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g, u, weight, bias):
         # runs under the caller's autocast, so F.linear computes as nn.Linear would (operands in the autocast
         # dtype); the backward repeats that with the dtype recorded here
-        y = F.linear(F.silu(g) * u, weight, bias)
+        ctx.triton = _use_triton(g)
+        if ctx.triton:
+            from .triton.swiglu import swiglu_fwd
+            g, u = g.contiguous(), u.contiguous()
+            p = swiglu_fwd(g, u)
+        else:
+            p = F.silu(g) * u
+        y = F.linear(p, weight, bias)
         ctx.save_for_backward(g, u, weight)
         ctx.has_bias, ctx.compute_dtype = bias is not None, y.dtype
         return y
@@ -25,15 +41,19 @@ class _SwiGLULinear(torch.autograd.Function):
     def backward(ctx, dy):
         g, u, weight = ctx.saved_tensors
         dt = ctx.compute_dtype
-        silu = F.silu(g)
-        p = silu * u
         dy = dy.to(dt)
         dp = dy @ weight.to(dt)
-        dg = torch.ops.aten.silu_backward(dp * u, g) if ctx.needs_input_grad[0] else None
-        du = dp * silu if ctx.needs_input_grad[1] else None
+        if ctx.triton:
+            from .triton.swiglu import swiglu_bwd
+            dg, du, p = swiglu_bwd(g, u, dp.contiguous())
+        else:
+            silu = F.silu(g)
+            p = silu * u
+            dg = torch.ops.aten.silu_backward(dp * u, g) if ctx.needs_input_grad[0] else None
+            du = dp * silu if ctx.needs_input_grad[1] else None
         dw = db = None
         if ctx.needs_input_grad[2]:
-            dw = (dy.reshape(-1, dy.shape[-1]).t() @ p.reshape(-1, p.shape[-1])).to(weight.dtype)
+            dw = (dy.reshape(-1, dy.shape[-1]).t() @ p.reshape(-1, p.shape[-1]).to(dt)).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[3]:
             db = dy.reshape(-1, dy.shape[-1]).sum(0, dtype=torch.float32)  # cast to bias's dtype by autograd
         return dg, du, dw, db

@@ -1,0 +1,151 @@
+"""The Triton RMSNorm and SwiGLU kernels (`hgrn2.ops.triton.norm`, `.swiglu`) behind `hgrn2.ops.norm.rms_norm`
+and `hgrn2.ops.swiglu.swiglu_linear`: outputs and every gradient against the fp64 composite, no less accurate
+than the composite in the same dtype, odd sizes, more rows than backward programs. On the CPU the kernels run
+in Triton's interpreter (the CUDA-only dispatch is forced)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_err
+
+import hgrn2.ops.norm as norm_mod
+import hgrn2.ops.swiglu as swiglu_mod
+from hgrn2.ops.norm import rms_norm
+from hgrn2.ops.swiglu import swiglu_linear
+
+pytest.importorskip("triton")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def use_triton(monkeypatch):
+    """Take the Triton path for every float input, on the CPU too (interpreter)."""
+    monkeypatch.setattr(norm_mod, "_use_triton", lambda x: x.dtype != torch.float64)
+    monkeypatch.setattr(swiglu_mod, "_use_triton", lambda g: g.dtype != torch.float64)
+
+
+def rms_composite(x, w, eps):
+    dt = torch.promote_types(x.dtype, torch.float32)
+    xf = x.to(dt)
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * w.to(dt)).to(x.dtype)
+
+
+def run(fn, args, dy):
+    leaves = [a.detach().clone().requires_grad_() for a in args]
+    y = fn(*leaves)
+    y.backward(dy.to(y.dtype))
+    return [y] + [leaf.grad for leaf in leaves]
+
+
+def check_against(ours, composite, exact, dtype):
+    """Every tensor of ours within 1e-5 of fp64 (fp32 inputs) or no worse than the composite's (half)."""
+    for a, c, e in zip(ours, composite, exact):
+        assert a.dtype == c.dtype and a.shape == c.shape
+        if dtype == torch.float32:
+            assert rel_err(a, e) <= 1e-5
+        else:
+            assert rel_err(a, e) <= max(1.05 * rel_err(c, e), 1e-3), (rel_err(a, e), rel_err(c, e))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(4, 37, 100), (3, 256)])
+def test_rms_norm(use_triton, dtype, shape):
+    x = (torch.randn(shape) * 2 + 0.5).to(DEV, dtype)
+    w = (1 + 0.3 * torch.randn(shape[-1])).to(DEV)
+    dy = torch.randn(shape, device=DEV).to(dtype)
+    ours = run(lambda x, w: rms_norm(x, w, 1e-5), (x, w), dy)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(norm_mod, "_use_triton", lambda x: False)
+        comp = run(lambda x, w: rms_norm(x, w, 1e-5), (x, w), dy)
+    exact = run(lambda x, w: rms_composite(x, w, 1e-5), (x.double(), w.double()), dy.double())
+    check_against(ours, comp, exact, dtype)
+
+
+def test_rms_norm_bwd_more_rows_than_programs():
+    from hgrn2.ops.triton.norm import _bwd_programs, rms_norm_bwd, rms_norm_fwd
+
+    x = torch.randn(301, 40, device=DEV)
+    w = torch.randn(40, device=DEV)
+    assert _bwd_programs(x, 301) < 301  # several rows per program, the last one partly empty
+    y, rstd = rms_norm_fwd(x, w, 1e-6)
+    dy = torch.randn_like(x)
+    dx, dw = rms_norm_bwd(dy, x, w, rstd)
+    xd, wd = (t.double().requires_grad_() for t in (x, w))
+    want = rms_composite(xd, wd, 1e-6)
+    want.backward(dy.double())
+    assert rel_err(y, want) < 1e-6 and rel_err(dx, xd.grad) < 1e-5 and rel_err(dw, wd.grad) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_swiglu_linear(use_triton, dtype):
+    g, u = (torch.randn(3, 37, 100).to(DEV, dtype) for _ in range(2))  # 11100 elements: a partial block
+    w = (torch.randn(24, 100) / 10).to(DEV, dtype)
+    b = torch.randn(24).to(DEV, dtype)
+    dy = torch.randn(3, 37, 24, device=DEV).to(dtype)
+    ours = run(swiglu_linear, (g, u, w, b), dy)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(swiglu_mod, "_use_triton", lambda g: False)
+        comp = run(swiglu_linear, (g, u, w, b), dy)
+    exact = run(lambda g, u, w, b: F.linear(F.silu(g) * u, w, b), (g.double(), u.double(), w.double(), b.double()),
+                dy.double())
+    check_against(ours, comp, exact, dtype)
+
+
+def test_swiglu_extreme_gates():
+    """silu's derivative at large |g| (σ → 0 or 1) stays finite and exact in fp32."""
+    from hgrn2.ops.triton.swiglu import swiglu_bwd, swiglu_fwd
+
+    g = torch.tensor([-100.0, -30.0, -5.0, 0.0, 5.0, 30.0, 100.0], device=DEV)
+    u, dp = torch.full_like(g, 0.7), torch.full_like(g, 1.3)
+    gd = g.double().requires_grad_()
+    p = F.silu(gd) * 0.7
+    p.backward(torch.full_like(gd, 1.3))
+    assert torch.allclose(swiglu_fwd(g, u).double(), p, rtol=1e-6, atol=1e-30)
+    dg, du, p2 = swiglu_bwd(g, u, dp)
+    assert torch.isfinite(dg).all()
+    assert torch.allclose(dg.double(), gd.grad, rtol=1e-5, atol=1e-30)
+    assert torch.allclose(du.double(), 1.3 * F.silu(gd), rtol=1e-6) and torch.equal(p2, swiglu_fwd(g, u))
+
+
+def test_custom_ops_pass_opcheck():
+    from hgrn2.ops.triton.norm import rms_norm_bwd, rms_norm_fwd
+    from hgrn2.ops.triton.swiglu import swiglu_bwd, swiglu_fwd
+
+    x, w, dy = torch.randn(5, 24, device=DEV), torch.randn(24, device=DEV), torch.randn(5, 24, device=DEV)
+    rstd = rms_norm_fwd(x, w, 1e-6)[1]
+    torch.library.opcheck(rms_norm_fwd, (x, w, 1e-6))
+    torch.library.opcheck(rms_norm_bwd, (dy, x, w, rstd))
+    torch.library.opcheck(swiglu_fwd, (x, dy))
+    torch.library.opcheck(swiglu_bwd, (x, dy, w.expand(5, 24).contiguous()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_takes_the_kernels():
+    x = torch.randn(4, 8, 64, device="cuda", dtype=torch.bfloat16)
+    assert norm_mod._use_triton(x) and swiglu_mod._use_triton(x)
+    assert not norm_mod._use_triton(x.double()) and not norm_mod._use_triton(x.cpu())
+
+
+def test_model_training_step_same_with_kernels(monkeypatch):
+    """The fla-1.3b architecture (RMSNorm ×3 per layer, SwiGLU) at a tiny width: loss and every parameter's
+    gradient with the kernels equal the composite's to fp32 rounding."""
+    from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
+
+    cfg = HGRN2Config.from_preset("fla-1.3b", hidden_size=64, num_hidden_layers=2, expand_ratio=32,
+                                  vocab_size=97, backend="chunk")
+    model = HGRN2ForCausalLM(cfg).to(DEV)
+    ids = torch.randint(0, 97, (2, 33), device=DEV)
+
+    def step(kernels):
+        monkeypatch.setattr(norm_mod, "_use_triton", lambda x: kernels)
+        monkeypatch.setattr(swiglu_mod, "_use_triton", lambda g: kernels)
+        model.zero_grad()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    loss_k, grads_k = step(True)
+    loss_c, grads_c = step(False)
+    assert torch.allclose(loss_k, loss_c, rtol=1e-6)
+    for name, g in grads_c.items():
+        assert rel_err(grads_k[name], g) < 1e-5, name
