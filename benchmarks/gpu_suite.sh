@@ -45,8 +45,9 @@ for step in $STEPS; do
   case $step in
     tests)
       # the kernel tests (fla's model tests are left out here: its autotuning alone takes minutes)
-      timeout "${TESTS_TIMEOUT:-170}" python3 -m pytest -q ${TESTS:-tests/test_triton_cp.py tests/test_triton_recurrent.py \
-        tests/test_triton_hgrn1.py tests/test_triton_chunk.py} -p no:cacheprovider -rf --durations=8 \
+      timeout "${TESTS_TIMEOUT:-170}" python3 -m pytest -q ${TESTS:-tests/test_triton_norm_swiglu.py \
+        tests/test_triton_cp.py tests/test_triton_recurrent.py tests/test_triton_hgrn1.py tests/test_triton_chunk.py} \
+        -p no:cacheprovider -rf --durations=8 \
         > "$OUT/gpu_tests.log" 2>&1
       echo "pytest exit code $? (124 = timed out)"
       tail -n 15 "$OUT/gpu_tests.log" ;;

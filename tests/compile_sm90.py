@@ -199,7 +199,7 @@ def glue_variants():
         for D in (1024, 5632):
             block, warps = norm._launch_shape(D)
             yield (f"rms fwd {dt} D={D}", norm._rms_norm_fwd_kernel,
-                   dict(x=f"*{dt}", w="*fp32", y=f"*{dt}", rstd="*fp32", eps="fp32", D="i32"),
+                   dict(x=f"*{dt}", w="*fp32", y="*bf16", rstd="*fp32", eps="fp32", D="i32"),
                    dict(BLOCK_D=block), warps)
             yield (f"rms bwd {dt} D={D}", norm._rms_norm_bwd_kernel,
                    dict(dy=f"*{dt}", x=f"*{dt}", w="*fp32", rstd="*fp32", dx=f"*{dt}", dw_part="*fp32", N="i32",

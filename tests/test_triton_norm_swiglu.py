@@ -67,7 +67,7 @@ def test_rms_norm_bwd_more_rows_than_programs():
     x = torch.randn(301, 40, device=DEV)
     w = torch.randn(40, device=DEV)
     assert _bwd_programs(x, 301) < 301  # several rows per program, the last one partly empty
-    y, rstd = rms_norm_fwd(x, w, 1e-6)
+    y, rstd = rms_norm_fwd(x, w, 1e-6, x.dtype)
     dy = torch.randn_like(x)
     dx, dw = rms_norm_bwd(dy, x, w, rstd)
     xd, wd = (t.double().requires_grad_() for t in (x, w))
@@ -112,8 +112,8 @@ def test_custom_ops_pass_opcheck():
     from hgrn2.ops.triton.swiglu import swiglu_bwd, swiglu_fwd
 
     x, w, dy = torch.randn(5, 24, device=DEV), torch.randn(24, device=DEV), torch.randn(5, 24, device=DEV)
-    rstd = rms_norm_fwd(x, w, 1e-6)[1]
-    torch.library.opcheck(rms_norm_fwd, (x, w, 1e-6))
+    rstd = rms_norm_fwd(x, w, 1e-6, x.dtype)[1]
+    torch.library.opcheck(rms_norm_fwd, (x, w, 1e-6, torch.bfloat16))
     torch.library.opcheck(rms_norm_bwd, (dy, x, w, rstd))
     torch.library.opcheck(swiglu_fwd, (x, dy))
     torch.library.opcheck(swiglu_bwd, (x, dy, w.expand(5, 24).contiguous()))
@@ -149,3 +149,20 @@ def test_model_training_step_same_with_kernels(monkeypatch):
     assert torch.allclose(loss_k, loss_c, rtol=1e-6)
     for name, g in grads_c.items():
         assert rel_err(grads_k[name], g) < 1e-5, name
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_rms_norm_out_dtype_is_the_cast_fused(monkeypatch, kernels):
+    """rms_norm(x, out_dtype=bf16) == rms_norm(x).to(bf16), forward and gradients bit for bit (the block's
+    norms hand the fp32 residual to the projections this way under autocast)."""
+    monkeypatch.setattr(norm_mod, "_use_triton", lambda x: kernels)
+    x = torch.randn(3, 29, 72, device=DEV)
+    w = 1 + 0.3 * torch.randn(72, device=DEV)
+    dy = torch.randn(3, 29, 72, device=DEV).bfloat16()
+    fused = run(lambda x, w: rms_norm(x, w, 1e-6, torch.bfloat16), (x, w), dy)
+    cast = run(lambda x, w: rms_norm(x, w, 1e-6).to(torch.bfloat16), (x, w), dy)
+    assert fused[0].dtype == torch.bfloat16 and fused[1].dtype == torch.float32
+    for a, b in zip(fused, cast):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="`out_dtype`"):
+        rms_norm(x, w, 1e-6, torch.int32)

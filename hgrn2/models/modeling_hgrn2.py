@@ -43,24 +43,24 @@ class HGRN2Block(nn.Module):
             self.mlp = GLU(d, config.hidden_ratio, config.intermediate_size, config.hidden_act)
 
     def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
-        y, state = self.attn(_autocast_once(self.attn_norm(x)), lower_bound=lower_bound, state=state,
+        y, state = self.attn(self.attn_norm(x, _projection_dtype(x)), lower_bound=lower_bound, state=state,
                              use_cache=use_cache, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
         x = x + y
         if self.mlp is not None:
-            x = x + self.mlp(_autocast_once(self.mlp_norm(x)))
+            x = x + self.mlp(self.mlp_norm(x, _projection_dtype(x)))
         return x, state
 
 
-def _autocast_once(h: torch.Tensor) -> torch.Tensor:
-    """Under autocast, the normalised fp32 residual in the autocast dtype. Its consumers are projections, which
-    autocast would cast to that dtype anyway, one copy each (three in the token mixer, two in the MLP), every
-    copy kept for the backward; cast once, they share one. The forward is unchanged; the consumers' input
-    gradients are then summed in the autocast dtype before the cast back (as for any low-precision activation
-    with several consumers)."""
-    kind = h.device.type
-    if h.dtype == torch.float32 and torch.is_autocast_enabled(kind):
-        return h.to(torch.get_autocast_dtype(kind))
-    return h
+def _projection_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype in which a block's norm hands the fp32 residual x to the projections: under autocast, the
+    autocast dtype. The projections would cast to it anyway, one copy each (three in the token mixer, two in
+    the MLP), every copy kept for the backward; written so by the norm, they share one and no cast pass is
+    made. The forward is unchanged; the consumers' input gradients are then summed in the autocast dtype
+    (as for any low-precision activation with several consumers). None: x's own dtype."""
+    kind = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
 
 
 class HGRN2PreTrainedModel(PreTrainedModel):

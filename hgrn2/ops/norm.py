@@ -32,19 +32,19 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps):
+    def forward(ctx, x, weight, eps, out_dtype):
         ctx.triton = _use_triton(x)
         if ctx.triton:
             from .triton.norm import rms_norm_fwd
             x2 = x.reshape(-1, x.shape[-1]).contiguous()
-            y, rstd = rms_norm_fwd(x2, weight.contiguous(), eps)
+            y, rstd = rms_norm_fwd(x2, weight.contiguous(), eps, out_dtype)
             ctx.save_for_backward(x2, weight, rstd)
             return y.view(x.shape)
         dt = _compute_dtype(x)
         xf = x.to(dt)
         rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, weight, rstd)
-        return (xf * rstd * weight.to(dt)).to(x.dtype)
+        return (xf * rstd * weight.to(dt)).to(out_dtype)
 
     @staticmethod
     def backward(ctx, dy):
@@ -52,7 +52,7 @@ class _RMSNorm(torch.autograd.Function):
         if ctx.triton:
             from .triton.norm import rms_norm_bwd
             dx, dw = rms_norm_bwd(dy.reshape(x.shape).contiguous(), x, weight.contiguous(), rstd)
-            return dx.view(dy.shape), dw, None
+            return dx.view(dy.shape), dw, None, None
         dt = rstd.dtype
         xhat, dyf = x.to(dt) * rstd, dy.to(dt)
         dx = dw = None
@@ -61,7 +61,7 @@ class _RMSNorm(torch.autograd.Function):
             dx = (rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))).to(x.dtype)
         if ctx.needs_input_grad[1]:
             dw = (dyf * xhat).reshape(-1, xhat.shape[-1]).sum(0).to(weight.dtype)
-        return dx, dw, None
+        return dx, dw, None, None
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -88,11 +88,14 @@ class _LayerNorm(torch.autograd.Function):
                 None if db is None else db.to(bias.dtype), None)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., D] / sqrt(mean(x², -1) + eps) · weight [D], in float32 (fp64 for fp64 x), returned in x's dtype."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., D] / sqrt(mean(x², -1) + eps) · weight [D], in float32 (fp64 for fp64 x), returned in out_dtype
+    (default x's dtype; a lower one saves the separate cast a consumer would make, e.g. under autocast)."""
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"`weight`: expected shape {tuple(x.shape[-1:])} (x's last dim), got {tuple(weight.shape)}")
-    return _RMSNorm.apply(x, weight, eps)
+    if out_dtype is not None and not out_dtype.is_floating_point:
+        raise ValueError(f"`out_dtype`: expected a floating-point dtype or None, got {out_dtype}")
+    return _RMSNorm.apply(x, weight, eps, out_dtype or x.dtype)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:

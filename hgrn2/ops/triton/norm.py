@@ -67,10 +67,10 @@ T_ = torch.Tensor
 
 
 @torch.library.custom_op("hgrn2::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: T_, weight: T_, eps: float) -> tuple[T_, T_]:
-    """x [N, D] contiguous, weight [D] → (y [N, D] in x's dtype, rstd [N] float32)."""
+def rms_norm_fwd(x: T_, weight: T_, eps: float, out_dtype: torch.dtype) -> tuple[T_, T_]:
+    """x [N, D] contiguous, weight [D] → (y [N, D] in out_dtype, rstd [N] float32)."""
     N, D = x.shape
-    y = torch.empty_like(x)
+    y = torch.empty_like(x, dtype=out_dtype)
     rstd = torch.empty(N, device=x.device, dtype=torch.float32)
     if N:
         block, warps = _launch_shape(D)
@@ -79,8 +79,8 @@ def rms_norm_fwd(x: T_, weight: T_, eps: float) -> tuple[T_, T_]:
 
 
 @rms_norm_fwd.register_fake
-def _(x, weight, eps):
-    return torch.empty_like(x), x.new_empty(x.shape[0], dtype=torch.float32)
+def _(x, weight, eps, out_dtype):
+    return torch.empty_like(x, dtype=out_dtype), x.new_empty(x.shape[0], dtype=torch.float32)
 
 
 @torch.library.custom_op("hgrn2::rms_norm_bwd", mutates_args=())
