@@ -193,9 +193,16 @@ def cp_default_variants():
 
 
 def glue_variants():
-    """RMSNorm and SwiGLU kernels (the model's glue) for bf16 / fp32 inputs at the launch shapes they take."""
-    from hgrn2.ops.triton import norm, swiglu
+    """RMSNorm, SwiGLU and cross-entropy kernels (the model's glue) for bf16 / fp32 inputs at their launch
+    shapes."""
+    from hgrn2.ops.triton import cross_entropy, norm, swiglu
     for dt in ("bf16", "fp32"):
+        yield (f"ce fwd {dt}", cross_entropy._ce_fwd_kernel,
+               dict(logits=f"*{dt}", labels="*i64", lse="*fp32", target="*fp32", V="i32"),
+               dict(BLOCK_V=cross_entropy.BLOCK_V), 8)
+        yield (f"ce bwd {dt}", cross_entropy._ce_bwd_kernel,
+               dict(logits=f"*{dt}", labels="*i64", lse="*fp32", coef="*fp32", V="i32"),
+               dict(BLOCK_V=cross_entropy.BLOCK_V), 8)
         for D in (1024, 5632):
             block, warps = norm._launch_shape(D)
             yield (f"rms fwd {dt} D={D}", norm._rms_norm_fwd_kernel,

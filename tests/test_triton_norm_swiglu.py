@@ -1,5 +1,6 @@
 """The Triton RMSNorm and SwiGLU kernels (`hgrn2.ops.triton.norm`, `.swiglu`) behind `hgrn2.ops.norm.rms_norm`
-and `hgrn2.ops.swiglu.swiglu_linear`: outputs and every gradient against the fp64 composite, no less accurate
+and `hgrn2.ops.swiglu.swiglu_linear` (the cross-entropy kernels: tests/test_cross_entropy.py; all three in one
+model step at the end): outputs and every gradient against the fp64 composite, no less accurate
 than the composite in the same dtype, odd sizes, more rows than backward programs. On the CPU the kernels run
 in Triton's interpreter (the CUDA-only dispatch is forced)."""
 
@@ -127,8 +128,9 @@ def test_cuda_takes_the_kernels():
 
 
 def test_model_training_step_same_with_kernels(monkeypatch):
-    """The fla-1.3b architecture (RMSNorm ×3 per layer, SwiGLU) at a tiny width: loss and every parameter's
-    gradient with the kernels equal the composite's to fp32 rounding."""
+    """The fla-1.3b architecture (RMSNorm ×3 per layer, SwiGLU, chunked cross entropy) at a tiny width: loss
+    and every parameter's gradient with the kernels equal the composite's to fp32 rounding."""
+    import hgrn2.ops.cross_entropy as ce_mod
     from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
 
     cfg = HGRN2Config.from_preset("fla-1.3b", hidden_size=64, num_hidden_layers=2, expand_ratio=32,
@@ -139,6 +141,7 @@ def test_model_training_step_same_with_kernels(monkeypatch):
     def step(kernels):
         monkeypatch.setattr(norm_mod, "_use_triton", lambda x: kernels)
         monkeypatch.setattr(swiglu_mod, "_use_triton", lambda g: kernels)
+        monkeypatch.setattr(ce_mod, "_use_triton", lambda h: kernels)
         model.zero_grad()
         loss = model(ids, labels=ids).loss
         loss.backward()

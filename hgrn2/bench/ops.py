@@ -10,7 +10,9 @@ Rows (bf16, H = 16, K = V = 128):
   hgrn1   the element-wise HGRN1 scan at an MQAR shape vs fla's fused_recurrent_hgrn, forward+backward
   rmsnorm hgrn2.ops.norm.rms_norm vs fla's fused RMSNorm (16K rows of 2048), forward+backward
   swiglu  hgrn2.ops.swiglu.swiglu_linear vs fla's swiglu_linear (16K rows, 5632 → 2048), forward+backward
-          (both glue rows also time the plain PyTorch composite, in the row's note)
+  ce      hgrn2.ops.cross_entropy.linear_cross_entropy vs fla's FusedLinearCrossEntropyLoss (16K rows,
+          d = 1024, vocabulary 32000)
+          (the glue rows also time the plain PyTorch composite, in the row's note)
 
 Before timing, ours is checked against fla (relative error of outputs and input gradients). The floor of a row
 is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured at the start of the run. Times are
@@ -41,7 +43,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--backend", default=None, help="our backend (default: triton on CUDA, reference on CPU)")
     parser.add_argument("--budget-s", type=float, default=360.0, help="skip the remaining rows after this long")
-    parser.add_argument("--skip", default="", help="comma-separated row kinds to skip: seq,decode,layer,glue,hgrn1")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated row kinds to skip: seq,decode,layer,glue,hgrn1 (glue: rmsnorm,swiglu,ce)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -100,14 +103,15 @@ def copies_for(nbytes: int, device: torch.device) -> int:
 def fla_modules() -> dict | None:
     try:
         from fla.layers.hgrn2 import HGRN2Attention
-        from fla.modules import RMSNorm
+        from fla.modules import FusedLinearCrossEntropyLoss, RMSNorm
         from fla.modules.activations import swiglu_linear
         from fla.ops.gla import chunk_gla, fused_recurrent_gla
         from fla.ops.hgrn import fused_recurrent_hgrn
     except Exception:  # noqa: BLE001 - any import failure means "no fla column"
         return None
     return {"chunk_gla": chunk_gla, "fused_recurrent_gla": fused_recurrent_gla, "HGRN2Attention": HGRN2Attention,
-            "fused_recurrent_hgrn": fused_recurrent_hgrn, "RMSNorm": RMSNorm, "swiglu_linear": swiglu_linear}
+            "fused_recurrent_hgrn": fused_recurrent_hgrn, "RMSNorm": RMSNorm, "swiglu_linear": swiglu_linear,
+            "FusedLinearCrossEntropyLoss": FusedLinearCrossEntropyLoss}
 
 
 def fla_glue(o, g, i, lb):
@@ -383,7 +387,31 @@ def glue_rows(ctx) -> list[dict]:
         row["fla_ms"] = try_time(row, "fla", lambda: timed3(lambda g, u, w: fla["swiglu_linear"](g, u, w, None)))
     row["note"] = f"composite {comp:.4f} ms" if comp else None
     rows.append(row)
-    return rows
+    return rows + [linear_ce_row(ctx)]
+
+
+def linear_ce_row(ctx) -> dict:
+    """The LM head's cross entropy from the last hidden state, forward+backward."""
+    from hgrn2.ops.cross_entropy import linear_cross_entropy
+
+    dev, dt, timer, fla = ctx["device"], ctx["dtype"], ctx["timer"], ctx["fla"]
+    N, d, V = (64, 64, 1000) if ctx["quick"] else (TOKENS, 1024, 32000)
+    h = torch.randn(N, d, device=dev, dtype=dt, requires_grad=True)
+    w = (torch.randn(V, d, device=dev, dtype=dt) / d ** 0.5).requires_grad_()
+    labels = torch.randint(0, V, (N,), device=dev)
+    row = {"kind": "ce", "mode": "fwd+bwd", "shape": f"N={N} V={V}", "B": N, "T": 1,
+           "floor_ms": floor_ms(ctx, 0, 6 * N * d * V)}
+
+    def timed(f):
+        return timer(lambda: f(h, w).backward(), grad_to_none=[h, w])
+
+    row["ours_ms"] = try_time(row, "ours", lambda: timed(lambda h, w: linear_cross_entropy(h, w, labels)))
+    comp = try_time(row, "composite", lambda: timed(lambda h, w: F.cross_entropy((h @ w.t()).float(), labels)))
+    if fla:
+        loss = fla["FusedLinearCrossEntropyLoss"]()
+        row["fla_ms"] = try_time(row, "fla", lambda: timed(lambda h, w: loss(h, labels, w)))
+    row["note"] = f"composite {comp:.4f} ms" if comp else None
+    return row
 
 
 def try_time(row, name, thunk):
