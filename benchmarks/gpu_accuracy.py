@@ -71,9 +71,9 @@ def _fla(fla, o, g, i, lb, *, scale, o_act, initial_state, output_final_state):
 def _chunk_fp32_dots(*args, **kw):
     original = chunk_mod._config
 
-    def config(o, i, n, split_below):
-        BK, BV, NV, warps, dt, prec = original(o, i, n, split_below)
-        return (BK, BV, NV, warps, tl.float32, "tf32x3") if dt == tl.bfloat16 else (BK, BV, NV, warps, dt, prec)
+    def config(o, i, n, direction):
+        BK, BV, NV, launch, dt, prec = original(o, i, n, direction)
+        return (BK, BV, NV, launch, tl.float32, "tf32x3") if dt == tl.bfloat16 else (BK, BV, NV, launch, dt, prec)
 
     chunk_mod._config = config
     try:

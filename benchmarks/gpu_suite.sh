@@ -6,6 +6,7 @@
 #   accuracy benchmarks/gpu_accuracy.py (errors per tensor) -> $OUT/accuracy.{txt,json}
 #   convert benchmarks/gpu_convert_fla.py (fla checkpoint)   -> $OUT/convert/
 #   cp     benchmarks/gpu_cp_check.py (kernel check/timing)  -> $OUT/cp/
+#   sweep  benchmarks/gpu_chunk_sweep.py (launch tuning)     -> $OUT/chunk_sweep.{json,txt}
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar/ (MQAR_MINUTES, default 6)
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
@@ -64,6 +65,11 @@ for step in $STEPS; do
       timeout "${CP_TIMEOUT:-250}" python3 benchmarks/gpu_cp_check.py --out "$OUT/cp" > "$OUT/cp_check.txt" 2>&1
       echo "cp check exit code $?"
       tail -n 40 "$OUT/cp_check.txt" ;;
+    sweep)
+      timeout "${SWEEP_TIMEOUT:-540}" python3 benchmarks/gpu_chunk_sweep.py --budget-s "${SWEEP_BUDGET:-480}" \
+        --out "$OUT/chunk_sweep.json" ${SWEEP_ARGS:-} > "$OUT/chunk_sweep.txt" 2>&1
+      echo "sweep exit code $?"
+      tail -n 20 "$OUT/chunk_sweep.txt" ;;
     bench)
       timeout "${BENCH_TIMEOUT:-330}" python3 -m hgrn2.cli bench ops --budget-s "${BENCH_BUDGET:-270}" \
         --out "$OUT/bench_ops.json" ${BENCH_ARGS:-} > "$OUT/bench_ops.txt" 2>&1

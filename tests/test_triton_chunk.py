@@ -67,7 +67,8 @@ def check(got, ref, tol, skip=()):
 @pytest.fixture
 def split_v(monkeypatch):
     """Force V-blocks of 16 so that V = 32 runs as two programs whose partial gradients are summed."""
-    monkeypatch.setattr(chunk_mod, "MAX_BV", 16)
+    for direction in ("fwd", "bwd"):
+        monkeypatch.setitem(chunk_mod.TUNING[direction], "max_bv", 16)
 
 
 @pytest.mark.parametrize("T,K,V,o_act,i_act", [
@@ -257,3 +258,23 @@ def test_gpu_second_device():
     inputs = make_inputs(2, 100, 2, 64, 64, n_states=2, device="cuda:1")
     kw = dict(scale=0.125, o_act="silu", output_final_state=True)
     check(*run_both(inputs, **kw), tol=1e-4)
+
+
+def test_launch_sweep_script_runs(tmp_path):
+    """benchmarks/gpu_chunk_sweep.py (the GPU tuning run) on the CPU interpreter, a few settings, each checked
+    against the default setting's output."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    out = tmp_path / "sweep.json"
+    subprocess.run([sys.executable, "benchmarks/gpu_chunk_sweep.py", "--device", "cpu", "--shapes", "1x20x1",
+                    "--head-dim", "16", "--budget-s", "4", "--out", str(out)], cwd=root, env=env, check=True,
+                   capture_output=True)
+    rows = json.loads(out.read_text())
+    assert rows[0]["max_bv"] == 128 and rows[0]["err_vs_default"] == 0.0
+    assert len(rows) >= 2 and all(r["status"] == "ok" for r in rows)

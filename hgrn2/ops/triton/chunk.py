@@ -25,9 +25,14 @@ FP32_DOT_PRECISION = "ieee"
 # sweeps must share one (dys = dy S is split at the same block boundaries); the forward is independent.
 BLOCK_T_FWD = 16
 BLOCK_T_BWD = 16
-MAX_BV = 128  # widest V-block per program; V is split into ceil(V / BV) programs
 FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
-NUM_WARPS = None  # None: 8 for [BV, BK] states of 8192+ elements, else 4
+# launch tuning per direction: the widest V-block per program (V is split into ceil(V / BV) programs), warps
+# (None: 8 for [BV, BK] states of 8192+ elements, else 4), software-pipelining stages of the token walk (None:
+# Triton's default). `benchmarks/gpu_chunk_sweep.py` times the alternatives on a GPU.
+TUNING = {"fwd": {"max_bv": 128, "num_warps": None, "num_stages": None},
+          "bwd": {"max_bv": 128, "num_warps": None, "num_stages": None}}
+# split V while the programs fill less than this share of the SMs (see `_config`)
+SPLIT_BELOW = {"fwd": 0.5, "bwd": 0.25}
 
 
 @functools.cache
@@ -35,14 +40,16 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, split_below: float):
-    """Block sizes, warps and the tl.dot operand dtype / precision for these inputs.
+def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, direction: str):
+    """Block sizes, launch options ({"num_warps", "num_stages"}) and the tl.dot operand dtype / precision for
+    these inputs, in `direction` "fwd" or "bwd".
 
     Each program walks one (sequence, head, V-block) from start to end, so the V-blocks are the only source
-    of parallelism beyond N·H: split V while the programs fill less than `split_below` of the SMs (each split
+    of parallelism beyond N·H: split V while the programs fill less than SPLIT_BELOW of the SMs (each split
     repeats the K-side gate and diagonal-block work, a second wave costs more than it saves, and in the
     backward each split adds fp32 partial sums of do and dg, hence a lower threshold there).
     """
+    tune = TUNING[direction]
     K, V = o.shape[-1], i.shape[-1]
     if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
         dt, prec = tl.bfloat16, "tf32"
@@ -54,11 +61,13 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, split_below: flo
         dt, prec = tl.float32, "tf32x3"
     BK = max(16, triton.next_power_of_2(K))
     # fp32 dot operands take twice the registers: half the V-block
-    BV = max(16, min(triton.next_power_of_2(V), MAX_BV, (16384 if dt == tl.bfloat16 else 8192) // BK))
-    while BV > 32 and n_seq_heads * triton.cdiv(V, BV) <= split_below * _sm_count(o.device):
+    BV = max(16, min(triton.next_power_of_2(V), tune["max_bv"], (16384 if dt == tl.bfloat16 else 8192) // BK))
+    while BV > 32 and n_seq_heads * triton.cdiv(V, BV) <= SPLIT_BELOW[direction] * _sm_count(o.device):
         BV //= 2
-    warps = NUM_WARPS or (8 if BK * BV >= 8192 else 4)
-    return BK, BV, triton.cdiv(V, BV), warps, dt, prec
+    launch = {"num_warps": tune["num_warps"] or (8 if BK * BV >= 8192 else 4)}
+    if tune["num_stages"]:
+        launch["num_stages"] = tune["num_stages"]
+    return BK, BV, triton.cdiv(V, BV), launch, dt, prec
 
 
 def _device(x: torch.Tensor):
@@ -78,7 +87,7 @@ def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     """y [B, T, H, V] (i's dtype) and the final state [N, H, V, K] fp32 (empty when not requested)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    BK, BV, NV, warps, dt, prec = _config(o, i, N * H, split_below=0.5)
+    BK, BV, NV, launch, dt, prec = _config(o, i, N * H, "fwd")
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
     with _device(o):
@@ -86,7 +95,7 @@ def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
             o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
             H=H, K=K, V=V, BT=BLOCK_T_FWD, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-            MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
+            MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, **launch,
         )
     return y, ht
 
@@ -106,13 +115,13 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    BK, BV, NV, warps, dt, prec = _config(o, i, N * H, split_below=0.25)
+    BK, BV, NV, launch, dt, prec = _config(o, i, N * H, "bwd")
     ntok = B * T
     # the state dots of the backward take fp32 operands: 3 tf32 passes unless fp32 inputs ask for ieee
     sprec = prec if dt == tl.float32 and prec != "tf32" else "tf32x3"
     common = dict(H=H, K=K, V=V, BT=BLOCK_T_BWD, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
                   VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, SPREC=sprec,
-                  num_warps=warps)
+                  **launch)
     dys = o.new_empty(NV, B, T, H, K, dtype=torch.float32)  # dy S, from the forward sweep
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]

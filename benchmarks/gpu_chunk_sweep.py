@@ -1,0 +1,146 @@
+"""Launch tuning of the sequential chunk kernels on one GPU: every (V-block, warps, stages, tokens per step)
+combination of each direction, timed and checked, fastest first.
+
+    PYTHONPATH=. python benchmarks/gpu_chunk_sweep.py [--shapes 8x2048x16,8x2048x8] [--budget-s 480] [--out F]
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_chunk_sweep.py --device cpu --shapes 1x40x1 \
+        --head-dim 16 --budget-s 20        # a smoke test of this script on a CPU
+
+Per shape (B × T × H, K = V = 128, bf16, β and silu as in `hgrn2 bench ops`): the forward alone, and the
+backward alone (`torch.autograd.grad` of a kept forward graph), for each setting of `chunk.TUNING[direction]`
+and `chunk.BLOCK_T_FWD` / `BLOCK_T_BWD`. Each setting's output is compared with the default setting's (bf16
+relative error ≤ 1e-2, else it is reported as WRONG); settings that fail to compile are reported, not fatal.
+Times are medians of `triton.testing.do_bench`. The last lines are a table of the three fastest settings per
+shape and direction next to the default; copy the winners into `hgrn2/ops/triton/chunk.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+import triton
+
+from hgrn2.ops.triton import chunk as chunk_mod
+
+GRID = {  # per direction: max_bv, num_warps, num_stages, tokens per step
+    "fwd": dict(max_bv=(128, 64, 32), num_warps=(4, 8, 16), num_stages=(None, 1, 2), block_t=(16, 32)),
+    "bwd": dict(max_bv=(128, 64, 32), num_warps=(4, 8, 16), num_stages=(None, 1, 2), block_t=(16, 32)),
+}
+DEFAULT = dict(max_bv=128, num_warps=None, num_stages=None, block_t=16)
+
+
+def rel(a, b) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def inputs(B, T, H, K, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    o, g, i = (torch.randn(B, T, H, K, device=device, generator=gen).bfloat16().requires_grad_() for _ in range(3))
+    lb = torch.rand(H, K, device=device, generator=gen) * 0.9
+    dy = torch.randn(B, T, H, K, device=device, generator=gen).bfloat16()
+    return o, g, i, lb, dy
+
+
+def bench(fn) -> float:
+    if torch.cuda.is_available():
+        return triton.testing.do_bench(fn, return_mode="median")
+    t0 = time.perf_counter()  # CPU smoke runs: one call
+    fn()
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def apply(direction: str, setting: dict) -> None:
+    chunk_mod.TUNING[direction] = {k: setting[k] for k in ("max_bv", "num_warps", "num_stages")}
+    setattr(chunk_mod, "BLOCK_T_FWD" if direction == "fwd" else "BLOCK_T_BWD", setting["block_t"])
+
+
+def measure(direction: str, xs) -> tuple[float, torch.Tensor]:
+    """(median ms, result) of one direction with the current settings."""
+    o, g, i, lb, dy = xs
+    K = o.shape[-1]
+
+    def fwd():
+        return chunk_mod.hgrn2_chunk_triton(o, g, i, lb, scale=K ** -0.5, o_act="silu")[0]
+
+    if direction == "fwd":
+        with torch.no_grad():
+            return bench(fwd), fwd()
+    y = fwd()  # the graph is kept: only the backward kernels run below
+
+    def bwd():
+        return torch.autograd.grad(y, (o, g, i), dy, retain_graph=True)
+
+    return bench(bwd), torch.cat([t.flatten() for t in bwd()])
+
+
+def sweep_shape(shape, head_dim, device, deadline, log) -> list[dict]:
+    B, T, H = shape
+    xs = inputs(B, T, H, head_dim, device)
+    rows = []
+    for direction in ("fwd", "bwd"):
+        grid = GRID[direction]
+        settings = [DEFAULT] + [dict(zip(grid, v)) for v in itertools.product(*grid.values())
+                                if dict(zip(grid, v)) != DEFAULT]
+        want = None
+        for setting in settings:
+            if time.time() > deadline:
+                log(f"budget spent: {direction} {shape} stops")
+                break
+            apply(direction, setting)
+            row = {"shape": f"{B}x{T}x{H}", "direction": direction, **setting}
+            try:
+                t0 = time.time()
+                ms, out = measure(direction, xs)
+                row["ms"], row["first_s"] = ms, round(time.time() - t0, 1)
+                want = out if want is None else want
+                row["err_vs_default"] = rel(out, want)
+                row["status"] = "ok" if row["err_vs_default"] <= 1e-2 else "WRONG"
+            except Exception as e:  # noqa: BLE001 - a failing setting is a result, not a crash
+                row["status"] = f"{type(e).__name__}: {str(e)[:120]}"
+            finally:
+                apply(direction, DEFAULT)
+            log(json.dumps(row))
+            rows.append(row)
+    return rows
+
+
+def summary(rows) -> str:
+    lines = ["shape       dir  max_bv warps stages BT     ms    vs default"]
+    for key in sorted({(r["shape"], r["direction"]) for r in rows}):
+        ok = [r for r in rows if (r["shape"], r["direction"]) == key and r.get("status") == "ok"]
+        if not ok:
+            continue
+        base = ok[0]["ms"]  # the default setting runs first
+        for r in [ok[0]] + sorted(ok[1:], key=lambda r: r["ms"])[:3]:
+            lines.append(f"{r['shape']:<11} {r['direction']:<4} {r['max_bv']:>6} {r['num_warps'] or '-':>5} "
+                         f"{r['num_stages'] or '-':>6} {r['block_t']:>3} {r['ms']:>7.3f}  {r['ms'] / base:>6.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="8x2048x16,8x2048x8", help="comma list of BxTxH")
+    p.add_argument("--budget-s", type=float, default=480)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", default=None, help="write every row as JSON here")
+    args = p.parse_args()
+    deadline = time.time() + args.budget_s
+    name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(f"# {name}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
+    rows = []
+    for shape in args.shapes.split(","):
+        rows += sweep_shape(tuple(int(x) for x in shape.split("x")), args.head_dim, args.device, deadline,
+                            lambda s: print(s, flush=True))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=1)
+    print(summary(rows))
+
+
+if __name__ == "__main__":
+    main()
