@@ -35,6 +35,12 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None and torch.cuda.is_available()
 
 
+def use_glue_kernels(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels of the model's glue (norm, SwiGLU, cross entropy) take x: a CUDA fp16 / bf16 /
+    fp32 tensor, with Triton importable; the PyTorch composites take everything else (fp64 included)."""
+    return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and triton_available()
+
+
 def available_backends() -> dict[str, list[str]]:
     extra = ["triton"] if triton_available() else []
     return {"hgrn2": ["reference", "chunk", *extra], "hgrn1": ["reference", "scan", *extra]}

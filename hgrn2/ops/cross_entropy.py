@@ -11,14 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from . import triton_available
+from . import use_glue_kernels as _use_triton  # a module global, so that tests can force either path
 
 CHUNK_ELEMENTS = 1 << 25  # default chunk: about 128 MB of fp32 logits
-_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _use_triton(hidden: torch.Tensor) -> bool:
-    return hidden.is_cuda and hidden.dtype in _TRITON_DTYPES and triton_available()
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,

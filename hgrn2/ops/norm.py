@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from . import triton_available
-
-_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from . import use_glue_kernels
 
 
 def _use_triton(x: torch.Tensor) -> bool:
-    if not (x.is_cuda and x.dtype in _TRITON_DTYPES and triton_available()):
+    if not use_glue_kernels(x):
         return False
     from .triton.norm import MAX_D
     return x.shape[-1] <= MAX_D

@@ -11,13 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import triton_available
-
-_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _use_triton(g: torch.Tensor) -> bool:
-    return g.is_cuda and g.dtype in _TRITON_DTYPES and triton_available()
+from . import use_glue_kernels as _use_triton  # a module global, so that tests can force either path
 
 
 class _SwiGLULinear(torch.autograd.Function):

@@ -90,7 +90,7 @@ def rms_norm_bwd(dy: T_, x: T_, weight: T_, rstd: T_) -> tuple[T_, T_]:
     dx = torch.empty_like(x)
     programs = _bwd_programs(x, N)
     rows = triton.cdiv(N, programs) if N else 1
-    part = torch.zeros(programs, D, device=x.device, dtype=torch.float32)
+    part = torch.empty(programs, D, device=x.device, dtype=torch.float32)  # every program writes its row
     if N:
         block, warps = _launch_shape(D)
         _rms_norm_bwd_kernel[(programs,)](dy, x, weight, rstd, dx, part, N, D, rows, BLOCK_D=block,
