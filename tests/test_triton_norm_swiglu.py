@@ -169,3 +169,14 @@ def test_rms_norm_out_dtype_is_the_cast_fused(monkeypatch, kernels):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="`out_dtype`"):
         rms_norm(x, w, 1e-6, torch.int32)
+
+
+def test_empty_inputs():
+    from hgrn2.ops.triton.norm import rms_norm_bwd, rms_norm_fwd
+    from hgrn2.ops.triton.swiglu import swiglu_bwd, swiglu_fwd
+
+    x, w = torch.randn(0, 8, device=DEV), torch.randn(8, device=DEV)
+    y, rstd = rms_norm_fwd(x, w, 1e-6, x.dtype)
+    dx, dw = rms_norm_bwd(x, x, w, rstd)
+    assert y.shape == dx.shape == (0, 8) and torch.equal(dw, torch.zeros(8, device=DEV))
+    assert swiglu_fwd(x, x).shape == (0, 8) and all(t.shape == (0, 8) for t in swiglu_bwd(x, x, x))

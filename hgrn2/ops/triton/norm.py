@@ -88,13 +88,13 @@ def rms_norm_bwd(dy: T_, x: T_, weight: T_, rstd: T_) -> tuple[T_, T_]:
     """dy, x [N, D] contiguous, weight [D], rstd [N] → (dx [N, D] in x's dtype, dw [D] in weight's dtype)."""
     N, D = x.shape
     dx = torch.empty_like(x)
+    if not N:
+        return dx, torch.zeros_like(weight)
     programs = _bwd_programs(x, N)
-    rows = triton.cdiv(N, programs) if N else 1
     part = torch.empty(programs, D, device=x.device, dtype=torch.float32)  # every program writes its row
-    if N:
-        block, warps = _launch_shape(D)
-        _rms_norm_bwd_kernel[(programs,)](dy, x, weight, rstd, dx, part, N, D, rows, BLOCK_D=block,
-                                          num_warps=warps)
+    block, warps = _launch_shape(D)
+    _rms_norm_bwd_kernel[(programs,)](dy, x, weight, rstd, dx, part, N, D, triton.cdiv(N, programs),
+                                      BLOCK_D=block, num_warps=warps)
     return dx, part.sum(0).to(weight.dtype)
 
 
