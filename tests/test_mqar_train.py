@@ -94,6 +94,31 @@ def test_budget_cuts_a_run(tmp_path):
     assert not result["complete"] and result["epochs_run"] == 1 and result["steps"] == 1
 
 
+class Killed(Exception):
+    pass
+
+
+def test_killed_run_resumes_exactly_from_its_last_epoch(tmp_path):
+    """A run killed after epoch 3 (its checkpoint written) continues from there: the same per-epoch losses and
+    accuracies as the uninterrupted run, bit for bit (fixed batch order, RNG restored: embedding dropout)."""
+    spec = tiny_spec(epochs=6, early_stop_accuracy=2.0)  # never stops early: all six epochs
+    whole = train_run(spec, "cpu", data_dir=tmp_path)
+
+    def kill_after_third(record):
+        if record["epoch"] == 2:
+            raise Killed
+
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(Killed):
+        train_run(spec, "cpu", data_dir=tmp_path, on_epoch=kill_after_third, checkpoint_dir=ckpt)
+    resumed = train_run(spec, "cpu", data_dir=tmp_path, checkpoint_dir=ckpt)
+    keys = ("epoch", "lr", "train_loss", "test_loss", "accuracy")
+    assert [{k: h[k] for k in keys} for h in resumed["history"]] == [{k: h[k] for k in keys} for h in whole["history"]]
+    assert resumed["steps"] == whole["steps"] and resumed["complete"]
+    with pytest.raises(ValueError, match="`checkpoint_dir`: holds run"):
+        train_run(tiny_spec(lr=1e-3), "cpu", data_dir=tmp_path, checkpoint_dir=ckpt)
+
+
 def test_build_runs_presets_and_overrides():
     cfg = sweep_mod.load_config()
     parser = __import__("argparse").ArgumentParser()
@@ -130,6 +155,7 @@ def test_cli_sweep_resumes(tmp_path, capsys):
     assert len(files) == 2 and (out / "mqar.png").stat().st_size > 0
     results = json.loads((out / "results.json").read_text())
     assert all(r["complete"] and r["epochs_run"] <= 2 for r in results)
+    assert not any((out / "checkpoints").glob("*/*.pt"))  # a complete run's per-epoch checkpoints are deleted
     assert "MQAR test accuracy" in (out / "table.txt").read_text()
     mtimes = [f.stat().st_mtime_ns for f in files]
     capsys.readouterr()

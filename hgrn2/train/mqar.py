@@ -11,7 +11,10 @@ query token, computed in fp32 as zoology does) after every epoch, early stop onc
 and the plot take, per (mixer, d, L), the max over learning rates of each run's final accuracy.
 
 Each finished run is saved atomically as `OUT/runs/<run id>.json`; a sweep skips runs whose file says complete,
-so a killed sweep continues where it stopped. `--concurrent N` trains N runs at once in worker processes that
+so a killed sweep continues where it stopped. A run in progress checkpoints after every epoch
+(`OUT/checkpoints/<run id>/`: model, optimiser, schedule, history and RNG, `hgrn2.train.checkpoint`) and
+continues from its last epoch exactly, so a run longer than one sitting finishes over several (the checkpoint is
+deleted once the run is complete). `--concurrent N` trains N runs at once in worker processes that
 share the GPU(s) (small models leave a GPU mostly idle), and `--max-minutes` stops the sweep in time: runs cut
 by the budget are saved as incomplete (marked * in the table) and run again on the next call.
 """
@@ -24,6 +27,7 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 import time
 import traceback
@@ -39,6 +43,7 @@ from tqdm.auto import tqdm
 
 from hgrn2.data import mqar
 from hgrn2.models.zoology import ZoologyLM
+from hgrn2.train import checkpoint
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
 
@@ -104,13 +109,28 @@ def evaluate(model: ZoologyLM, inputs, positions, targets, batch_size: int) -> t
     return correct / targets.numel(), loss_sum / targets.numel()
 
 
+def _rng_state(dev: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if dev.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(dev)  # the run's device, which need not be the current one
+    return state
+
+
+def _set_rng_state(state: dict, dev: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if dev.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], dev)
+
+
 def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str | Path | None = None,
-              deadline: float | None = None, on_epoch=None) -> dict:
+              deadline: float | None = None, on_epoch=None, checkpoint_dir: str | Path | None = None) -> dict:
     """Train and test one run; returns its result (spec, final/best accuracy, per-epoch history, timing).
 
     `deadline` (a `time.time()` value) cuts the run after the step that passes it: the result then has
     complete=False. A run whose training loss turns non-finite stops (diverged=True, complete=True).
     `on_epoch(record)` is called after every epoch with that epoch's record (for progress bars).
+    `checkpoint_dir`: save the state after every epoch there, and start from the newest one found (exactly:
+    the batches come in a fixed order and the RNG is restored).
     """
     dev = torch.device(device)
     torch.manual_seed(spec.seed)
@@ -126,9 +146,18 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=spec.epochs, eta_min=0.0)
     inputs, positions, targets = train
     n, bs = len(inputs), spec.batch_size
-    history, steps, cut, diverged, early = [], 0, False, False, False
-    start = time.time()
-    for epoch in range(spec.epochs):
+    history, steps, cut, diverged, early, before = [], 0, False, False, False, 0.0
+    state = checkpoint.load_latest(str(checkpoint_dir)) if checkpoint_dir is not None else None
+    if state is not None:
+        if state["run_id"] != spec.run_id:
+            raise ValueError(f"`checkpoint_dir`: holds run {state['run_id']}, not {spec.run_id}")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        history, steps, before = state["history"], state["steps"], state["seconds"]
+        _set_rng_state(state["rng"], dev)
+    start = time.time() - before
+    for epoch in range(len(history), spec.epochs):
         model.train()
         loss_sum = torch.zeros((), device=dev)
         for s in range(0, n, bs):
@@ -147,13 +176,20 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
         acc, test_loss = evaluate(model, *test, bs)
         history.append(dict(epoch=epoch, lr=sched.get_last_lr()[0], train_loss=train_loss, test_loss=test_loss,
                             accuracy=acc, seconds=round(time.time() - start, 2)))
-        if on_epoch is not None:
-            on_epoch(history[-1])
         diverged = not math.isfinite(train_loss)
         early = acc > spec.early_stop_accuracy
-        if cut or diverged or early:
+        stop = cut or diverged or early
+        if not stop:
+            sched.step()
+            if checkpoint_dir is not None:
+                checkpoint.save(str(checkpoint_dir), epoch + 1, dict(
+                    run_id=spec.run_id, model=model.state_dict(), optimizer=opt.state_dict(),
+                    scheduler=sched.state_dict(), history=history, steps=steps, seconds=time.time() - start,
+                    rng=_rng_state(dev)), keep_last=1)
+        if on_epoch is not None:
+            on_epoch(history[-1])
+        if stop:
             break
-        sched.step()
     seconds = time.time() - start
     return dict(
         run_id=spec.run_id, spec=asdict(spec), final_accuracy=history[-1]["accuracy"],
@@ -193,12 +229,15 @@ def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: flo
         torch.set_num_threads(threads)
     if deadline is not None and time.time() > deadline:
         return dict(run_id=spec.run_id, spec=asdict(spec), not_run=True)
+    ckpt = out / "checkpoints" / spec.run_id
     try:
         on_epoch = events if callable(events) or events is None else (lambda rec: events.put(spec.run_id))
-        result = train_run(spec, device, data_dir, deadline, on_epoch)
+        result = train_run(spec, device, data_dir, deadline, on_epoch, checkpoint_dir=ckpt)
     except Exception:
         return dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
     _write_json(out / "runs" / f"{spec.run_id}.json", result)
+    if result["complete"]:
+        shutil.rmtree(ckpt, ignore_errors=True)
     return result
 
 
