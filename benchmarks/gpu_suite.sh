@@ -8,7 +8,7 @@
 #   cp     benchmarks/gpu_cp_check.py (kernel check/timing)  -> $OUT/cp/
 #   sweep  benchmarks/gpu_chunk_sweep.py (launch tuning)     -> $OUT/chunk_sweep.{json,txt}
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
-#   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar/ (MQAR_MINUTES, default 6)
+#   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar-sweep.tar (MQAR_MINUTES, default 6)
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 # Installs only wheels carried in .whl/ (no internet on the GPU machine); runs the package from the checkout.
 # Triton's autotuning results go to $OUT/triton-autotune.tar; extract it into .triton-autotune/ here and carry
@@ -77,11 +77,13 @@ for step in $STEPS; do
       grep -iE "error|traceback" "$OUT/bench_ops.txt" | tail -n 8
       python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['table'])" "$OUT/bench_ops.json" \
         || tail -n 30 "$OUT/bench_ops.txt" ;;
-    mqar)
+    mqar)  # the sweep lives in .mqar-sweep/ (carry it): finished runs and in-flight runs' epoch checkpoints
       start=$(date +%s)
-      timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} --out "$OUT/mqar" \
-        --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
+      mkdir -p .mqar-sweep
+      timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} \
+        --out .mqar-sweep --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
+      tar -cf "$OUT/mqar-sweep.tar" -C .mqar-sweep .  # extract into .mqar-sweep/ here to carry it next time
       tail -n 25 "$OUT/mqar.txt" ;;
     profile)  # one MQAR training step alone: steps/s and where the time goes
       for m in hgrn2 attention; do
