@@ -8,7 +8,7 @@
 #   cp     benchmarks/gpu_cp_check.py (kernel check/timing)  -> $OUT/cp/
 #   sweep  benchmarks/gpu_chunk_sweep.py (launch tuning)     -> $OUT/chunk_sweep.{json,txt}
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
-#   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar-sweep.tar (MQAR_MINUTES, default 6)
+#   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar-sweep.tar.* (MQAR_MINUTES, default 6)
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 # Installs only wheels carried in .whl/ (no internet on the GPU machine); runs the package from the checkout.
 # Triton's autotuning results go to $OUT/triton-autotune.tar; extract it into .triton-autotune/ here and carry
@@ -83,7 +83,9 @@ for step in $STEPS; do
       timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} \
         --out .mqar-sweep --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
-      tar -cf "$OUT/mqar-sweep.tar" -C .mqar-sweep .  # extract into .mqar-sweep/ here to carry it next time
+      # in parts of 15 MiB (the device tool returns files of up to 16 MiB): `cat mqar-sweep.tar.* | tar -x -C
+      # .mqar-sweep` here, and carry .mqar-sweep next time
+      tar -cf - -C .mqar-sweep . | split -b 15m - "$OUT/mqar-sweep.tar."
       tail -n 25 "$OUT/mqar.txt" ;;
     profile)  # one MQAR training step alone: steps/s and where the time goes
       for m in hgrn2 attention; do
