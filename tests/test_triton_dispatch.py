@@ -41,3 +41,42 @@ def test_dispatch_choice_and_result(monkeypatch, B, T, grad, cu_seqlens, expecte
     y_ref, _ = hgrn2_reference(o.double(), g.double(), i.double(), scale=0.25, o_act="silu", cu_seqlens=cu)
     assert called == [expected]
     assert rel_err(y, y_ref) <= 1e-4
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_every_kernel_on_a_second_device():
+    """Tensors on cuda:1 while cuda:0 is current (a DDP rank that never called set_device): every kernel family
+    (decode, sequential chunk, chunk-parallel, HGRN1 scan, RMSNorm, SwiGLU, cross entropy) gives cuda:0's
+    result, forward and backward."""
+    from hgrn2.ops import hgrn1, hgrn2
+    from hgrn2.ops.cross_entropy import linear_cross_entropy
+    from hgrn2.ops.norm import rms_norm
+    from hgrn2.ops.swiglu import swiglu_linear
+
+    torch.cuda.set_device(0)
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    cases = {  # name: (function of tensors on one device, CPU inputs)
+        "decode": (lambda o, g, i: hgrn2(o, g, i, backend="triton")[0], [rand(2, 3, 2, 32) for _ in range(3)]),
+        "chunk": (lambda o, g, i: hgrn2(o, g, i, backend="triton")[0], [rand(8, 64, 16, 32) for _ in range(3)]),
+        "cp": (lambda o, g, i: hgrn2(o, g, i, backend="triton")[0], [rand(1, 2048, 2, 32) for _ in range(3)]),
+        "hgrn1": (lambda x, g: hgrn1(x, g, backend="triton")[0], [rand(2, 50, 64) for _ in range(2)]),
+        "rms_norm": (lambda x, w: rms_norm(x, w, 1e-6), [rand(5, 64), rand(64)]),
+        "swiglu": (lambda g, u, w: swiglu_linear(g, u, w), [rand(5, 64), rand(5, 64), rand(16, 64)]),
+        "cross_entropy": (lambda h, w: linear_cross_entropy(h, w, torch.arange(5, device=h.device)),
+                          [rand(5, 32), rand(100, 32)]),
+    }
+    for name, (fn, xs) in cases.items():
+        results = []
+        for dev in ("cuda:0", "cuda:1"):
+            leaves = [x.to(dev).requires_grad_() for x in xs]
+            with torch.set_grad_enabled(name != "decode"):
+                y = fn(*leaves)
+            if name != "decode":
+                y.float().sum().backward()
+            results.append([y.cpu()] + [leaf.grad.cpu() for leaf in leaves if leaf.grad is not None])
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b, msg=name)

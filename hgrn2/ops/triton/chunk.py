@@ -7,13 +7,13 @@ call the kernels as they are.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from ._device import on_tensor_device
 from .chunk_bwd import hgrn2_bwd_dq_kernel, hgrn2_bwd_kernel
 from .chunk_fwd import hgrn2_fwd_kernel
 
@@ -70,10 +70,6 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, direction: str):
     return BK, BV, triton.cdiv(V, BV), launch, dt, prec
 
 
-def _device(x: torch.Tensor):
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-
-
 def _layout(o, cu_seqlens):
     B, T, H, _ = o.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -81,6 +77,7 @@ def _layout(o, cu_seqlens):
 
 
 @torch.library.custom_op("hgrn2::chunk_fwd", mutates_args=())
+@on_tensor_device
 def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
               i_act: int, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,13 +87,12 @@ def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     BK, BV, NV, launch, dt, prec = _config(o, i, N * H, "fwd")
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
-    with _device(o):
-        hgrn2_fwd_kernel[(NV, N * H)](
-            o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
-            H=H, K=K, V=V, BT=BLOCK_T_FWD, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
-            HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-            MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, **launch,
-        )
+    hgrn2_fwd_kernel[(NV, N * H)](
+        o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
+        H=H, K=K, V=V, BT=BLOCK_T_FWD, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+        HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
+        MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, **launch,
+    )
     return y, ht
 
 
@@ -108,6 +104,7 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
 
 
 @torch.library.custom_op("hgrn2::chunk_bwd", mutates_args=())
+@on_tensor_device
 def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, ht: torch.Tensor,
               dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
@@ -130,16 +127,15 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     di = torch.empty_like(i)
     dlb = o.new_empty(NV, N, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
-    with _device(o):
-        hgrn2_bwd_dq_kernel[(NV, N * H)](
-            g, i, lower_bound, initial_state, dy, dys, cu_seqlens, T, ntok,
-            I_ACT=i_act, HAS_H0=initial_state is not None, **common,
-        )
-        hgrn2_bwd_kernel[(NV, N * H)](
-            o, g, i, lower_bound, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
-            O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None,
-            **common,
-        )
+    hgrn2_bwd_dq_kernel[(NV, N * H)](
+        g, i, lower_bound, initial_state, dy, dys, cu_seqlens, T, ntok,
+        I_ACT=i_act, HAS_H0=initial_state is not None, **common,
+    )
+    hgrn2_bwd_kernel[(NV, N * H)](
+        o, g, i, lower_bound, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
+        O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None,
+        **common,
+    )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:

@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk import ACTS, _device, _layout
+from ._device import on_tensor_device
+from .chunk import ACTS, _layout
 from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
 from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
 
@@ -94,6 +95,7 @@ def _state_dtype(o):
 
 
 @torch.library.custom_op("hgrn2::cp_fwd", mutates_args=())
+@on_tensor_device
 def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
            i_act: int, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -112,18 +114,17 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
     nv_seq = triton.cdiv(V, bv_seq)
-    with _device(o):
-        cp_fwd_h_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
-            g, i, lower_bound, initial_state, h, ht, cu_seqlens, offs, T, NT,
-            H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
-            HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-            DT=dt, PREC=prec, num_warps=warps_seq,
-        )
-        cp_fwd_o_kernel[(n_chunks, triton.cdiv(V, bv), H)](
-            o, g, i, lower_bound, h, y, chunks, scale, T, NT,
-            H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
-            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
-        )
+    cp_fwd_h_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
+        g, i, lower_bound, initial_state, h, ht, cu_seqlens, offs, T, NT,
+        H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
+        HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
+        DT=dt, PREC=prec, num_warps=warps_seq,
+    )
+    cp_fwd_o_kernel[(n_chunks, triton.cdiv(V, bv), H)](
+        o, g, i, lower_bound, h, y, chunks, scale, T, NT,
+        H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+        VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
+    )
     return y, ht, h
 
 
@@ -136,6 +137,7 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
 
 
 @torch.library.custom_op("hgrn2::cp_bwd", mutates_args=())
+@on_tensor_device
 def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, h: torch.Tensor,
            dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
@@ -160,20 +162,19 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     di = torch.empty_like(i)
     dlb = o.new_zeros(NV, n_chunks, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     nv_seq = triton.cdiv(V, bv_seq)
-    with _device(o):
-        cp_bwd_dh_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
-            o, g, lower_bound, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
-            H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_LB=lower_bound is not None,
-            HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
-            DT=dt, PREC=prec, num_warps=warps_seq,
-        )
-        args = (o, g, i, lower_bound, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T)
-        kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
-                  HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
-                  DT=dt, PREC=prec, num_warps=warps)
-        for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if BWD_SPLIT else
-                      (dict(DV=True, DQK=True),)):
-            cp_bwd_kernel[(n_chunks, NV, H)](*args, **kw, **flags)
+    cp_bwd_dh_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
+        o, g, lower_bound, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
+        H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_LB=lower_bound is not None,
+        HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
+        DT=dt, PREC=prec, num_warps=warps_seq,
+    )
+    args = (o, g, i, lower_bound, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T)
+    kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
+              HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
+              DT=dt, PREC=prec, num_warps=warps)
+    for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if BWD_SPLIT else
+                  (dict(DV=True, DQK=True),)):
+        cp_bwd_kernel[(n_chunks, NV, H)](*args, **kw, **flags)
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:

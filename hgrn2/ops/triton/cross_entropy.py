@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._device import on_tensor_device
+
 BLOCK_V = 2048  # vocabulary columns per loop step
 
 
@@ -52,11 +54,11 @@ def _ce_bwd_kernel(logits, labels, lse, coef, V, BLOCK_V: tl.constexpr):
         tl.store(base + v0 + cols, (p * r_coef).to(logits.dtype.element_ty), mask=mask)
 
 
-T_ = torch.Tensor
 
 
 @torch.library.custom_op("hgrn2::ce_fwd", mutates_args=())
-def ce_fwd(logits: T_, labels: T_) -> tuple[T_, T_]:
+@on_tensor_device
+def ce_fwd(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [C, V] contiguous, labels [C] int in [0, V) → (log-sum-exp [C], the labels' logits [C]), float32."""
     C, V = logits.shape
     lse = torch.empty(C, device=logits.device, dtype=torch.float32)
@@ -73,7 +75,8 @@ def _(logits, labels):
 
 
 @torch.library.custom_op("hgrn2::ce_bwd_", mutates_args=("logits",))
-def ce_bwd_(logits: T_, labels: T_, lse: T_, coef: T_) -> None:
+@on_tensor_device
+def ce_bwd_(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, coef: torch.Tensor) -> None:
     """In place: logits [C, V] ← coef[:, None] · (softmax(logits) − onehot(labels)), given lse [C] (float32)."""
     C, V = logits.shape
     if C:

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._device import on_tensor_device
+
 MIN_CHUNK = 64  # shortest time chunk worth a second pass over the inputs
 TARGET_PROGRAMS = 1024  # enough programs to keep every SM of a large GPU busy
 
@@ -263,6 +265,7 @@ def _state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
+@on_tensor_device
 def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
     N, T, D, BD, NC, CHUNK, grid = _layout(x, cu_seqlens, chunk)
     CPLX = 2 if x.is_complex() else 1
@@ -289,6 +292,7 @@ def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
     return out, (final if want_final else final.new_empty(0))
 
 
+@on_tensor_device
 def _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk):
     N, T, D, BD, NC, CHUNK, grid = _layout(x, cu_seqlens, chunk)
     CPLX = 2 if x.is_complex() else 1

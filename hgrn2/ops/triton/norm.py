@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._device import on_tensor_device
+
 MAX_D = 16384  # one row per program in registers; wider rows take the composite
 
 
@@ -63,11 +65,12 @@ def _bwd_programs(x: torch.Tensor, N: int) -> int:
     return max(1, min(N, 8 * sms))
 
 
-T_ = torch.Tensor
 
 
 @torch.library.custom_op("hgrn2::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: T_, weight: T_, eps: float, out_dtype: torch.dtype) -> tuple[T_, T_]:
+@on_tensor_device
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, D] contiguous, weight [D] → (y [N, D] in out_dtype, rstd [N] float32)."""
     N, D = x.shape
     y = torch.empty_like(x, dtype=out_dtype)
@@ -84,7 +87,9 @@ def _(x, weight, eps, out_dtype):
 
 
 @torch.library.custom_op("hgrn2::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(dy: T_, x: T_, weight: T_, rstd: T_) -> tuple[T_, T_]:
+@on_tensor_device
+def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                 rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """dy, x [N, D] contiguous, weight [D], rstd [N] → (dx [N, D] in x's dtype, dw [D] in weight's dtype)."""
     N, D = x.shape
     dx = torch.empty_like(x)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ..checks import _fail
+from ._device import on_tensor_device
 
 ACT_CODES = {None: 0, "silu": 1, "sigmoid": 2}
 
@@ -110,6 +111,7 @@ def hgrn2_recurrent_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, 
     return y, ht
 
 
+@on_tensor_device
 def _launch(o, g, i, lb, h0, ht, cu_seqlens, scale: float, o_act: int, i_act: int) -> torch.Tensor:
     """y [B, T, H, V]; writes the final state into `ht` when given."""
     B, T, H, K = o.shape

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._device import on_tensor_device
+
 BLOCK = 2048  # elements per program
 
 
@@ -43,11 +45,11 @@ def _grid(n: int) -> tuple[int]:
     return (triton.cdiv(n, BLOCK),)
 
 
-T_ = torch.Tensor
 
 
 @torch.library.custom_op("hgrn2::swiglu_fwd", mutates_args=())
-def swiglu_fwd(g: T_, u: T_) -> T_:
+@on_tensor_device
+def swiglu_fwd(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """g, u contiguous, one shape and dtype → silu(g)·u in their dtype."""
     p = torch.empty_like(g)
     if g.numel():
@@ -61,7 +63,8 @@ def _(g, u):
 
 
 @torch.library.custom_op("hgrn2::swiglu_bwd", mutates_args=())
-def swiglu_bwd(g: T_, u: T_, dp: T_) -> tuple[T_, T_, T_]:
+@on_tensor_device
+def swiglu_bwd(g: torch.Tensor, u: torch.Tensor, dp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """g, u, dp contiguous, one shape → (dg, du, p = silu(g)·u), in g's dtype."""
     dg, du, p = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
     if g.numel():
