@@ -1,14 +1,15 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
 Run as a script in a process without TRITON_INTERPRET:
-`python tests/compile_sm90.py recurrent|hgrn1|chunk|chunk-default|cp|cp-default|glue`. Triton versions differ in
-what they reject (3.6, on the GPU machines, refuses a `return` inside a branch on a runtime value; 3.9 takes
-it): to check against another version, `pip install --target /tmp/t36 --no-deps triton==3.6.0` and put
-/tmp/t36 first on PYTHONPATH.
-Exits non-zero and prints the compiler error if any variant fails. The `cp` group also prints registers and
-spills (bundled `ptxas -v` on the PTX) and compile times.
+`python tests/compile_sm90.py recurrent|hgrn1|chunk|chunk-default|chunk-grid|cp|cp-default|glue`. Triton
+versions differ in what they reject (3.6, on the GPU machines, refuses a `return` inside a branch on a runtime
+value; 3.9 takes it): to check against another version, `pip install --target /tmp/t36 --no-deps
+triton==3.6.0` and put /tmp/t36 first on PYTHONPATH.
+Exits non-zero and prints the compiler error if any variant fails. The chunk, chunk-grid, cp and glue groups
+also print registers and spills (bundled `ptxas -v` on the PTX) and compile times.
 """
 
+import itertools
 import os
 import re
 import subprocess
@@ -180,6 +181,30 @@ def cp_variants():
                     DV=True, DQK=True), 8 if dt == "bf16" else 4)
 
 
+def chunk_grid_variants():
+    """The launch settings benchmarks/gpu_chunk_sweep.py times (tokens per step, V-block, warps), bf16,
+    K = V = 128, β, no states: registers and spills of the three sequential kernels, to read beside the timings."""
+    import triton.language as tl
+
+    from hgrn2.ops.triton import chunk_bwd as b
+    from hgrn2.ops.triton import chunk_fwd as f
+    for BT, BV, warps in itertools.product((16, 32), (128, 64, 32), (4, 8, 16)):
+        common = dict(H=16, K=128, V=128, BT=BT, BK=128, BV=BV, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
+                      DT=tl.bfloat16, PREC="tf32")
+        pdt = "bf16" if BV == 128 else "fp32"
+        sfx = f"BT={BT} BV={BV} w={warps}"
+        yield (f"fwd {sfx}", f.hgrn2_fwd_kernel,
+               dict(o="*bf16", g="*bf16", i="*bf16", y="*bf16", scale="fp32", T="i32", lb="*fp32"),
+               dict(common, O_ACT=1, I_ACT=0, HAS_H0=False, STORE_HT=False), warps)
+        yield (f"bwd_dq {sfx}", b.hgrn2_bwd_dq_kernel,
+               dict(g="*bf16", i="*bf16", dy="*bf16", dys="*fp32", T="i32", NTOK="i32", lb="*fp32"),
+               dict(common, I_ACT=0, HAS_H0=False, SPREC="tf32x3"), warps)
+        yield (f"bwd {sfx}", b.hgrn2_bwd_kernel,
+               dict(o="*bf16", g="*bf16", i="*bf16", dy="*bf16", dys="*fp32", ht="*fp32", do=f"*{pdt}",
+                    dg=f"*{pdt}", di="*bf16", scale="fp32", T="i32", NTOK="i32", dlb="*fp32", lb="*fp32"),
+               dict(common, O_ACT=1, I_ACT=0, HAS_DHT=False, STORE_DH0=False, SPREC="tf32x3"), warps)
+
+
 def chunk_default_variants():
     """The three chunk kernels at chunk.py's defaults for bf16, K = V = 128 (a quick check for the test suite)."""
     return (v for v in chunk_variants() if v[0].endswith("bf16 K=V=128 BV=128 w=8 full=True"))
@@ -240,13 +265,13 @@ if __name__ == "__main__":
     group = sys.argv[1]
     variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "chunk": chunk_variants,
                 "chunk-default": chunk_default_variants, "cp": cp_variants,
-                "cp-default": cp_default_variants, "glue": glue_variants}[group]
+                "cp-default": cp_default_variants, "glue": glue_variants, "chunk-grid": chunk_grid_variants}[group]
     failed = 0
     for name, kernel, types, consts, *w in variants():
         try:
             t = time.time()
             compiled = compile_variant(kernel, types, consts, *w)
-            if group in ("cp", "chunk", "glue"):
+            if group in ("cp", "chunk", "glue", "chunk-grid"):
                 print(f"ok {name}: {time.time() - t:.1f} s {ptxas_stats(compiled)}", flush=True)
                 continue
             print("ok", name)
