@@ -345,73 +345,57 @@ def hgrn1_rows(ctx) -> list[dict]:
 
 
 def glue_rows(ctx) -> list[dict]:
-    """The model's element-wise glue around the matmuls, forward+backward: RMSNorm and SwiGLU + down proj."""
+    """The model's glue around the recurrence, forward+backward: RMSNorm, SwiGLU + down projection, and the LM
+    head's cross entropy; ours, fla's fused module and the PyTorch composite (in the note)."""
+    from hgrn2.ops.cross_entropy import linear_cross_entropy
     from hgrn2.ops.norm import rms_norm
     from hgrn2.ops.swiglu import swiglu_linear
 
-    dev, dt, timer, fla = ctx["device"], ctx["dtype"], ctx["timer"], ctx["fla"]
-    N, d, inter = (64, 64, 176) if ctx["quick"] else (TOKENS, H * D, 5632)
-    rows = []
-    x = torch.randn(N, d, device=dev, dtype=dt, requires_grad=True)
-    w = (1 + 0.1 * torch.randn(d, device=dev)).requires_grad_()
-    dy = torch.randn_like(x)
-    row = {"kind": "rmsnorm", "mode": "fwd+bwd", "shape": f"N={N} D={d}", "B": N, "T": 1,
-           "floor_ms": floor_ms(ctx, 5 * N * d * dt.itemsize, 0)}
+    dev, dt, fla = ctx["device"], ctx["dtype"], ctx["fla"]
+    N, d, inter, V, d_head = (64, 64, 176, 1000, 64) if ctx["quick"] else (TOKENS, H * D, 5632, 32000, 1024)
 
-    def comp_rms(x):
+    def leaf(*shape, scale=1.0, dtype=dt):
+        return (torch.randn(*shape, device=dev, dtype=dtype) * scale).requires_grad_()
+
+    x, w = leaf(N, d), (1 + 0.1 * torch.randn(d, device=dev)).requires_grad_()
+    g, u, wd = leaf(N, inter), leaf(N, inter), leaf(d, inter, scale=inter ** -0.5)
+    h, wv = leaf(N, d_head), leaf(V, d_head, scale=d_head ** -0.5)
+    labels = torch.randint(0, V, (N,), device=dev)
+    dy = torch.randn(N, d, device=dev, dtype=dt)
+    fla_norm = fla["RMSNorm"](d, eps=1e-5).to(dev) if fla else None
+    fla_ce = fla["FusedLinearCrossEntropyLoss"]() if fla else None
+
+    def rms_composite():
         xf = x.float()
         return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-5) * w).to(x.dtype)
 
-    def timed(f):
-        return timer(lambda: f(x).backward(dy), grad_to_none=[x, w])
-
-    row["ours_ms"] = try_time(row, "ours", lambda: timed(lambda x: rms_norm(x, w, 1e-5)))
-    comp = try_time(row, "composite", lambda: timed(comp_rms))
-    if fla:
-        norm = fla["RMSNorm"](d, eps=1e-5).to(dev)
-        row["fla_ms"] = try_time(row, "fla", lambda: timer(lambda: norm(x).backward(dy), grad_to_none=[x]))
-    row["note"] = f"composite {comp:.4f} ms" if comp else None
-    rows.append(row)
-
-    g, u = (torch.randn(N, inter, device=dev, dtype=dt, requires_grad=True) for _ in range(2))
-    wd = (torch.randn(d, inter, device=dev, dtype=dt) / inter ** 0.5).requires_grad_()
-    row = {"kind": "swiglu", "mode": "fwd+bwd", "shape": f"N={N} I={inter}", "B": N, "T": 1,
-           "floor_ms": floor_ms(ctx, 6 * N * inter * dt.itemsize, 6 * N * inter * d)}
-
-    def timed3(f):
-        return timer(lambda: f(g, u, wd).backward(dy), grad_to_none=[g, u, wd])
-
-    row["ours_ms"] = try_time(row, "ours", lambda: timed3(swiglu_linear))
-    comp = try_time(row, "composite", lambda: timed3(lambda g, u, w: F.linear(F.silu(g) * u, w)))
-    if fla:
-        row["fla_ms"] = try_time(row, "fla", lambda: timed3(lambda g, u, w: fla["swiglu_linear"](g, u, w, None)))
-    row["note"] = f"composite {comp:.4f} ms" if comp else None
-    rows.append(row)
-    return rows + [linear_ce_row(ctx)]
+    specs = [  # kind, shape, floor bytes, floor FLOPs, leaves, cotangent, {ours, composite, fla}
+        ("rmsnorm", f"N={N} D={d}", 5 * N * d * dt.itemsize, 0, [x, w], dy,
+         {"ours": lambda: rms_norm(x, w, 1e-5), "composite": rms_composite,
+          "fla": fla_norm and (lambda: fla_norm(x))}),
+        ("swiglu", f"N={N} I={inter}", 6 * N * inter * dt.itemsize, 6 * N * inter * d, [g, u, wd], dy,
+         {"ours": lambda: swiglu_linear(g, u, wd), "composite": lambda: F.linear(F.silu(g) * u, wd),
+          "fla": fla and (lambda: fla["swiglu_linear"](g, u, wd, None))}),
+        ("ce", f"N={N} V={V}", 0, 6 * N * d_head * V, [h, wv], None,
+         {"ours": lambda: linear_cross_entropy(h, wv, labels),
+          "composite": lambda: F.cross_entropy((h @ wv.t()).float(), labels),
+          "fla": fla_ce and (lambda: fla_ce(h, labels, wv))}),
+    ]
+    rows = []
+    for kind, shape, nbytes, flops, leaves, cot, impls in specs:
+        row = {"kind": kind, "mode": "fwd+bwd", "shape": shape, "B": N, "T": 1,
+               "floor_ms": floor_ms(ctx, nbytes, flops)}
+        ms = {name: try_time(row, name, lambda fn=fn, cot=cot, leaves=leaves: _time_fwd_bwd(ctx, fn, cot, leaves))
+              for name, fn in impls.items() if fn}
+        row["ours_ms"], row["fla_ms"] = ms.get("ours"), ms.get("fla")
+        row["note"] = f"composite {ms['composite']:.4f} ms" if ms.get("composite") else None
+        rows.append(row)
+    return rows
 
 
-def linear_ce_row(ctx) -> dict:
-    """The LM head's cross entropy from the last hidden state, forward+backward."""
-    from hgrn2.ops.cross_entropy import linear_cross_entropy
-
-    dev, dt, timer, fla = ctx["device"], ctx["dtype"], ctx["timer"], ctx["fla"]
-    N, d, V = (64, 64, 1000) if ctx["quick"] else (TOKENS, 1024, 32000)
-    h = torch.randn(N, d, device=dev, dtype=dt, requires_grad=True)
-    w = (torch.randn(V, d, device=dev, dtype=dt) / d ** 0.5).requires_grad_()
-    labels = torch.randint(0, V, (N,), device=dev)
-    row = {"kind": "ce", "mode": "fwd+bwd", "shape": f"N={N} V={V}", "B": N, "T": 1,
-           "floor_ms": floor_ms(ctx, 0, 6 * N * d * V)}
-
-    def timed(f):
-        return timer(lambda: f(h, w).backward(), grad_to_none=[h, w])
-
-    row["ours_ms"] = try_time(row, "ours", lambda: timed(lambda h, w: linear_cross_entropy(h, w, labels)))
-    comp = try_time(row, "composite", lambda: timed(lambda h, w: F.cross_entropy((h @ w.t()).float(), labels)))
-    if fla:
-        loss = fla["FusedLinearCrossEntropyLoss"]()
-        row["fla_ms"] = try_time(row, "fla", lambda: timed(lambda h, w: loss(h, labels, w)))
-    row["note"] = f"composite {comp:.4f} ms" if comp else None
-    return row
+def _time_fwd_bwd(ctx, fn, cotangent, leaves) -> float:
+    """fn() then its backward (with `cotangent`, or none for a scalar), the leaves' grads reset each time."""
+    return ctx["timer"](lambda: fn().backward(cotangent), grad_to_none=leaves)
 
 
 def try_time(row, name, thunk):
