@@ -180,3 +180,26 @@ def test_empty_inputs():
     dx, dw = rms_norm_bwd(x, x, w, rstd)
     assert y.shape == dx.shape == (0, 8) and torch.equal(dw, torch.zeros(8, device=DEV))
     assert swiglu_fwd(x, x).shape == (0, 8) and all(t.shape == (0, 8) for t in swiglu_bwd(x, x, x))
+
+
+def test_glue_compiles_as_one_graph(use_triton, monkeypatch):
+    """torch.compile(fullgraph=True) through the three glue ops (kernels forced; aot_eager, so no compiler is
+    needed): no graph break, the eager values and gradients."""
+    import hgrn2.ops.cross_entropy as ce_mod
+    from hgrn2.ops.cross_entropy import linear_cross_entropy
+
+    monkeypatch.setattr(ce_mod, "_use_triton", lambda h: h.dtype != torch.float64)
+
+    def f(x, w, g, u, wd, wv, labels):
+        y = rms_norm(x, w, 1e-6, torch.bfloat16)
+        return y.float().sum() + swiglu_linear(g, u, wd).sum() + linear_cross_entropy(x, wv, labels, chunk_size=4)
+
+    torch._dynamo.reset()
+    leaves = [torch.randn(*s, device=DEV, requires_grad=True) for s in ((6, 16), (16,), (6, 32), (6, 32), (8, 32),
+                                                                       (50, 16))]
+    labels = torch.randint(0, 50, (6,), device=DEV)
+    eager = f(*leaves, labels)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(*leaves, labels)
+    torch.testing.assert_close(compiled, eager)
+    for a, b in zip(torch.autograd.grad(compiled, leaves), torch.autograd.grad(eager, leaves)):
+        torch.testing.assert_close(a, b)

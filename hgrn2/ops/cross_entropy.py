@@ -36,9 +36,11 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     if reduction not in ("mean", "sum"):
         raise ValueError(f"`reduction`: expected 'mean' or 'sum', got {reduction!r}")
     V = weight.shape[0]
-    bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
-    if bool(bad.any()):
-        raise ValueError(f"`labels`: expected values in [0, {V}) or ignore_index={ignore_index}")
+    # a data-dependent check (one host sync): eager only, so that compiled graphs do not break here
+    if not torch.compiler.is_compiling():
+        bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
+        if bool(bad.any()):
+            raise ValueError(f"`labels`: expected values in [0, {V}) or ignore_index={ignore_index}")
     dev = hidden.device.type
     if torch.is_autocast_enabled(dev):  # as nn.Linear would under autocast: both operands in the autocast dtype
         dt = torch.get_autocast_dtype(dev)
