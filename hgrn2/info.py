@@ -21,7 +21,7 @@ def run(args) -> int:
     import torch
 
     from . import __version__
-    from .ops import available_backends
+    from .ops import available_backends, triton_available
 
     print(f"hgrn2        {__version__}")
     print(f"python       {platform.python_version()}")
@@ -34,4 +34,6 @@ def run(args) -> int:
     for op, names in available_backends().items():
         default = "triton" if "triton" in names else ("chunk" if op == "hgrn2" else "scan")
         print(f"{op} backends {', '.join(names)} (default on {'cuda' if cuda else 'cpu'}: {default})")
+    glue = "Triton kernels on CUDA tensors" if triton_available() else "PyTorch composites"
+    print(f"RMSNorm, SwiGLU, cross entropy: {glue}")
     return 0
