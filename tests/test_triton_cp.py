@@ -96,6 +96,18 @@ def test_fp32_matches_reference(T, K, V, o_act, i_act):
     check(*run_both(inputs, **kw), tol=1e-4)
 
 
+def test_sequential_blocks_shrink_for_few_sequence_heads(monkeypatch):
+    """With few (sequence, head) pairs the sequential state kernels take smaller blocks (K first, then V, down
+    to 32 × 32) until their programs fill half the SMs; the results stay the reference's."""
+    monkeypatch.setattr(cp_mod, "_sm_count", lambda device: 132)
+    o = torch.empty(1, 64, 16, 128, dtype=torch.bfloat16)
+    seq_blocks = {nh: cp_mod._config(o, o, nh)[3:5] for nh in (1, 16, 32, 128)}
+    assert seq_blocks == {1: (32, 32), 16: (32, 64), 32: (32, 128), 128: (64, 128)}
+    monkeypatch.setattr(cp_mod, "_sm_count", lambda device: 64)  # K = V = 64 at N·H = 4: 32 × 32 blocks
+    inputs = make_inputs(2, 150, 2, 64, 64, n_states=2)
+    check(*run_both(inputs, scale=0.125, o_act="silu", output_final_state=True), tol=1e-4)
+
+
 def test_default_blocks_at_head_size_64():
     """K = V = 64 with the default blocks (fwd K-block 64, backward K-loop of two 32-wide blocks, whole V)."""
     inputs = make_inputs(1, 130, 1, 64, 64, n_states=1)

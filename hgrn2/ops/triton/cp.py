@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ._device import on_tensor_device
-from .chunk import ACTS, _layout
+from .chunk import ACTS, _layout, _sm_count
 from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
 from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
 
@@ -22,8 +22,12 @@ BT_FP32 = 32  # the same for fp32 / fp16 inputs (fp32 dot operands; ieee dots at
 BK = 64  # K-block of the forward output kernel (it loops over K in blocks of BK)
 BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast with BK: see NOTES)
 BV = None  # V-block of the parallel kernels (None: min(V, 128); fp32: 32). fp32 caps every K-block at 32
-BK_SEQ = 64  # K-block of the sequential h / dh kernels (the state's columns are independent; None: whole K)
-BV_SEQ = None  # V-block of the sequential kernels (None: min(V, 128); fp32: 64)
+BK_SEQ = 64  # widest K-block of the sequential h / dh kernels (the state's columns are independent; None: K)
+BV_SEQ = None  # widest V-block of the sequential kernels (None: min(V, 128); fp32: 64)
+# the sequential kernels walk T/BT dependent steps per program, so with few (sequence, head) pairs their blocks
+# shrink (K first: V-blocks repeat the gate math) while the programs fill less than this share of the SMs, down
+# to 32 × 32 (0: never). Chosen by analogy with the sequential chunk kernel's rule; not yet timed for cp.
+SEQ_SPLIT_BELOW = 0.5
 NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 4096 else 4: 4 warps spill KBs)
 NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
 STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
@@ -48,8 +52,8 @@ def _bt(o):
     return BT if o.dtype == torch.bfloat16 else BT_FP32  # fp32 / fp16 inputs take fp32 dot operands
 
 
-def _config(o, i):
-    """(BK fwd, BK bwd, BV, BK seq, BV seq, warps, warps seq)."""
+def _config(o, i, n_seq_heads: int):
+    """(BK fwd, BK bwd, BV, BK seq, BV seq, warps, warps seq) for inputs of n_seq_heads (sequence, head) pairs."""
     K, V = o.shape[-1], i.shape[-1]
     fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
     kp, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
@@ -59,6 +63,12 @@ def _config(o, i):
     bv = max(16, min(vp, BV or (32 if fp32 else 128)))
     bk_seq = max(16, min(kp, cap, BK_SEQ or kp))
     bv_seq = max(16, min(vp, BV_SEQ or (64 if fp32 else 128)))
+    while (bk_seq > 32 or bv_seq > 32) and (n_seq_heads * triton.cdiv(K, bk_seq) * triton.cdiv(V, bv_seq)
+                                             < SEQ_SPLIT_BELOW * _sm_count(o.device)):
+        if bk_seq > 32:
+            bk_seq //= 2
+        else:
+            bv_seq //= 2
     bt = _bt(o)
     assert bt % 16 == 0
     warps = NUM_WARPS or (8 if bt * max(bk, bv) >= 4096 else 4)
@@ -103,7 +113,7 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     chunk-start states h [n_chunks, H, V, K] (for the backward)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
     bt = _bt(o)
     dt, prec = _dot_dtype(o, i)
     NT = triton.cdiv(T, bt)
@@ -145,7 +155,7 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i)
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
     bt = _bt(o)
     dt, prec = _dot_dtype(o, i)
     NT = triton.cdiv(T, bt)
