@@ -108,9 +108,10 @@ def cp_variants():
 
     from hgrn2.ops.triton import cp_bwd as b
     from hgrn2.ops.triton import cp_fwd as f
-    # (BK, BV, warps): the defaults of cp.py first, then the alternatives of benchmarks/gpu_cp_check.py
-    seq_cfgs = {64: [(64, 64, 8), (64, 64, 4)],
-                128: [(64, 128, 8), (128, 128, 8), (64, 64, 4), (32, 128, 4)],
+    # (BK, BV, warps): the defaults of cp.py first, then the alternatives of benchmarks/gpu_cp_check.py and the
+    # blocks cp.SEQ_SPLIT_BELOW shrinks to for few (sequence, head) pairs
+    seq_cfgs = {64: [(64, 64, 8), (64, 64, 4), (32, 32, 4)],
+                128: [(64, 128, 8), (128, 128, 8), (64, 64, 4), (32, 128, 4), (32, 128, 8), (32, 64, 4), (32, 32, 4)],
                 256: [(64, 128, 8)]}
     par_cfgs = {64: [(64, 64, 8), (32, 64, 8)],
                 128: [(64, 128, 8), (32, 128, 8), (16, 128, 8), (64, 64, 8), (32, 64, 4), (64, 128, 4), (32, 128, 4)],
