@@ -29,7 +29,8 @@ GRID = {  # per direction: max_bv, num_warps, num_stages, tokens per step
     "fwd": dict(max_bv=(128, 64, 32), num_warps=(4, 8, 16), num_stages=(None, 1, 2), block_t=(16, 32)),
     "bwd": dict(max_bv=(128, 64, 32), num_warps=(4, 8, 16), num_stages=(None, 1, 2), block_t=(16, 32)),
 }
-DEFAULT = dict(max_bv=128, num_warps=None, num_stages=None, block_t=16)
+# the settings chunk.py ships with, per direction (timed first, the reference for every other setting)
+DEFAULT = {d: {**chunk_mod.TUNING[d], "block_t": getattr(chunk_mod, f"BLOCK_T_{d.upper()}")} for d in ("fwd", "bwd")}
 
 
 def rel(a, b) -> float:
@@ -83,8 +84,9 @@ def sweep_shape(shape, head_dim, device, deadline, log) -> list[dict]:
     rows = []
     for direction in ("fwd", "bwd"):
         grid = GRID[direction]
-        settings = [DEFAULT] + [dict(zip(grid, v)) for v in itertools.product(*grid.values())
-                                if dict(zip(grid, v)) != DEFAULT]
+        default = DEFAULT[direction]
+        settings = [default] + [dict(zip(grid, v)) for v in itertools.product(*grid.values())
+                                if dict(zip(grid, v)) != default]
         want = None
         for setting in settings:
             if time.time() > deadline:
@@ -102,7 +104,7 @@ def sweep_shape(shape, head_dim, device, deadline, log) -> list[dict]:
             except Exception as e:  # noqa: BLE001 - a failing setting is a result, not a crash
                 row["status"] = f"{type(e).__name__}: {str(e)[:120]}"
             finally:
-                apply(direction, DEFAULT)
+                apply(direction, default)
             log(json.dumps(row))
             rows.append(row)
     return rows
