@@ -65,9 +65,9 @@ def test_rms_norm(use_triton, dtype, shape):
 def test_rms_norm_bwd_more_rows_than_programs():
     from hgrn2.ops.triton.norm import _bwd_programs, rms_norm_bwd, rms_norm_fwd
 
-    x = torch.randn(301, 40, device=DEV)
+    cap = _bwd_programs(torch.empty(0, device=DEV), 10**9)  # the most programs on this device
+    x = torch.randn(cap + 45, 40, device=DEV)  # several rows per program, the last one partly empty
     w = torch.randn(40, device=DEV)
-    assert _bwd_programs(x, 301) < 301  # several rows per program, the last one partly empty
     y, rstd = rms_norm_fwd(x, w, 1e-6, x.dtype)
     dy = torch.randn_like(x)
     dx, dw = rms_norm_bwd(dy, x, w, rstd)
@@ -101,10 +101,12 @@ def test_swiglu_extreme_gates():
     gd = g.double().requires_grad_()
     p = F.silu(gd) * 0.7
     p.backward(torch.full_like(gd, 1.3))
-    assert torch.allclose(swiglu_fwd(g, u).double(), p, rtol=1e-6, atol=1e-30)
+    # GPUs flush fp32 subnormals (silu(-100) = -3.7e-42) to zero
+    tiny = torch.finfo(torch.float32).tiny
+    assert torch.allclose(swiglu_fwd(g, u).double(), p, rtol=1e-6, atol=tiny)
     dg, du, p2 = swiglu_bwd(g, u, dp)
     assert torch.isfinite(dg).all()
-    assert torch.allclose(dg.double(), gd.grad, rtol=1e-5, atol=1e-30)
+    assert torch.allclose(dg.double(), gd.grad, rtol=1e-5, atol=tiny)
     assert torch.allclose(du.double(), 1.3 * F.silu(gd), rtol=1e-6) and torch.equal(p2, swiglu_fwd(g, u))
 
 

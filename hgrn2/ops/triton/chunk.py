@@ -23,7 +23,9 @@ ACTS = {None: 0, "silu": 1, "sigmoid": 2}
 FP32_DOT_PRECISION = "ieee"
 # tokens per sequential step (16 or 32): fewer, larger steps vs more registers per tile. The two backward
 # sweeps must share one (dys = dy S is split at the same block boundaries); the forward is independent.
-BLOCK_T_FWD = 16
+# H100, bf16 B8 T2048 H16 K=V=128 (benchmarks/gpu_chunk_sweep.py, BENCHMARKS.md): forward 0.50 ms at 32
+# vs 0.61 at 16; backward 3.01 at 16 vs 3.63 at 32 (its reverse sweep spills more).
+BLOCK_T_FWD = 32
 BLOCK_T_BWD = 16
 FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
 # launch tuning per direction: the widest V-block per program (V is split into ceil(V / BV) programs), warps

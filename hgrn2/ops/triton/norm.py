@@ -65,8 +65,6 @@ def _bwd_programs(x: torch.Tensor, N: int) -> int:
     return max(1, min(N, 8 * sms))
 
 
-
-
 @torch.library.custom_op("hgrn2::rms_norm_fwd", mutates_args=())
 @on_tensor_device
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float,
