@@ -91,8 +91,8 @@ def chunk_variants():
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", y=f"*{dt}", ht="*fp32", scale="fp32", T="i32", **opt),
                    dict(common, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
             yield (f"bwd_dq {sfx}", b.hgrn2_bwd_dq_kernel,
-                   dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", T="i32", NTOK="i32", **opt),
-                   dict(common, I_ACT=1, HAS_H0=full, SPREC=sprec), warps)
+                   dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32", T="i32", NTOK="i32", **opt),
+                   dict(common, I_ACT=1, HAS_H0=full, STORE_HT=full, SPREC=sprec), warps)
             pdt = dt if BV == KV else "fp32"
             grads = dict(dlb="*fp32", dh0="*fp32", dht="*fp32") if full else {}
             yield (f"bwd {sfx}", b.hgrn2_bwd_kernel,
@@ -199,7 +199,7 @@ def chunk_grid_variants():
                dict(common, O_ACT=1, I_ACT=0, HAS_H0=False, STORE_HT=False), warps)
         yield (f"bwd_dq {sfx}", b.hgrn2_bwd_dq_kernel,
                dict(g="*bf16", i="*bf16", dy="*bf16", dys="*fp32", T="i32", NTOK="i32", lb="*fp32"),
-               dict(common, I_ACT=0, HAS_H0=False, SPREC="tf32x3"), warps)
+               dict(common, I_ACT=0, HAS_H0=False, STORE_HT=False, SPREC="tf32x3"), warps)
         yield (f"bwd {sfx}", b.hgrn2_bwd_kernel,
                dict(o="*bf16", g="*bf16", i="*bf16", dy="*bf16", dys="*fp32", ht="*fp32", do=f"*{pdt}",
                     dg=f"*{pdt}", di="*bf16", scale="fp32", T="i32", NTOK="i32", dlb="*fp32", lb="*fp32"),

@@ -24,7 +24,10 @@ FP32_DOT_PRECISION = "ieee"
 # tokens per sequential step (16 or 32): fewer, larger steps vs more registers per tile. The two backward
 # sweeps must share one (dys = dy S is split at the same block boundaries); the forward is independent.
 # H100, bf16 B8 T2048 H16 K=V=128 (benchmarks/gpu_chunk_sweep.py, BENCHMARKS.md): forward 0.50 ms at 32
-# vs 0.61 at 16; backward 3.01 at 16 vs 3.63 at 32 (its reverse sweep spills more).
+# vs 0.61 at 16; backward 3.01 at 16 vs 3.63 at 32 (its reverse sweep spills more). The backward takes the
+# final state from its own forward sweep, not from the forward pass: d log f's final-state share cancels
+# against its other terms only if S_T is rounded the backward's way (with the forward's 32-token S_T, dβ was
+# 2-3e-2 off at T 4096 on an H100, against 2-7e-3).
 BLOCK_T_FWD = 32
 BLOCK_T_BWD = 16
 FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
@@ -108,7 +111,7 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
 @torch.library.custom_op("hgrn2::chunk_bwd", mutates_args=())
 @on_tensor_device
 def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
-              initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, ht: torch.Tensor,
+              initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
               dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
@@ -129,9 +132,10 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     di = torch.empty_like(i)
     dlb = o.new_empty(NV, N, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
+    ht = o.new_empty(N, H, V, K, dtype=torch.float32) if dht is not None else o.new_empty(0)  # S_T, recomputed
     hgrn2_bwd_dq_kernel[(NV, N * H)](
-        g, i, lower_bound, initial_state, dy, dys, cu_seqlens, T, ntok,
-        I_ACT=i_act, HAS_H0=initial_state is not None, **common,
+        g, i, lower_bound, initial_state, dy, dys, ht, cu_seqlens, T, ntok,
+        I_ACT=i_act, HAS_H0=initial_state is not None, STORE_HT=dht is not None, **common,
     )
     hgrn2_bwd_kernel[(NV, N * H)](
         o, g, i, lower_bound, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
@@ -148,7 +152,7 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
 
 
 @chunk_bwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, ht, dy, dht, scale, o_act, i_act):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act):
     dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
@@ -156,16 +160,16 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, ht, dy, dht, scale, o_act
 
 def _setup_context(ctx, inputs, output):
     o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state = inputs
-    ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, output[1])
+    ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens)
     ctx.args = (scale, o_act, i_act, output_final_state)
 
 
 def _backward(ctx, dy, dht):
-    o, g, i, lower_bound, initial_state, cu_seqlens, ht = ctx.saved_tensors
+    o, g, i, lower_bound, initial_state, cu_seqlens = ctx.saved_tensors
     scale, o_act, i_act, output_final_state = ctx.args
     dy = torch.zeros_like(i) if dy is None else dy.contiguous()
     dht = dht.contiguous() if output_final_state and dht is not None else None
-    do, dg, di, dlb, dh0 = chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, ht, dy, dht, scale, o_act,
+    do, dg, di, dlb, dh0 = chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act,
                                      i_act)
     return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
             None, None, None, None, None)

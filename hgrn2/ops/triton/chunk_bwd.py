@@ -3,7 +3,8 @@
 Both walk a sequence BT (16) tokens at a time per (V-block, sequence·head), like the forward kernel.
 
 1. `hgrn2_bwd_dq_kernel` recomputes the state S forward and writes dys = P = dy S [BT, K] (fp32, one slice per
-   V-block; dq's state term is e^{b} ⊙ P, the only term of the backward that needs the forward state).
+   V-block; dq's state term is e^{b} ⊙ P, the only term of the backward that needs the forward state), and
+   the final state S_T where a final-state gradient comes in (its share of d log f must be rounded this way).
 2. `hgrn2_bwd_kernel` walks backwards carrying dS [BV, K] (the gradient of the state after the sub-block):
 
        dq = e^{b} ⊙ P + diag part         dk = e^{b_last − b} ⊙ (v dS) + diag part
@@ -25,9 +26,9 @@ from ._common import _act, _act_and_grad, _diag_block, _diag_grads, _gates, _loa
 
 @triton.jit
 def hgrn2_bwd_dq_kernel(
-    g, i, lb, h0, dy, dys, cu_seqlens, T, NTOK,
+    g, i, lb, h0, dy, dys, ht, cu_seqlens, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr,
+    I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, VARLEN: tl.constexpr,
     MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -69,6 +70,8 @@ def hgrn2_bwd_dq_kernel(
         # the same rounded operand as the forward's and the reverse sweep's state update
         ke = (k * _w_end(b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
         S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v), ke, input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht + s_off, S, mask=s_mask)
 
 
 @triton.jit
