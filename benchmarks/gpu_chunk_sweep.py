@@ -7,9 +7,10 @@ combination of each direction, timed and checked, fastest first.
         --head-dim 16 --budget-s 20        # a smoke test of this script on a CPU
 
 Per shape (B × T × H, K = V = 128, bf16, β and silu as in `hgrn2 bench ops`): the forward alone, and the
-backward alone (`torch.autograd.grad` of a kept forward graph), for each setting of `chunk.TUNING[direction]`
-and `chunk.BLOCK_T_FWD` / `BLOCK_T_BWD`. Each setting's output is compared with the default setting's (bf16
-relative error ≤ 1e-2, else it is reported as WRONG); settings that fail to compile are reported, not fatal.
+backward alone (`torch.autograd.grad` of a kept forward graph), for each setting of `chunk.TUNING[direction]`,
+`chunk.BLOCK_T_FWD` / `BLOCK_T_BWD` and `chunk.BWD_SPLIT`. Each setting's output is compared with the default
+setting's (bf16 relative error ≤ 1e-2, else it is reported as WRONG); settings that fail to compile are
+reported, not fatal.
 Times are medians of `triton.testing.do_bench`. The last lines are a table of the three fastest settings per
 shape and direction next to the default; copy the winners into `hgrn2/ops/triton/chunk.py`.
 """
@@ -26,14 +27,16 @@ import triton
 
 from hgrn2.ops.triton import chunk as chunk_mod
 
-# per direction: max_bv, num_warps, num_stages, tokens per step. Pruned by the offline sm_90 compile (NOTES.md):
-# 4 warps spill 1.5-11 KB per thread in the backward, and the forward has no spills to trade at BV <= 64.
+# per direction: max_bv, num_warps, num_stages, tokens per step (and the backward's form, chunk.BWD_SPLIT).
+# Pruned by the offline sm_90 compile (NOTES.md) and the H100 sweep of 2026-11-23 (BENCHMARKS.md): 4 warps
+# spill 1.5-11 KB per thread in the backward, and V-blocks of 32 and pipelining stages never won.
 GRID = {
-    "bwd": dict(max_bv=(128, 64, 32), num_warps=(8, 16), num_stages=(None, 1), block_t=(16, 32)),
+    "bwd": dict(max_bv=(128, 64), num_warps=(8, 16), num_stages=(None,), block_t=(16, 32), split=(False, True)),
     "fwd": dict(max_bv=(128, 64), num_warps=(4, 8), num_stages=(None, 1), block_t=(16, 32)),
 }
 # the settings chunk.py ships with, per direction (timed first, the reference for every other setting)
 DEFAULT = {d: {**chunk_mod.TUNING[d], "block_t": getattr(chunk_mod, f"BLOCK_T_{d.upper()}")} for d in ("fwd", "bwd")}
+DEFAULT["bwd"]["split"] = chunk_mod.BWD_SPLIT
 
 
 def rel(a, b) -> float:
@@ -60,6 +63,8 @@ def bench(fn, device) -> float:
 def apply(direction: str, setting: dict) -> None:
     chunk_mod.TUNING[direction] = {k: setting[k] for k in ("max_bv", "num_warps", "num_stages")}
     setattr(chunk_mod, "BLOCK_T_FWD" if direction == "fwd" else "BLOCK_T_BWD", setting["block_t"])
+    if direction == "bwd":
+        chunk_mod.BWD_SPLIT = setting["split"]
 
 
 def measure(direction: str, xs) -> tuple[float, torch.Tensor]:
@@ -114,14 +119,15 @@ def sweep_shape(shape, head_dim, directions, device, deadline, log) -> list[dict
 
 
 def summary(rows) -> str:
-    lines = ["shape       dir  max_bv warps stages BT     ms    vs default"]
+    lines = ["shape       dir  split max_bv warps stages BT     ms    vs default"]
     for key in sorted({(r["shape"], r["direction"]) for r in rows}):
         ok = [r for r in rows if (r["shape"], r["direction"]) == key and r.get("status") == "ok"]
         if not ok:
             continue
         base = ok[0]["ms"]  # the default setting runs first
         for r in [ok[0]] + sorted(ok[1:], key=lambda r: r["ms"])[:3]:
-            lines.append(f"{r['shape']:<11} {r['direction']:<4} {r['max_bv']:>6} {r['num_warps'] or '-':>5} "
+            lines.append(f"{r['shape']:<11} {r['direction']:<4} {'yes' if r.get('split') else '-':>5} "
+                         f"{r['max_bv']:>6} {r['num_warps'] or '-':>5} "
                          f"{r['num_stages'] or '-':>6} {r['block_t']:>3} {r['ms']:>7.3f}  {r['ms'] / base:>6.2f}x")
     return "\n".join(lines)
 

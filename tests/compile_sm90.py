@@ -99,6 +99,16 @@ def chunk_variants():
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32",
                         do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", scale="fp32", T="i32", NTOK="i32", **opt, **grads),
                    dict(common, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
+            split = dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", vds="*fp32", dvs="*fp32",
+                         carry="*fp32", scale="fp32", T="i32", NTOK="i32", NBT="i32",
+                         **{k: v for k, v in opt.items() if k != "h0"})
+            yield (f"bwd_state {sfx}", b.hgrn2_bwd_state_kernel,
+                   dict(split, ht="*fp32", **{k: v for k, v in grads.items() if k != "dlb"}),
+                   dict(common, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
+            yield (f"bwd_diag {sfx}", b.hgrn2_bwd_diag_kernel,
+                   dict({k: v for k, v in split.items() if k not in ("NTOK", "NBT")}, do=f"*{dt}", dg=f"*{dt}",
+                        di=f"*{dt}", **({"dlb": "*fp32"} if full else {})),
+                   dict(common, BV=KV, O_ACT=2, I_ACT=1), warps)
 
 
 def cp_variants():

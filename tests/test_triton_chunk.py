@@ -64,6 +64,12 @@ def check(got, ref, tol, skip=()):
         assert err <= tol, f"d{name}: {err:.2e}"
 
 
+@pytest.fixture(params=[False, True], ids=["fused", "split"])
+def bwd(request, monkeypatch):
+    """The backward's reverse sweep fused (one kernel) or split (state sweep + parallel per-sub-block kernel)."""
+    monkeypatch.setattr(chunk_mod, "BWD_SPLIT", request.param)
+
+
 @pytest.fixture
 def split_v(monkeypatch):
     """Force V-blocks of 16 so that V = 32 runs as two programs whose partial gradients are summed."""
@@ -74,13 +80,13 @@ def split_v(monkeypatch):
 @pytest.mark.parametrize("T,K,V,o_act,i_act", [
     (37, 16, 32, "silu", "sigmoid"), (70, 32, 16, None, None), (29, 24, 20, "sigmoid", "sigmoid"),  # padded K, V
 ])
-def test_fp32_matches_reference(T, K, V, o_act, i_act):
+def test_fp32_matches_reference(T, K, V, o_act, i_act, bwd):
     inputs = make_inputs(2, T, 2, K, V, n_states=2)
     kw = dict(scale=K ** -0.5, o_act=o_act, i_act=i_act, output_final_state=True)
     check(*run_both(inputs, **kw), tol=1e-4)
 
 
-def test_exact_diagonal_path_everywhere(monkeypatch):
+def test_exact_diagonal_path_everywhere(monkeypatch, bwd):
     """The tree-factorised diagonal block (normally only for fast-forgetting blocks) on ordinary inputs."""
     monkeypatch.setattr(chunk_mod, "FAST_DIAG_MAX_SPREAD", -1.0)
     inputs = make_inputs(2, 37, 2, 16, 16, n_states=2)
@@ -88,7 +94,7 @@ def test_exact_diagonal_path_everywhere(monkeypatch):
 
 
 @pytest.mark.parametrize("block_t_fwd,block_t_bwd,max_spread", [(32, 32, 60.0), (32, 16, -1.0), (16, 32, -1.0)])
-def test_32_token_steps(monkeypatch, block_t_fwd, block_t_bwd, max_spread):
+def test_32_token_steps(monkeypatch, block_t_fwd, block_t_bwd, max_spread, bwd):
     """32-token steps (a tuning option) in either sweep: fast and exact diagonal blocks, odd length, states."""
     monkeypatch.setattr(chunk_mod, "BLOCK_T_FWD", block_t_fwd)
     monkeypatch.setattr(chunk_mod, "BLOCK_T_BWD", block_t_bwd)
@@ -115,12 +121,12 @@ def test_backward_does_not_read_the_forward_state(monkeypatch, split_v):
         assert torch.equal(a, b), name
 
 
-def test_split_v_blocks_and_no_bound(split_v):
+def test_split_v_blocks_and_no_bound(split_v, bwd):
     inputs = make_inputs(2, 33, 2, 16, 32, lb=None)
     check(*run_both(inputs, o_act="sigmoid", i_act="silu"), tol=1e-4)
 
 
-def test_extreme_gates(split_v):
+def test_extreme_gates(split_v, bwd):
     """g = ±30 (f → β or f → 1) on a quarter of the entries, β from 0 to 0.999: no overflow, fp32 accuracy.
 
     The spread of log f inside a 16-token block reaches ~480 here, so the exact diagonal path runs too.
@@ -139,7 +145,7 @@ def test_extreme_gates(split_v):
     assert rel_err(dlb[beta > 0], dlb_ref[beta > 0]) <= 1e-4
 
 
-def test_all_gates_saturated():
+def test_all_gates_saturated(bwd):
     """Every gate at ±30: outputs and all gradients but dg/dβ to fp32 accuracy; dg, whose entries are all
     ~σ'(30) ≈ 1e-13, to an absolute error far below the scale of the other gradients."""
     o, g, i, _, h0 = make_inputs(2, 40, 2, 16, 16, n_states=2)
@@ -152,7 +158,7 @@ def test_all_gates_saturated():
     assert (dg.double() - dg_ref).abs().max() <= 1e-5 * ref[2][2].grad.abs().max()
 
 
-def test_long_sequence_slow_decay():
+def test_long_sequence_slow_decay(bwd):
     """600 tokens with β up to 0.999 (memory ~1000 tokens): long-range accumulation in fp32."""
     inputs = make_inputs(1, 600, 1, 16, 16, g_scale=1.0, lb=(0.9, 0.999), n_states=1)
     check(*run_both(inputs, scale=0.25, o_act="silu", output_final_state=True), tol=1e-4)
@@ -167,7 +173,7 @@ def test_short_sequence_without_grad():
     assert rel_err(y, y_ref) <= 1e-4 and rel_err(ht, ht_ref) <= 1e-4
 
 
-def test_bf16():
+def test_bf16(bwd):
     """bf16 dot operands (the interpreter rounds as the GPU does, see `_interpret.py`). 300 tokens (19 sequential
     blocks): d log f is a running sum whose terms cancel, and before they were formed from the rounded
     operands dβ was off by 5e-2 here (1.0 on an H100 at T = 2048)."""
@@ -176,7 +182,7 @@ def test_bf16():
     check(*run_both(inputs, **kw), tol=2e-2)
 
 
-def test_varlen_equals_per_sequence_runs():
+def test_varlen_equals_per_sequence_runs(bwd):
     lens = [5, 40, 17]
     cu = torch.tensor([0, 5, 45, 62], device=DEV, dtype=torch.int32)
     o, g, i, beta, h0 = make_inputs(1, sum(lens), 2, 16, 16, n_states=3)
@@ -228,7 +234,7 @@ def hard_time_limit():
 @gpu
 @pytest.mark.parametrize("K,V", [(64, 64), (128, 128), (256, 256), (128, 64)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2), (torch.float16, 2e-2)])
-def test_gpu_head_sizes(K, V, dtype, tol):
+def test_gpu_head_sizes(K, V, dtype, tol, bwd):
     inputs = make_inputs(2, 300, 2, K, V, n_states=2, dtype=dtype)
     kw = dict(scale=K ** -0.5, o_act="silu", output_final_state=True)
     check(*run_both(inputs, **kw), tol=tol)
@@ -236,7 +242,7 @@ def test_gpu_head_sizes(K, V, dtype, tol):
 
 @gpu
 @pytest.mark.parametrize("T", [4096, 65536])
-def test_gpu_long_sequences(T):
+def test_gpu_long_sequences(T, bwd):
     """Long sequences, slow decay: all gradients at 4K; outputs and final state at 64K (the fp64 step-loop
     reference's autograd graph would not be reasonable there)."""
     inputs = make_inputs(1, T, 2, 64, 64, g_scale=1.0, lb=(0.5, 0.999), n_states=1, dtype=torch.bfloat16)
@@ -291,8 +297,9 @@ def test_launch_sweep_script_runs(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     out = tmp_path / "sweep.json"
     subprocess.run([sys.executable, "benchmarks/gpu_chunk_sweep.py", "--device", "cpu", "--shapes", "1x20x1",
-                    "--head-dim", "16", "--budget-s", "4", "--out", str(out)], cwd=root, env=env, check=True,
+                    "--head-dim", "16", "--budget-s", "6", "--out", str(out)], cwd=root, env=env, check=True,
                    capture_output=True)
     rows = json.loads(out.read_text())
     assert rows[0]["max_bv"] == 128 and rows[0]["err_vs_default"] == 0.0
-    assert len(rows) >= 2 and all(r["status"] == "ok" for r in rows)
+    assert len(rows) >= 3 and all(r["status"] == "ok" for r in rows)
+    assert any(r.get("split") for r in rows)  # the split backward is among the first settings

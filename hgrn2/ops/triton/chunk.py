@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ._device import on_tensor_device
-from .chunk_bwd import hgrn2_bwd_dq_kernel, hgrn2_bwd_kernel
+from .chunk_bwd import hgrn2_bwd_diag_kernel, hgrn2_bwd_dq_kernel, hgrn2_bwd_kernel, hgrn2_bwd_state_kernel
 from .chunk_fwd import hgrn2_fwd_kernel
 
 ACTS = {None: 0, "silu": 1, "sigmoid": 2}
@@ -36,6 +36,10 @@ FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below t
 # Triton's default). `benchmarks/gpu_chunk_sweep.py` times the alternatives on a GPU.
 TUNING = {"fwd": {"max_bv": 128, "num_warps": None, "num_stages": None},
           "bwd": {"max_bv": 128, "num_warps": None, "num_stages": None}}
+# the backward's reverse sweep as one kernel (False), or as a state-only sweep plus a parallel kernel per
+# sub-block for the diagonal blocks and the chain rule (True; chunk_bwd.py): fewer live tiles in the sweep,
+# more bytes moved (v dS, k e^{b_last-b} dS^T in fp32). Not yet timed on a GPU.
+BWD_SPLIT = False
 # split V while the programs fill less than this share of the SMs (see `_config`)
 SPLIT_BELOW = {"fwd": 0.5, "bwd": 0.25}
 
@@ -125,30 +129,70 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
                   VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, SPREC=sprec,
                   **launch)
     dys = o.new_empty(NV, B, T, H, K, dtype=torch.float32)  # dy S, from the forward sweep
-    if NV == 1:
-        do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
-    else:  # per-V-block partial sums, added below
-        do, dg = torch.empty_like(dys), torch.empty_like(dys)
-    di = torch.empty_like(i)
-    dlb = o.new_empty(NV, N, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if dht is not None else o.new_empty(0)  # S_T, recomputed
     hgrn2_bwd_dq_kernel[(NV, N * H)](
         g, i, lower_bound, initial_state, dy, dys, ht, cu_seqlens, T, ntok,
         I_ACT=i_act, HAS_H0=initial_state is not None, STORE_HT=dht is not None, **common,
     )
+    reverse = _reverse_split if BWD_SPLIT else _reverse_fused
+    flags = dict(O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None)
+    do, dg, di, dlb = reverse(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags)
+    if initial_state is not None:
+        dh0 = dh0.to(initial_state.dtype)
+    return do, dg, di, dlb, dh0
+
+
+def _reverse_fused(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags):
+    """The reverse sweep as one kernel (`hgrn2_bwd_kernel`): (do, dg, di, d lower_bound or empty)."""
+    B, T, H, N = _layout(o, cu_seqlens)
+    NV, K = dys.shape[0], o.shape[-1]
+    if NV == 1:
+        do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
+    else:  # per-V-block partial sums, added below
+        do, dg = torch.empty_like(dys), torch.empty_like(dys)
+    di = torch.empty_like(i)
+    dlb = o.new_empty(NV, N, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     hgrn2_bwd_kernel[(NV, N * H)](
-        o, g, i, lower_bound, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, ntok,
-        O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None,
-        **common,
+        o, g, i, lower_bound, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, B * T,
+        **flags, **common,
     )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:
         dlb = dlb.sum((0, 1)).to(lower_bound.dtype)
-    if initial_state is not None:
-        dh0 = dh0.to(initial_state.dtype)
-    return do, dg, di, dlb, dh0
+    return do, dg, di, dlb
+
+
+def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags):
+    """The reverse sweep as a state-only sweep and a parallel kernel per sub-block (`hgrn2_bwd_state_kernel`,
+    `hgrn2_bwd_diag_kernel`): (do, dg, di, d lower_bound or empty)."""
+    B, T, H, N = _layout(o, cu_seqlens)
+    NV, K, V = dys.shape[0], o.shape[-1], i.shape[-1]
+    BT, ntok = common["BT"], B * T
+    nbt = ntok // BT + N + 1  # rows of the per-sub-block tensors (see chunk_bwd._carry_row)
+    vds = torch.empty_like(dys)
+    dvs = i.new_empty(B, T, H, V, dtype=torch.float32)
+    carry = o.new_empty(NV, nbt, H, K, dtype=torch.float32)
+    hgrn2_bwd_state_kernel[(NV, N * H)](
+        o, g, i, lower_bound, dy, dys, ht, dht, vds, dvs, carry, dh0, cu_seqlens, scale, T, ntok, nbt,
+        **flags, **common,
+    )
+    if NV > 1:  # the V-blocks' partial sums (V is split only when few programs would run)
+        dys, vds, carry = dys.sum(0), vds.sum(0), carry.sum(0)
+    do, dg, di = torch.empty_like(o), torch.empty_like(g), torch.empty_like(i)
+    dlb = o.new_zeros(nbt, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
+    longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    diag = {k: common[k] for k in ("H", "K", "V", "BT", "BK", "HAS_LB", "VARLEN", "MAX_SPREAD", "DT", "PREC")}
+    bv = max(16, triton.next_power_of_2(V))  # all of V: dA sums over it
+    # 8 warps at K = V = 128 (offline sm_90 compile, bf16: 476 B of spills; 4 warps 1.5 KB, 16 warps 1 KB)
+    hgrn2_bwd_diag_kernel[(triton.cdiv(longest, BT), N * H)](
+        o, g, i, lower_bound, dy, dys, vds, dvs, carry, do, dg, di, dlb, cu_seqlens, scale, T,
+        BV=bv, O_ACT=flags["O_ACT"], I_ACT=flags["I_ACT"], num_warps=8 if common["BK"] * bv >= 8192 else 4, **diag,
+    )
+    if lower_bound is not None:
+        dlb = dlb.sum(0).to(lower_bound.dtype)
+    return do, dg, di, dlb
 
 
 @chunk_bwd.register_fake

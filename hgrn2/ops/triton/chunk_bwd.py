@@ -174,3 +174,139 @@ def hgrn2_bwd_kernel(
         tl.store(dh0 + s_off, dS, mask=s_mask)
     if HAS_LB:
         tl.store(dlb + (i_v * tl.num_programs(1) + i_nh) * K + ck, dlb_acc, mask=ck < K)
+
+
+# The split backward (chunk.BWD_SPLIT): the reverse sweep above keeps ~25 [BT, K] tiles alive beside dS and
+# spills; here it carries only what needs the state, and the diagonal blocks and the chain rule run in a
+# kernel with one program per (sub-block, sequence·head), which needs no state and fills the GPU.
+#   2'. `hgrn2_bwd_state_kernel` walks backwards carrying dS and writes, per sub-block, v dS [BT, K] (fp32,
+#       per V-block), (k ⊙ e^{b_last − b}) dSᵀ [BT, BV] (fp32) and d log f's state-term carry entering it
+#       (Σ over later sub-blocks of q⊙dq − k⊙dk's state terms, plus the final state's share) [K].
+#   3'. `hgrn2_bwd_diag_kernel` adds the diagonal block's terms and writes do, dg, di and β partial sums.
+# Both recompute the gates and factors exactly as the sweeps do, so each dot operand is the same rounded value
+# on both sides of d log f's cancelling pairs.
+
+
+@triton.jit
+def _carry_row(bos, t0, i_n, BT: tl.constexpr):
+    """Row of sub-block [t0, t0 + BT) of sequence i_n in a [NTOK // BT + N + 1, ...] per-sub-block tensor:
+    sequence n's sub-blocks take rows bos//BT + n + j, disjoint from the next sequence's."""
+    return bos // BT + i_n + (t0 - bos) // BT
+
+
+@triton.jit
+def hgrn2_bwd_state_kernel(
+    o, g, i, lb, dy, dys, ht, dht, vds, dvs, carry, dh0, cu_seqlens, scale, T, NTOK, NBT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+    PREC: tl.constexpr, SPREC: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+    s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        dlogf_carry = tl.sum(dS * tl.load(ht + s_off, mask=s_mask, other=0.0), 0)
+    else:
+        dS = tl.zeros([BV, BK], dtype=tl.float32)
+        dlogf_carry = tl.zeros([BK], dtype=tl.float32)
+    part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of dys and vds
+    carry_base = carry + i_v.to(tl.int64) * NBT * H * K
+
+    t_last = bos + (tl.cdiv(eos - bos, BT) - 1) * BT
+    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+    for it in range(0, tl.cdiv(eos - bos, BT)):
+        t0 = t_last - it * BT
+        o_t, g_t, i_t, dy_t = o_nx, g_nx, i_nx, dy_nx
+        offk, offv, mtk, mtv = _tile(t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        o_nx = tl.load(o + offk, mask=mtk, other=0.0)
+        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
+        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
+        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+
+        q = _act(o_t.to(tl.float32), O_ACT) * scale
+        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
+        b = tl.cumsum(a, 0)
+        b_last = tl.sum(a, 0)
+        ke = (k * _w_end(b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
+        qe = (q * tl.exp(b)).to(DT)
+
+        tl.store(dvs + offv, tl.dot(ke, tl.trans(dS.to(DT)), input_precision=PREC), mask=mtv)
+        vdS = tl.dot(v.to(tl.float32), dS, input_precision=SPREC)
+        tl.store(vds + part + offk, vdS, mask=mtk)
+        P = tl.load(dys + part + offk, mask=mtk, other=0.0)
+        tl.store(carry_base + (_carry_row(bos, t0, i_n, BT) * H + i_h) * K + ck, dlogf_carry, mask=ck < K)
+        dlogf_carry += tl.sum(qe.to(tl.float32) * P - ke.to(tl.float32) * vdS, 0)
+        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(dy_t.to(DT)), qe, input_precision=PREC)
+
+    if STORE_DH0:
+        tl.store(dh0 + s_off, dS, mask=s_mask)
+
+
+@triton.jit
+def hgrn2_bwd_diag_kernel(
+    o, g, i, lb, dy, dys, vds, dvs, carry, do, dg, di, dlb, cu_seqlens, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """One program per (sub-block, sequence·head), all of K and V (BK ≥ K, BV ≥ V); dys, vds and carry summed
+    over the V-blocks."""
+    i_t, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    t0 = bos + i_t * BT
+    if t0 < eos:  # the grid covers the longest sequence
+        rows = tl.arange(0, BT)
+        ck = tl.arange(0, BK)
+        cv = tl.arange(0, BV)
+        beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        q, dq_act = _act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
+        q = q * scale
+        a, k, s_pos, s_neg, f = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        v, dv_act = _act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)
+        v = tl.where(mtv, v, 0.0).to(DT)
+        b_do = tl.load(dy + offv, mask=mtv, other=0.0).to(DT)
+        b = tl.cumsum(a, 0)
+        b_last = tl.sum(a, 0)
+        spread = -tl.min(b_last)
+        A, eb, w_end = _diag_block(q, k, b, b_last, spread, MAX_SPREAD, DT, PREC)
+
+        b_dv = tl.load(dvs + offv, mask=mtv, other=0.0) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
+        tl.store(di + offv, (b_dv * dv_act).to(di.dtype.element_ty), mask=mtv)
+
+        dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
+        dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
+        dq_d, dk_d, db_d = _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
+        crow = (_carry_row(bos, t0, i_n, BT) * H + i_h) * K + ck
+        P = tl.load(dys + offk, mask=mtk, other=0.0)
+        vdS = tl.load(vds + offk, mask=mtk, other=0.0)
+        dlogf_carry = tl.load(carry + crow, mask=ck < K, other=0.0)
+        b_dq = eb * P + dq_d
+        tl.store(do + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
+        b_dk = w_end * vdS + dk_d
+        ke = (k * w_end).to(DT)
+        qe = (q * eb).to(DT)
+        db = qe.to(tl.float32) * P - ke.to(tl.float32) * vdS + db_d
+        b_dlogf = (dlogf_carry + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
+        d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
+        tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+        if HAS_LB:
+            tl.store(dlb + crow, tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0), mask=ck < K)
