@@ -88,8 +88,8 @@ for step in $STEPS; do
       tar -cf - -C .mqar-sweep . | split -b 15m - "$OUT/mqar-sweep.tar."
       tail -n 25 "$OUT/mqar.txt" ;;
     profile)  # one MQAR training step alone: steps/s and where the time goes
-      for m in hgrn2 attention; do
-        timeout 60 python3 benchmarks/profile_mqar_step.py --mixer $m --d 128 --L 512 --batch 128 2>&1 | head -32
+      for m in "hgrn2" "attention" "hgrn2 --compile" "attention --compile"; do
+        timeout 120 python3 benchmarks/profile_mqar_step.py --mixer $m --d 128 --L 512 --batch 128 2>&1 | head -32
       done > "$OUT/profile_mqar.txt"
       cat "$OUT/profile_mqar.txt" ;;
     train)

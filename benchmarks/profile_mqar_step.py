@@ -1,8 +1,9 @@
 """Where an MQAR training step spends its time (steps/s and a torch.profiler table), one run alone on the device.
 
-    PYTHONPATH=. python benchmarks/profile_mqar_step.py [--mixer hgrn2] [--d 128] [--L 512] [--batch 128]
+    PYTHONPATH=. python benchmarks/profile_mqar_step.py [--mixer hgrn2] [--d 128] [--L 512] [--batch 128] [--compile]
 
-Random MQAR-shaped batches (the data pipeline is not timed): token ids, 64 query positions per row.
+Random MQAR-shaped batches (the data pipeline is not timed): token ids, 64 query positions per row. `--compile`
+compiles each block (as `hgrn2 train` does): whether a step of these small models is launch-bound.
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--queries", type=int, default=64)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--steps", type=int, default=50, help="timed steps (after 10 warm-up steps)")
     args = p.parse_args()
     dev = torch.device(args.device)
     options = dict(expand_ratio=min(args.d, 128), o_act="sigmoid", i_act="silu", scale=1.0, norm="layernorm",
                    bias=True) if args.mixer == "hgrn2" else {}
     model = ZoologyLM(args.mixer, args.d, max_position_embeddings=args.L if args.mixer == "attention" else 0,
                       mixer_options=options).to(dev)
+    if args.compile:
+        for block in model.blocks:
+            block.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=dev.type == "cuda")
     ids = torch.randint(1, 8192, (args.batch, args.L), device=dev, dtype=torch.int32)
     pos = torch.sort(torch.rand(args.batch, args.L, device=dev).argsort(-1)[:, : args.queries], -1).values
@@ -49,12 +55,13 @@ def main() -> None:
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    n = 50
+    n = args.steps
     for _ in range(n):
         step()
     sync()
     dt = (time.perf_counter() - t0) / n
-    print(f"{args.mixer} d={args.d} L={args.L} B={args.batch}: {dt * 1e3:.2f} ms/step ({1 / dt:.0f} steps/s)")
+    print(f"{args.mixer} d={args.d} L={args.L} B={args.batch}{' compiled' if args.compile else ''}: "
+          f"{dt * 1e3:.2f} ms/step ({1 / dt:.0f} steps/s)")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(5):

@@ -203,3 +203,18 @@ def test_real_mixers_train(tmp_path, mixer):
                        "cpu", data_dir=tmp_path)
     assert result["complete"] and all(math.isfinite(h["train_loss"]) for h in result["history"])
     assert 0.0 <= result["final_accuracy"] <= 1.0
+
+
+def test_profile_script_runs_on_cpu():
+    """benchmarks/profile_mqar_step.py (the GPU suite's `profile` step) on a tiny CPU model: a step time and the
+    profiler's table."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "benchmarks/profile_mqar_step.py", "--device", "cpu", "--d", "16", "--L",
+                          "32", "--batch", "2", "--queries", "4", "--steps", "2"], cwd=root, check=True,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    assert "hgrn2 d=16 L=32 B=2: " in out.stdout and "ms/step" in out.stdout and "Self CPU" in out.stdout
