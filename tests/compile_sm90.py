@@ -76,6 +76,7 @@ def chunk_variants():
     block sizes, fp32 (ieee dots) and fp16 (fp32 operands, tf32), varlen and the optional inputs once."""
     import triton.language as tl
 
+    from hgrn2.ops.triton import chunk as c
     from hgrn2.ops.triton import chunk_bwd as b
     from hgrn2.ops.triton import chunk_fwd as f
     for dt, DT, prec, sprec, KV, BV, warps in (("bf16", tl.bfloat16, "tf32", "tf32x3", 128, 128, 8),
@@ -83,13 +84,13 @@ def chunk_variants():
                                                 ("fp32", tl.float32, "ieee", "ieee", 128, 64, 8),
                                                 ("fp16", tl.float32, "tf32x3", "tf32x3", 128, 64, 8)):
         for full in (True, False):
-            common = dict(H=16, K=KV, V=KV, BT=16, BK=KV, BV=BV, HAS_LB=full, VARLEN=not full, MAX_SPREAD=60.0,
-                          DT=DT, PREC=prec)
+            common = dict(H=16, K=KV, V=KV, BT=c.BLOCK_T_BWD, BK=KV, BV=BV, HAS_LB=full, VARLEN=not full,
+                          MAX_SPREAD=c.FAST_DIAG_MAX_SPREAD, DT=DT, PREC=prec)
             opt = dict(lb="*fp32", h0="*fp32") if full else dict(cu_seqlens="*i32")
             sfx = f"{dt} K=V={KV} BV={BV} w={warps} full={full}"
             yield (f"fwd {sfx}", f.hgrn2_fwd_kernel,
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", y=f"*{dt}", ht="*fp32", scale="fp32", T="i32", **opt),
-                   dict(common, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
+                   dict(common, BT=c.BLOCK_T_FWD, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
             yield (f"bwd_dq {sfx}", b.hgrn2_bwd_dq_kernel,
                    dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32", T="i32", NTOK="i32", **opt),
                    dict(common, I_ACT=1, HAS_H0=full, STORE_HT=full, SPREC=sprec), warps)
