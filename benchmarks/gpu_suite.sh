@@ -9,7 +9,7 @@
 #   sweep  benchmarks/gpu_chunk_sweep.py (launch tuning)     -> $OUT/chunk_sweep.{json,txt}
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar-sweep.tar.* (MQAR_MINUTES, default 6)
-#   profile one MQAR training step, eager and compiled       -> $OUT/profile_mqar.txt
+#   profile one MQAR training step: eager, CUDA graph, compiled -> $OUT/profile_mqar.txt
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 # Installs only wheels carried in .whl/ (no internet on the GPU machine); runs the package from the checkout.
 # Triton's autotuning results go to $OUT/triton-autotune.tar; extract it into .triton-autotune/ here and carry
@@ -92,8 +92,8 @@ for step in $STEPS; do
       tar -cf - -C .mqar-sweep . | split -b 15m - "$OUT/mqar-sweep.tar."
       tail -n 25 "$OUT/mqar.txt" ;;
     profile)  # one MQAR training step alone: steps/s and where the time goes
-      for m in "hgrn2" "attention" "hgrn2 --compile" "attention --compile"; do
-        timeout 120 python3 benchmarks/profile_mqar_step.py --mixer $m --d 128 --L 512 --batch 128 2>&1 | head -32
+      for m in "hgrn2" "attention" "hgrn2 --cuda-graph" "attention --cuda-graph" "hgrn2 --compile"; do
+        timeout 120 python3 benchmarks/profile_mqar_step.py --mixer $m --d 128 --L 512 --batch 128 2>&1 | head -34
       done > "$OUT/profile_mqar.txt"
       cat "$OUT/profile_mqar.txt" ;;
     train)

@@ -1,9 +1,13 @@
 """Where an MQAR training step spends its time (steps/s and a torch.profiler table), one run alone on the device.
 
-    PYTHONPATH=. python benchmarks/profile_mqar_step.py [--mixer hgrn2] [--d 128] [--L 512] [--batch 128] [--compile]
+    PYTHONPATH=. python benchmarks/profile_mqar_step.py [--mixer hgrn2] [--d 128] [--L 512] [--batch 128]
+        [--compile | --cuda-graph]
 
-Random MQAR-shaped batches (the data pipeline is not timed): token ids, 64 query positions per row. `--compile`
-compiles each block (as `hgrn2 train` does): whether a step of these small models is launch-bound.
+Random MQAR-shaped batches (the data pipeline is not timed): token ids, 64 query positions per row. The last
+line before the table compares the GPU's kernel time per step with the wall time: a step of these small
+models may be bound by launching its ~hundreds of kernels rather than by running them. `--compile` compiles
+each block (as `hgrn2 train` does; fewer, fused kernels); `--cuda-graph` captures the whole step (forward,
+backward, AdamW) as one CUDA graph and replays it (no launch cost at all: the bound for the other two).
 """
 
 from __future__ import annotations
@@ -18,6 +22,46 @@ from torch.profiler import ProfilerActivity, profile
 from hgrn2.models.zoology import ZoologyLM
 
 
+def build(args, dev):
+    options = dict(expand_ratio=min(args.d, 128), o_act="sigmoid", i_act="silu", scale=1.0, norm="layernorm",
+                   bias=True) if args.mixer == "hgrn2" else {}
+    model = ZoologyLM(args.mixer, args.d, max_position_embeddings=args.L if args.mixer == "attention" else 0,
+                      mixer_options=options).to(dev)
+    if args.compile:
+        for block in model.blocks:
+            block.compile()
+    cuda = dev.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=cuda, capturable=args.cuda_graph)
+    ids = torch.randint(1, 8192, (args.batch, args.L), device=dev, dtype=torch.int32)
+    pos = torch.sort(torch.rand(args.batch, args.L, device=dev).argsort(-1)[:, : args.queries], -1).values
+    tgt = torch.randint(4096, 8192, (args.batch, args.queries), device=dev)
+
+    def step():
+        # autocast's weight cache must be off while a graph is captured
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda, cache_enabled=not args.cuda_graph):
+            logits = model(ids, pos)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
+        opt.zero_grad(set_to_none=not args.cuda_graph)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def as_graph(step):
+    """The step captured as one CUDA graph (after warm-up on a side stream, as torch.cuda.graph requires)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mixer", default="hgrn2")
@@ -26,49 +70,40 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--queries", type=int, default=64)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--compile", action="store_true", help="torch.compile each block")
+    mode.add_argument("--cuda-graph", action="store_true", help="replay the whole step as one CUDA graph")
     p.add_argument("--steps", type=int, default=50, help="timed steps (after 10 warm-up steps)")
     args = p.parse_args()
     dev = torch.device(args.device)
-    options = dict(expand_ratio=min(args.d, 128), o_act="sigmoid", i_act="silu", scale=1.0, norm="layernorm",
-                   bias=True) if args.mixer == "hgrn2" else {}
-    model = ZoologyLM(args.mixer, args.d, max_position_embeddings=args.L if args.mixer == "attention" else 0,
-                      mixer_options=options).to(dev)
-    if args.compile:
-        for block in model.blocks:
-            block.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=dev.type == "cuda")
-    ids = torch.randint(1, 8192, (args.batch, args.L), device=dev, dtype=torch.int32)
-    pos = torch.sort(torch.rand(args.batch, args.L, device=dev).argsort(-1)[:, : args.queries], -1).values
-    tgt = torch.randint(4096, 8192, (args.batch, args.queries), device=dev)
-
-    def step():
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            logits = model(ids, pos)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
+    if args.cuda_graph and dev.type != "cuda":
+        p.error("--cuda-graph needs --device cuda")
+    step = build(args, dev)
+    if args.cuda_graph:
+        step = as_graph(step)
     for _ in range(10):
         step()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    n = args.steps
-    for _ in range(n):
+    for _ in range(args.steps):
         step()
     sync()
-    dt = (time.perf_counter() - t0) / n
-    print(f"{args.mixer} d={args.d} L={args.L} B={args.batch}{' compiled' if args.compile else ''}: "
-          f"{dt * 1e3:.2f} ms/step ({1 / dt:.0f} steps/s)")
+    dt = (time.perf_counter() - t0) / args.steps
+    how = " compiled" if args.compile else " CUDA graph" if args.cuda_graph else ""
+    print(f"{args.mixer} d={args.d} L={args.L} B={args.batch}{how}: {dt * 1e3:.2f} ms/step ({1 / dt:.0f} steps/s)")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    n_prof = 5
     with profile(activities=acts) as prof:
-        for _ in range(5):
+        for _ in range(n_prof):
             step()
         sync()
+    events = prof.key_averages()
+    if dev.type == "cuda":
+        busy = sum(e.self_device_time_total for e in events) / n_prof / 1e3
+        print(f"GPU kernel time {busy:.2f} ms/step of {dt * 1e3:.2f} ms wall ({100 * busy / (dt * 1e3):.0f}% busy)")
     key = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60))
+    print(events.table(sort_by=key, row_limit=18, max_name_column_width=60))
 
 
 if __name__ == "__main__":
