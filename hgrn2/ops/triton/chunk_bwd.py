@@ -75,6 +75,19 @@ def hgrn2_bwd_dq_kernel(
 
 
 @triton.jit
+def _final_state_grad(dht, ht, s_off, s_mask, HAS_DHT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
+    """dS where the reverse sweeps start [BV, BK] and the final state's share of every d log f, Σ_v dS_T ⊙ S_T
+    [BK] (this V-block's part); zeros without a final-state gradient."""
+    if HAS_DHT:
+        dS = tl.load(dht + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        share = tl.sum(dS * tl.load(ht + s_off, mask=s_mask, other=0.0), 0)
+    else:
+        dS = tl.zeros([BV, BK], dtype=tl.float32)
+        share = tl.zeros([BK], dtype=tl.float32)
+    return dS, share
+
+
+@triton.jit
 def hgrn2_bwd_kernel(
     o, g, i, lb, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -91,13 +104,7 @@ def hgrn2_bwd_kernel(
     beta = _load_beta(lb, i_h, K, ck, HAS_LB)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
     s_mask = (cv < V)[:, None] & (ck < K)[None, :]
-    if HAS_DHT:
-        dS = tl.load(dht + s_off, mask=s_mask, other=0.0).to(tl.float32)
-        # the final state's share of every d log f: Σ_v dS_T ⊙ S_T (this V-block's part)
-        dlogf_carry = tl.sum(dS * tl.load(ht + s_off, mask=s_mask, other=0.0), 0)
-    else:
-        dS = tl.zeros([BV, BK], dtype=tl.float32)
-        dlogf_carry = tl.zeros([BK], dtype=tl.float32)
+    dS, dlogf_carry = _final_state_grad(dht, ht, s_off, s_mask, HAS_DHT, BV, BK)
     dlb_acc = tl.zeros([BK], dtype=tl.float32)
     part = i_v.to(tl.int64) * NTOK * H * K  # offset of this V-block's slice in dys and partial do/dg
 
@@ -210,12 +217,7 @@ def hgrn2_bwd_state_kernel(
     beta = _load_beta(lb, i_h, K, ck, HAS_LB)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
     s_mask = (cv < V)[:, None] & (ck < K)[None, :]
-    if HAS_DHT:
-        dS = tl.load(dht + s_off, mask=s_mask, other=0.0).to(tl.float32)
-        dlogf_carry = tl.sum(dS * tl.load(ht + s_off, mask=s_mask, other=0.0), 0)
-    else:
-        dS = tl.zeros([BV, BK], dtype=tl.float32)
-        dlogf_carry = tl.zeros([BK], dtype=tl.float32)
+    dS, dlogf_carry = _final_state_grad(dht, ht, s_off, s_mask, HAS_DHT, BV, BK)
     part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of dys and vds
     carry_base = carry + i_v.to(tl.int64) * NBT * H * K
 
