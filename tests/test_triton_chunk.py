@@ -103,7 +103,7 @@ def test_32_token_steps(monkeypatch, block_t_fwd, block_t_bwd, max_spread, bwd):
     check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
-def test_backward_does_not_read_the_forward_state(monkeypatch, split_v):
+def test_backward_does_not_read_the_forward_state(monkeypatch, split_v, bwd):
     """The backward recomputes the final state in its own steps, so its gradients are the same bits whatever
     the forward's step: d log f's final-state share cancels against its other terms only in the backward's
     rounding (on an H100, bf16 T=4096 with slow decay, dβ was 2-3e-2 off with the forward's 32-token S_T)."""
