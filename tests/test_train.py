@@ -175,3 +175,19 @@ def test_accumulation_equals_larger_micro_batch(data, tmp_path):
     for micro in (4, 2):
         for step, loss in runs[8].items():
             assert runs[micro][step] == pytest.approx(loss, rel=1e-5)
+
+
+def test_compiled_blocks_train_like_eager(data, tmp_path):
+    """compile=true (torch.compile of each block) follows the eager run's losses: the same model, data order and
+    optimiser steps; only the kernels differ (Inductor's fused CPU code here)."""
+    from hgrn2.train.trainer import Trainer
+
+    runs = {}
+    for compiled in (False, True):
+        cfg = make_config(None, base_overrides(data, str(tmp_path / f"c{compiled}"), dropout=0.0, max_steps=3,
+                                               save_every=0, eval_every=0, compile=str(compiled).lower()))
+        Trainer(cfg).train()
+        runs[compiled] = losses(cfg.out_dir)
+    assert runs[True].keys() == runs[False].keys() and len(runs[True]) == 3
+    for step, loss in runs[False].items():
+        assert runs[True][step] == pytest.approx(loss, rel=1e-4)
