@@ -182,6 +182,7 @@ def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
         dys, vds, carry = dys.sum(0), vds.sum(0), carry.sum(0)
     do, dg, di = torch.empty_like(o), torch.empty_like(g), torch.empty_like(i)
     dlb = o.new_zeros(nbt, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
+    # varlen: one host sync for the grid (T would launch N times the programs needed)
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     diag = {k: common[k] for k in ("H", "K", "V", "BT", "BK", "HAS_LB", "VARLEN", "MAX_SPREAD", "DT", "PREC")}
     bv = max(16, triton.next_power_of_2(V))  # all of V: dA sums over it

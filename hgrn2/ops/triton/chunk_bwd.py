@@ -75,6 +75,16 @@ def hgrn2_bwd_dq_kernel(
 
 
 @triton.jit
+def _load_step(o, g, i, dy, t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr,
+               BV: tl.constexpr, BT: tl.constexpr):
+    """The raw o, g [BT, BK] and i, dy [BT, BV] tiles of the sub-block from row t0 (zeros outside [bos, eos)):
+    what the reverse sweeps load one step ahead."""
+    offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    return (tl.load(o + offk, mask=mtk, other=0.0), tl.load(g + offk, mask=mtk, other=0.0),
+            tl.load(i + offv, mask=mtv, other=0.0), tl.load(dy + offv, mask=mtv, other=0.0))
+
+
+@triton.jit
 def _final_state_grad(dht, ht, s_off, s_mask, HAS_DHT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
     """dS where the reverse sweeps start [BV, BK] and the final state's share of every d log f, Σ_v dS_T ⊙ S_T
     [BK] (this V-block's part); zeros without a final-state gradient."""
@@ -110,19 +120,11 @@ def hgrn2_bwd_kernel(
 
     # walk the sub-blocks last to first, loading the previous one while this one computes
     t_last = bos + (tl.cdiv(eos - bos, BT) - 1) * BT
-    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-    o_nx = tl.load(o + offk, mask=mtk, other=0.0)
-    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
-    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+    o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
     for it in range(0, tl.cdiv(eos - bos, BT)):
         t0 = t_last - it * BT
         o_t, g_t, i_t, dy_t = o_nx, g_nx, i_nx, dy_nx
-        offk, offv, mtk, mtv = _tile(t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-        o_nx = tl.load(o + offk, mask=mtk, other=0.0)
-        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
-        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+        o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
         offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
 
         o_raw = o_t.to(tl.float32)
@@ -222,19 +224,11 @@ def hgrn2_bwd_state_kernel(
     carry_base = carry + i_v.to(tl.int64) * NBT * H * K
 
     t_last = bos + (tl.cdiv(eos - bos, BT) - 1) * BT
-    offk, offv, mtk, mtv = _tile(t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-    o_nx = tl.load(o + offk, mask=mtk, other=0.0)
-    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
-    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+    o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
     for it in range(0, tl.cdiv(eos - bos, BT)):
         t0 = t_last - it * BT
         o_t, g_t, i_t, dy_t = o_nx, g_nx, i_nx, dy_nx
-        offk, offv, mtk, mtv = _tile(t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-        o_nx = tl.load(o + offk, mask=mtk, other=0.0)
-        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
-        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+        o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
         offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
 
         q = _act(o_t.to(tl.float32), O_ACT) * scale
