@@ -8,7 +8,8 @@ combination of each direction, timed and checked, fastest first.
 
 Per shape (B × T × H, K = V = 128, bf16, β and silu as in `hgrn2 bench ops`): the forward alone, and the
 backward alone (`torch.autograd.grad` of a kept forward graph), for each setting of `chunk.TUNING[direction]`,
-`chunk.BLOCK_T_FWD` / `BLOCK_T_BWD` and `chunk.BWD_SPLIT`. Each setting's output is compared with the default
+`chunk.BLOCK_T_FWD` / `BLOCK_T_BWD` and `chunk.BWD_SPLIT` (the default row: chunk.py's own, "auto" where the
+backward's form and steps follow `chunk._bwd_form`). Each setting's output is compared with the default
 setting's (bf16 relative error ≤ 1e-2, else it is reported as WRONG); settings that fail to compile are
 reported, not fatal.
 Times are medians of `triton.testing.do_bench`. The last lines are a table of the three fastest settings per
@@ -126,9 +127,10 @@ def summary(rows) -> str:
             continue
         base = ok[0]["ms"]  # the default setting runs first
         for r in [ok[0]] + sorted(ok[1:], key=lambda r: r["ms"])[:3]:
-            lines.append(f"{r['shape']:<11} {r['direction']:<4} {'yes' if r.get('split') else '-':>5} "
-                         f"{r['max_bv']:>6} {r['num_warps'] or '-':>5} "
-                         f"{r['num_stages'] or '-':>6} {r['block_t']:>3} {r['ms']:>7.3f}  {r['ms'] / base:>6.2f}x")
+            split = {True: "yes", False: "-", None: "auto"}[r.get("split", False)]  # None: chunk._bwd_form
+            lines.append(f"{r['shape']:<11} {r['direction']:<4} {split:>5} "
+                         f"{r['max_bv']:>6} {r['num_warps'] or '-':>5} {r['num_stages'] or '-':>6} "
+                         f"{r['block_t'] or '-':>3} {r['ms']:>7.3f}  {r['ms'] / base:>6.2f}x")
     return "\n".join(lines)
 
 

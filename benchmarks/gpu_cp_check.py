@@ -1,14 +1,15 @@
 """One GPU check of the chunk-parallel kernels (`hgrn2_cp_triton`) against the sequential chunk kernel and SDPA.
 
     PYTHONPATH=. python benchmarks/gpu_cp_check.py --out DIR          (≤ 240 s on an H100)
+    PYTHONPATH=. python benchmarks/gpu_cp_check.py --out DIR --timings-only --heads 8 --shapes 8x2048
     TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_cp_check.py --smoke --out /tmp/x   (CPU plumbing test)
 
 (a) correctness vs the fp64 step-loop reference at B=2 T=2048 H=4 K=V=128 with β, an initial state and a
     final-state cotangent: rel L2 of y, the final state and every gradient, PASS/FAIL at ≤ 2e-2 (bf16) and
     ≤ 1e-4 (fp32; the cp kernels use ieee fp32 dots for fp32 inputs, FP32_DOT_PRECISION) — cp and the old
     chunk kernel, bf16 first; fp32 last (its ieee kernels compile slowly).
-(b) timings (triton.testing.do_bench, median) at bf16 H=16 K=V=128, B=8 T=2048 and B=2 T=8192, fwd and
-    fwd+bwd: cp over a few block configs, the old chunk kernel, SDPA causal (flash backend).
+(b) timings (triton.testing.do_bench, median) at bf16 H=16 K=V=128 (--heads), B=8 T=2048 and B=2 T=8192
+    (--shapes), fwd and fwd+bwd: cp over a few block configs, the old chunk kernel, SDPA causal (flash backend).
 
 Every step is in its own try/except; progress is printed as it happens and the JSON (DIR/gpu_cp_check.json)
 is rewritten after every step; a watchdog ends the process (with tracebacks) at TOTAL_S.
@@ -129,7 +130,7 @@ def sync():
 
 
 def bench_inputs(Bb, Tt):
-    Hh, Kk = BENCH_HK
+    Hh, Kk = (BENCH_HK[0] if SMOKE else ARGS.heads), BENCH_HK[1]
     torch.manual_seed(1)
     dev, dt = DEV, torch.bfloat16
     o, g, i = (torch.randn(Bb, Tt, Hh, Kk, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
@@ -248,14 +249,14 @@ def main():
     defaults = ("default", cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ,
                 cp.BWD_SPLIT)
 
-    case = step("inputs", make_case)
+    case = None if ARGS.timings_only else step("inputs", make_case)
     ref = step("fp64 reference", reference, *case) if case else None
     if ref:
         log("reference done")
         step("check cp bf16", check, "cp", torch.bfloat16, *case, ref, need_s=30)
         step("check chunk bf16", check, "chunk", torch.bfloat16, *case, ref, need_s=20)
 
-    shapes = [(1, 64), (1, 128)] if SMOKE else [(8, 2048), (2, 8192)]
+    shapes = [(1, 64), (1, 128)] if SMOKE else [tuple(int(v) for v in x.split("x")) for x in ARGS.shapes.split(",")]
     for shape in shapes:
         step(f"bench chunk {shape}", bench_impl, "chunk (sequential)", ours("chunk"), shape, need_s=25)
         step(f"bench sdpa {shape}", bench_impl, "sdpa flash causal", sdpa, shape, need_s=10)
@@ -289,7 +290,7 @@ def main():
         errs = {k: v for k, v in r.items() if k not in ("impl", "dtype", "tol", "status", "first_call_s")}
         log(f"{r['status']} {r['impl']:>5} {r['dtype']:>8} tol {r['tol']:.0e}: " +
             " ".join(f"{k}={v:.1e}" for k, v in errs.items()))
-    log("=== timings (ms, median, bf16 H=16 K=V=128, o_act=silu, β) ===")
+    log(f"=== timings (ms, median, bf16 H={ARGS.heads} K=V=128, o_act=silu, β) ===")
     log(f"{'impl':>26} {'shape':>12} {'fwd':>8} {'fwd+bwd':>8}")
     for r in RESULTS["timings"]:
         shape = f"B{r['B']}xT{r['T']}"
@@ -306,7 +307,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gpu_cp_check_out")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (plumbing only)")
+    ap.add_argument("--shapes", default="8x2048,2x8192", help="timed shapes, comma list of BxT")
+    ap.add_argument("--heads", type=int, default=16, help="heads of the timed shapes (K = V = 128)")
+    ap.add_argument("--timings-only", action="store_true", help="skip (a), the checks against the fp64 reference")
+    ap.add_argument("--total-s", type=float, default=TOTAL_S, help="the watchdog's limit")
     ARGS = ap.parse_args()
+    TOTAL_S = ARGS.total_s
     os.makedirs(ARGS.out, exist_ok=True)
     faulthandler.dump_traceback_later(TOTAL_S + 3, exit=True)
     if not SMOKE and not torch.cuda.is_available():

@@ -7,6 +7,7 @@
 #   convert benchmarks/gpu_convert_fla.py (fla checkpoint)   -> $OUT/convert/
 #   cp     benchmarks/gpu_cp_check.py (kernel check/timing)  -> $OUT/cp/
 #   sweep  benchmarks/gpu_chunk_sweep.py (launch tuning)     -> $OUT/chunk_sweep.{json,txt}
+#   dispatch benchmarks/gpu_dispatch.py (chunk vs cp kernel)  -> $OUT/dispatch.{json,txt}
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar-sweep.tar.* (MQAR_MINUTES, default 6)
 #   profile one MQAR training step: eager, CUDA graph, compiled -> $OUT/profile_mqar.txt
@@ -74,6 +75,11 @@ for step in $STEPS; do
         --out "$OUT/chunk_sweep.json" ${SWEEP_ARGS:-} > "$OUT/chunk_sweep.txt" 2>&1
       echo "sweep exit code $?"
       tail -n 20 "$OUT/chunk_sweep.txt" ;;
+    dispatch)
+      timeout "${DISPATCH_TIMEOUT:-240}" python3 benchmarks/gpu_dispatch.py --out "$OUT/dispatch.json" \
+        ${DISPATCH_ARGS:-} > "$OUT/dispatch.txt" 2>&1
+      echo "dispatch exit code $?"
+      tail -n 10 "$OUT/dispatch.txt" ;;
     bench)
       timeout "${BENCH_TIMEOUT:-330}" python3 -m hgrn2.cli bench ops --budget-s "${BENCH_BUDGET:-270}" \
         --out "$OUT/bench_ops.json" ${BENCH_ARGS:-} > "$OUT/bench_ops.txt" 2>&1

@@ -84,7 +84,8 @@ def chunk_variants():
                                                 ("fp32", tl.float32, "ieee", "ieee", 128, 64, 8),
                                                 ("fp16", tl.float32, "tf32x3", "tf32x3", 128, 64, 8)):
         for full in (True, False):
-            common = dict(H=16, K=KV, V=KV, BT=c.BLOCK_T_BWD, BK=KV, BV=BV, HAS_LB=full, VARLEN=not full,
+            # the backward's steps by its form (chunk._bwd_form): the fused sweep's, the split sweep's below
+            common = dict(H=16, K=KV, V=KV, BT=c._bwd_form(1, DT)[1], BK=KV, BV=BV, HAS_LB=full, VARLEN=not full,
                           MAX_SPREAD=c.FAST_DIAG_MAX_SPREAD, DT=DT, PREC=prec)
             opt = dict(lb="*fp32", h0="*fp32") if full else dict(cu_seqlens="*i32")
             sfx = f"{dt} K=V={KV} BV={BV} w={warps} full={full}"
@@ -100,16 +101,17 @@ def chunk_variants():
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32",
                         do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", scale="fp32", T="i32", NTOK="i32", **opt, **grads),
                    dict(common, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
+            split_bt = c.BLOCK_T_BWD or 32
             split = dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", vds="*fp32", dvs="*fp32",
                          carry="*fp32", scale="fp32", T="i32", NTOK="i32", NBT="i32",
                          **{k: v for k, v in opt.items() if k != "h0"})
             yield (f"bwd_state {sfx}", b.hgrn2_bwd_state_kernel,
                    dict(split, ht="*fp32", **{k: v for k, v in grads.items() if k != "dlb"}),
-                   dict(common, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
+                   dict(common, BT=split_bt, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
             yield (f"bwd_diag {sfx}", b.hgrn2_bwd_diag_kernel,
                    dict({k: v for k, v in split.items() if k not in ("NTOK", "NBT")}, do=f"*{dt}", dg=f"*{dt}",
                         di=f"*{dt}", **({"dlb": "*fp32"} if full else {})),
-                   dict(common, BV=KV, O_ACT=2, I_ACT=1), warps)
+                   dict(common, BT=split_bt, BV=KV, O_ACT=2, I_ACT=1), warps)
 
 
 def cp_variants():

@@ -26,3 +26,11 @@ def test_bench_train_quick(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert rows["fla"]["status"] == "unavailable: fla's Triton kernels need a GPU"
     assert "tok/s" in capsys.readouterr().out
+
+
+def test_bench_train_profile_prints_the_costliest_operators(capsys):
+    from hgrn2.cli import main
+
+    assert main(["bench", "train", "--quick", "--models", "hgrn2", "--profile", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "Self CPU time total" in out and "aten::mm" in out

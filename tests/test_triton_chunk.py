@@ -121,6 +121,31 @@ def test_backward_does_not_read_the_forward_state(monkeypatch, split_v, bwd):
         assert torch.equal(a, b), name
 
 
+def test_backward_form_follows_the_v_split(monkeypatch):
+    """By default (BWD_SPLIT, BLOCK_T_BWD None) bf16 inputs whose V is split take the split backward at
+    32-token steps, the H100 sweep's winner; whole V blocks and fp32 operands the fused one at 16."""
+    import triton.language as tl
+
+    assert chunk_mod.BWD_SPLIT is None and chunk_mod.BLOCK_T_BWD is None
+    assert chunk_mod._bwd_form(2, tl.bfloat16) == (True, 32)
+    assert chunk_mod._bwd_form(1, tl.bfloat16) == (False, 16)
+    assert chunk_mod._bwd_form(2, tl.float32) == (False, 16)
+    monkeypatch.setattr(chunk_mod, "BWD_SPLIT", False)
+    monkeypatch.setattr(chunk_mod, "BLOCK_T_BWD", 32)
+    assert chunk_mod._bwd_form(2, tl.bfloat16) == (False, 32)
+    launched = []
+    for name in ("_reverse_split", "_reverse_fused"):
+        real = getattr(chunk_mod, name)
+        monkeypatch.setattr(chunk_mod, name, lambda *a, _real=real, _n=name, **k: launched.append(_n) or _real(*a, **k))
+    monkeypatch.setattr(chunk_mod, "BWD_SPLIT", None)
+    monkeypatch.setattr(chunk_mod, "BLOCK_T_BWD", None)
+    for max_bv, want in ((16, "_reverse_split"), (128, "_reverse_fused")):
+        monkeypatch.setitem(chunk_mod.TUNING["bwd"], "max_bv", max_bv)
+        inputs = make_inputs(1, 40, 2, 16, 32, n_states=1, dtype=torch.bfloat16)
+        check(*run_both(inputs, scale=0.25, o_act="silu", output_final_state=True), tol=2e-2)
+        assert launched[-1] == want
+
+
 def test_split_v_blocks_and_no_bound(split_v, bwd):
     inputs = make_inputs(2, 33, 2, 16, 32, lb=None)
     check(*run_both(inputs, o_act="sigmoid", i_act="silu"), tol=1e-4)

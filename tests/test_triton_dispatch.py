@@ -80,3 +80,21 @@ def test_every_kernel_on_a_second_device():
             results.append([y.cpu()] + [leaf.grad.cpu() for leaf in leaves if leaf.grad is not None])
         for a, b in zip(*results):
             torch.testing.assert_close(a, b, msg=name)
+
+
+def test_dispatch_benchmark_script_runs(tmp_path):
+    """benchmarks/gpu_dispatch.py (chunk vs cp timings) on the CPU interpreter: both kernels agree, and the
+    'picks' column is what `hgrn2_triton` does."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    out = tmp_path / "dispatch.json"
+    subprocess.run([sys.executable, "benchmarks/gpu_dispatch.py", "--device", "cpu", "--shapes", "1x40x1,2x20x1",
+                    "--head-dim", "16", "--out", str(out)], cwd=root, env=env, check=True, capture_output=True)
+    rows = json.loads(out.read_text())
+    assert [r["picks"] for r in rows] == ["chunk", "chunk"]  # shorter than CP_MIN_T
+    assert all(r["rel_diff"] <= 1e-2 and r["faster"] in ("chunk", "cp") for r in rows)

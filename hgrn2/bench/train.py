@@ -28,6 +28,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (all models)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after timing, profile one step and print its N costliest kernels (GPU time)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--quick", action="store_true", help="tiny CPU-sized smoke run (d=64, 2 layers, 2x64)")
@@ -59,7 +61,8 @@ def run(args) -> int:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=device.type == "cuda")
         for b, t in shapes:
             rows.append({"model": name, "batch": b, "seq_len": t, "params": params,
-                         **measure(model, opt, b, t, args.vocab, args.warmup, args.steps, device, args.seed)})
+                         **measure(model, opt, b, t, args.vocab, args.warmup, args.steps, device, args.seed,
+                                     args.profile)})
             print(json.dumps(rows[-1]), flush=True)
             save(args.out, device, args, rows)  # after every row: a run cut short keeps what it measured
         del model, opt
@@ -121,8 +124,9 @@ def build(name: str, args):
     return BUILDERS[name](args)
 
 
-def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed) -> dict:
-    """Time `steps` full training steps after `warmup`; tokens/s, ms/step, peak memory (CUDA) and final loss."""
+def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed, profile=0) -> dict:
+    """Time `steps` full training steps after `warmup`; tokens/s, ms/step, peak memory (CUDA) and final loss.
+    `profile` > 0: then print that many rows of one profiled step."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -130,7 +134,8 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed) -> d
 
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
+            # no KV cache (transformers' Llama builds one by default, training or not)
+            loss = model(input_ids=x, labels=x, use_cache=False).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -157,9 +162,22 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed) -> d
         opt.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         return {"status": "OOM"}
+    if profile:
+        print_profile(step, profile, cuda)
     return {"status": "ok", "tok_per_s": batch * seq_len * steps / dt, "step_ms": 1e3 * dt / steps,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": loss.item(),
             "warmup_s": round(warmup_s, 1)}
+
+
+def print_profile(step, top: int, cuda: bool) -> None:
+    """One more step under torch.profiler: its `top` costliest operators by device (else CPU) self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=top, max_name_column_width=60), flush=True)
 
 
 def print_table(rows) -> None:

@@ -31,6 +31,11 @@ CP_MAX_PROGRAMS = 64
 CP_MIN_T = 1024
 
 
+def takes_cp(n_seq: int, n_heads: int, n_tokens: int) -> bool:
+    """Whether `hgrn2_triton` runs n_seq sequences of n_tokens in all on the chunk-parallel kernels."""
+    return n_seq * n_heads <= CP_MAX_PROGRAMS and n_tokens >= CP_MIN_T * n_seq
+
+
 def _needs_grad(*xs) -> bool:
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
 
@@ -43,7 +48,7 @@ def hgrn2_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None
     if o.shape[1] <= DECODE_MAX_T and not _needs_grad(o, g, i, lower_bound, initial_state):
         return hgrn2_recurrent_triton(o, g, i, lower_bound, **kw)
     n_seq = o.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
-    if n_seq * o.shape[2] <= CP_MAX_PROGRAMS and o.shape[0] * o.shape[1] >= CP_MIN_T * n_seq:
+    if takes_cp(n_seq, o.shape[2], o.shape[0] * o.shape[1]):
         return hgrn2_cp_triton(o, g, i, lower_bound, **kw)
     return hgrn2_chunk_triton(o, g, i, lower_bound, **kw)
 

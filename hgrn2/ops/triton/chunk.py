@@ -29,7 +29,7 @@ FP32_DOT_PRECISION = "ieee"
 # against its other terms only if S_T is rounded the backward's way (with the forward's 32-token S_T, dβ was
 # 2-3e-2 off at T 4096 on an H100, against 2-7e-3).
 BLOCK_T_FWD = 32
-BLOCK_T_BWD = 16
+BLOCK_T_BWD = None  # None: by the backward's form (`_bwd_form`), 32 split, 16 fused
 FAST_DIAG_MAX_SPREAD = 60.0  # diagonal blocks whose log-decay spread is below this take the one-product path
 # launch tuning per direction: the widest V-block per program (V is split into ceil(V / BV) programs), warps
 # (None: 8 for [BV, BK] states of 8192+ elements, else 4), software-pipelining stages of the token walk (None:
@@ -38,10 +38,13 @@ TUNING = {"fwd": {"max_bv": 128, "num_warps": None, "num_stages": None},
           "bwd": {"max_bv": 128, "num_warps": None, "num_stages": None}}
 # the backward's reverse sweep as one kernel (False), or as a state-only sweep plus a parallel kernel per
 # sub-block for the diagonal blocks and the chain rule (True; chunk_bwd.py): fewer live tiles in the sweep,
-# more bytes moved (v dS, k e^{b_last-b} dS^T in fp32). Not yet timed on a GPU.
-BWD_SPLIT = False
+# more bytes moved (v dS, k e^{b_last-b} dS^T in fp32). None: split when V is split with bf16 operands (the
+# state sweep compiles without spills at V-blocks of 64). H100, bf16 B8 T2048 K=V=128 (gpu_chunk_sweep.py,
+# BENCHMARKS.md fifth session): H 8 (V-blocks of 64) split at 32-token steps 2.11 ms, fused at 16 2.38, and
+# unsplit V 2.96; H 16 (V whole) fused at 16 2.97, split at 32 3.48.
+BWD_SPLIT = None
 # split V while the programs fill less than this share of the SMs (see `_config`)
-SPLIT_BELOW = {"fwd": 0.5, "bwd": 0.25}
+SPLIT_BELOW = {"fwd": 0.5, "bwd": 0.5}
 
 
 @functools.cache
@@ -56,7 +59,7 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, direction: str):
     Each program walks one (sequence, head, V-block) from start to end, so the V-blocks are the only source
     of parallelism beyond N·H: split V while the programs fill less than SPLIT_BELOW of the SMs (each split
     repeats the K-side gate and diagonal-block work, a second wave costs more than it saves, and in the
-    backward each split adds fp32 partial sums of do and dg, hence a lower threshold there).
+    backward each split adds fp32 partial sums).
     """
     tune = TUNING[direction]
     K, V = o.shape[-1], i.shape[-1]
@@ -77,6 +80,13 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, direction: str):
     if tune["num_stages"]:
         launch["num_stages"] = tune["num_stages"]
     return BK, BV, triton.cdiv(V, BV), launch, dt, prec
+
+
+def _bwd_form(NV: int, dt) -> tuple[bool, int]:
+    """(split, tokens per step) of the backward for NV V-blocks and tl.dot operands of type dt: BWD_SPLIT and
+    BLOCK_T_BWD where set, else the H100 sweep's winners (see BWD_SPLIT)."""
+    split = BWD_SPLIT if BWD_SPLIT is not None else NV > 1 and dt == tl.bfloat16
+    return split, BLOCK_T_BWD or (32 if split else 16)
 
 
 def _layout(o, cu_seqlens):
@@ -125,7 +135,8 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
     ntok = B * T
     # the state dots of the backward take fp32 operands: 3 tf32 passes unless fp32 inputs ask for ieee
     sprec = prec if dt == tl.float32 and prec != "tf32" else "tf32x3"
-    common = dict(H=H, K=K, V=V, BT=BLOCK_T_BWD, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
+    split, BT = _bwd_form(NV, dt)
+    common = dict(H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
                   VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, SPREC=sprec,
                   **launch)
     dys = o.new_empty(NV, B, T, H, K, dtype=torch.float32)  # dy S, from the forward sweep
@@ -135,7 +146,7 @@ def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: to
         g, i, lower_bound, initial_state, dy, dys, ht, cu_seqlens, T, ntok,
         I_ACT=i_act, HAS_H0=initial_state is not None, STORE_HT=dht is not None, **common,
     )
-    reverse = _reverse_split if BWD_SPLIT else _reverse_fused
+    reverse = _reverse_split if split else _reverse_fused
     flags = dict(O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None)
     do, dg, di, dlb = reverse(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags)
     if initial_state is not None:

@@ -1,0 +1,90 @@
+"""Which HGRN2 training kernel to dispatch to: the sequential chunk kernel against the chunk-parallel one, per
+shape, on one GPU.
+
+    PYTHONPATH=. python benchmarks/gpu_dispatch.py [--shapes 8x2048x8,4x4096x8,...] [--out F]
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_dispatch.py --device cpu --shapes 1x64x1 --head-dim 16
+
+Per shape (B × T × H, K = V = 128, bf16, β and silu as in `hgrn2 bench ops`): forward and forward+backward
+medians (`triton.testing.do_bench`) of `hgrn2_chunk_triton` and `hgrn2_cp_triton` with their shipped
+settings, the two outputs' relative difference, and the kernel `hgrn2_triton` picks (`CP_MAX_PROGRAMS`,
+`CP_MIN_T` in hgrn2/ops/triton/__init__.py, `takes_cp`). The default shapes hold 16K tokens at 16 to 128 sequence·heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton
+
+from hgrn2.ops import triton as tri
+
+SHAPES = "16x1024x8,8x2048x8,4x4096x8,2x8192x8,8x2048x16,4x4096x16,2x8192x16,1x16384x16"
+KERNELS = {"chunk": tri.hgrn2_chunk_triton, "cp": tri.hgrn2_cp_triton}
+
+
+def bench(fn, device) -> float:
+    if device.type == "cuda":
+        return triton.testing.do_bench(fn, return_mode="median")
+    t0 = time.perf_counter()  # CPU smoke runs: one interpreted call
+    fn()
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def time_shape(B: int, T: int, H: int, K: int, device) -> dict:
+    gen = torch.Generator(device=device).manual_seed(0)
+    o, g, i = (torch.randn(B, T, H, K, device=device, generator=gen).bfloat16().requires_grad_() for _ in range(3))
+    lb = torch.rand(H, K, device=device, generator=gen) * 0.9
+    dy = torch.randn(B, T, H, K, device=device, generator=gen).bfloat16()
+    row = {"shape": f"{B}x{T}x{H}", "picks": "cp" if tri.takes_cp(B, H, B * T) else "chunk"}
+    outs = {}
+    for name, kernel in KERNELS.items():
+        def fwd(kernel=kernel):
+            return kernel(o, g, i, lb, scale=K ** -0.5, o_act="silu")[0]
+
+        def fwd_bwd():
+            return torch.autograd.grad(fwd(), (o, g, i), dy)
+
+        with torch.no_grad():
+            row[f"{name}_fwd_ms"] = bench(fwd, device)
+        row[f"{name}_fwdbwd_ms"] = bench(fwd_bwd, device)
+        outs[name] = torch.cat([fwd().flatten()] + [t.flatten() for t in fwd_bwd()]).float()
+    row["rel_diff"] = ((outs["cp"] - outs["chunk"]).norm() / outs["chunk"].norm()).item()
+    row["faster"] = min(KERNELS, key=lambda n: row[f"{n}_fwdbwd_ms"])
+    return row
+
+
+def table(rows) -> str:
+    lines = ["shape         N*H  chunk fwd    cp fwd  chunk f+b    cp f+b  faster  picks  rel_diff"]
+    for r in rows:
+        B, _, H = (int(x) for x in r["shape"].split("x"))
+        lines.append(f"{r['shape']:<12} {B * H:>4} {r['chunk_fwd_ms']:>10.3f} {r['cp_fwd_ms']:>9.3f} "
+                     f"{r['chunk_fwdbwd_ms']:>10.3f} {r['cp_fwdbwd_ms']:>9.3f} {r['faster']:>7} {r['picks']:>6} "
+                     f"{r['rel_diff']:>9.1e}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=SHAPES, help="comma list of BxTxH")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else args.device
+    print(f"# {name}  torch {torch.__version__}  triton {triton.__version__}  bf16 K=V={args.head_dim}", flush=True)
+    rows = []
+    for shape in args.shapes.split(","):
+        rows.append(time_shape(*(int(x) for x in shape.split("x")), args.head_dim, device))
+        print(json.dumps(rows[-1]), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=1)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
