@@ -2,11 +2,11 @@
 
 `hgrn2_triton` picks one of three HGRN2 kernels:
 - `recurrent.py` (decode): a few tokens without autograd;
-- `chunk.py` (sequential over 16-token blocks, one program per sequence·head·V-block): the default, fastest
-  when the sequence·head pairs fill the GPU (bf16 B=8 T=2048 H=16 K=V=128 on an H100: fwd 0.62 ms vs cp 1.01,
-  fwd+bwd 3.6 vs 4.5 — `benchmarks/gpu_cp_check.py`);
+- `chunk.py` (sequential over 16- or 32-token blocks, one program per sequence·head·V-block): the default,
+  fastest when the sequence·head pairs fill the GPU (bf16 K=V=128 on an H100, `benchmarks/gpu_dispatch.py`:
+  B=8 T=2048 H=16 fwd 0.49 ms vs cp 1.02, fwd+bwd 3.47 vs 4.57; 128 pairs at H=8 too);
 - `cp.py` (chunk-parallel, 64-token chunks): few long sequences, whose sequential walk would leave most of
-  the GPU idle (B=2 T=8192: fwd 1.26 vs 2.19 ms, fwd+bwd 5.0 vs 11.4).
+  the GPU idle (≤ 64 pairs: B=8 T=2048 H=8 fwd+bwd 2.31 vs 2.51 ms, B=2 T=8192 H=16 4.70 vs 9.81).
 Both chunk kernels meet the same accuracy bounds (tests/test_triton_chunk.py, test_triton_cp.py).
 """
 
