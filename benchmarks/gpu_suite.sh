@@ -52,7 +52,7 @@ for step in $STEPS; do
       # others ~1 min together: pass TESTS to fit a call.
       timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest -q ${TESTS:-tests/test_triton_norm_swiglu.py \
         tests/test_triton_recurrent.py tests/test_triton_hgrn1.py tests/test_triton_chunk.py \
-        tests/test_triton_dispatch.py tests/test_cross_entropy.py} \
+        tests/test_triton_dispatch.py tests/test_cross_entropy.py tests/test_mqar_train.py} \
         -p no:cacheprovider -rf --durations=8 \
         > "$OUT/gpu_tests.log" 2>&1
       echo "pytest exit code $? (124 = timed out)"
@@ -87,7 +87,8 @@ for step in $STEPS; do
       grep -iE "error|traceback" "$OUT/bench_ops.txt" | tail -n 8
       python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['table'])" "$OUT/bench_ops.json" \
         || tail -n 30 "$OUT/bench_ops.txt" ;;
-    mqar)  # the sweep lives in .mqar-sweep/ (carry it): finished runs and in-flight runs' epoch checkpoints
+    mqar)  # the sweep lives in .mqar-sweep/ (carry it): finished runs and in-flight runs' epoch checkpoints;
+      # add --cuda-graph to MQAR_ARGS once the `profile` step shows the graphed step faster (GPU-untested)
       start=$(date +%s)
       mkdir -p .mqar-sweep
       timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} \

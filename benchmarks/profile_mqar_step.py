@@ -7,7 +7,8 @@ Random MQAR-shaped batches (the data pipeline is not timed): token ids, 64 query
 line before the table compares the GPU's kernel time per step with the wall time: a step of these small
 models may be bound by launching its ~hundreds of kernels rather than by running them. `--compile` compiles
 each block (as `hgrn2 train` does; fewer, fused kernels); `--cuda-graph` captures the whole step (forward,
-backward, AdamW) as one CUDA graph and replays it (no launch cost at all: the bound for the other two).
+backward, AdamW) as one CUDA graph and replays it (`hgrn2.train.graphed`, as `hgrn2 mqar --cuda-graph` trains:
+no launch cost at all, the bound for the other two).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from hgrn2.models.zoology import ZoologyLM
+from hgrn2.train.graphed import GraphedStep
 
 
 def build(args, dev):
+    """The step to time: a callable that runs one training step on a fixed random MQAR-shaped batch."""
     options = dict(expand_ratio=min(args.d, 128), o_act="sigmoid", i_act="silu", scale=1.0, norm="layernorm",
                    bias=True) if args.mixer == "hgrn2" else {}
     model = ZoologyLM(args.mixer, args.d, max_position_embeddings=args.L if args.mixer == "attention" else 0,
@@ -31,35 +34,27 @@ def build(args, dev):
         for block in model.blocks:
             block.compile()
     cuda = dev.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=cuda, capturable=args.cuda_graph)
+    lr = torch.tensor(1e-3, device=dev) if args.cuda_graph else 1e-3
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, fused=cuda, capturable=args.cuda_graph)
     ids = torch.randint(1, 8192, (args.batch, args.L), device=dev, dtype=torch.int32)
     pos = torch.sort(torch.rand(args.batch, args.L, device=dev).argsort(-1)[:, : args.queries], -1).values
     tgt = torch.randint(4096, 8192, (args.batch, args.queries), device=dev)
 
-    def step():
+    def compute_loss(ids, pos, tgt):
         # autocast's weight cache must be off while a graph is captured
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda, cache_enabled=not args.cuda_graph):
-            logits = model(ids, pos)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
-        opt.zero_grad(set_to_none=not args.cuda_graph)
-        loss.backward()
+            return F.cross_entropy(model(ids, pos).flatten(0, 1).float(), tgt.flatten())
+
+    if args.cuda_graph:  # as `hgrn2 mqar --cuda-graph` trains
+        graphed = GraphedStep(compute_loss, opt, pad_values=(0, 0, -100))
+        return lambda: graphed(ids, pos, tgt)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        compute_loss(ids, pos, tgt).backward()
         opt.step()
 
     return step
-
-
-def as_graph(step):
-    """The step captured as one CUDA graph (after warm-up on a side stream, as torch.cuda.graph requires)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
 
 
 def main() -> None:
@@ -79,8 +74,6 @@ def main() -> None:
     if args.cuda_graph and dev.type != "cuda":
         p.error("--cuda-graph needs --device cuda")
     step = build(args, dev)
-    if args.cuda_graph:
-        step = as_graph(step)
     for _ in range(10):
         step()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

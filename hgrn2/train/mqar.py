@@ -2,6 +2,7 @@
 
     hgrn2 mqar                                   # the `quick` preset on the best device present
     hgrn2 mqar --preset full --concurrent 8      # the paper's grid
+    hgrn2 mqar --cuda-graph                      # each step replayed as one CUDA graph (GPU)
     hgrn2 mqar --mixers hgrn2 --dims 64 --seq-lens 64 --epochs 2 --train-examples 2000   # a smoke run
 
 Protocol (zoology, as the paper ran it; `hgrn2/configs/mqar.yaml`): data from `hgrn2.data.mqar` (bit-for-bit
@@ -44,6 +45,7 @@ from tqdm.auto import tqdm
 from hgrn2.data import mqar
 from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train import checkpoint
+from hgrn2.train.graphed import GraphedStep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
 
@@ -123,7 +125,8 @@ def _set_rng_state(state: dict, dev: torch.device) -> None:
 
 
 def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str | Path | None = None,
-              deadline: float | None = None, on_epoch=None, checkpoint_dir: str | Path | None = None) -> dict:
+              deadline: float | None = None, on_epoch=None, checkpoint_dir: str | Path | None = None,
+              cuda_graph: bool = False) -> dict:
     """Train and test one run; returns its result (spec, final/best accuracy, per-epoch history, timing).
 
     `deadline` (a `time.time()` value) cuts the run after the step that passes it: the result then has
@@ -131,8 +134,12 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     `on_epoch(record)` is called after every epoch with that epoch's record (for progress bars).
     `checkpoint_dir`: save the state after every epoch there, and start from the newest one found (exactly:
     the batches come in a fixed order and the RNG is restored).
+    `cuda_graph`: replay each training step as one CUDA graph (`hgrn2.train.graphed`; the same updates, the
+    epoch's last, smaller batch padded with ignored targets), for these small, launch-bound models.
     """
     dev = torch.device(device)
+    if cuda_graph and dev.type != "cuda":
+        raise ValueError(f"`cuda_graph`: needs a CUDA device, got {device!r}")
     torch.manual_seed(spec.seed)
     load = dict(vocab_size=spec.vocab_size, data_seed=spec.data_seed, cache_dir=data_dir)
     train = _tensors(mqar.load("train", spec.seq_len, spec.kv_pairs, spec.train_examples, **load), dev)
@@ -141,8 +148,10 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     model = ZoologyLM(spec.mixer, spec.d_model, vocab_size=spec.vocab_size,
                       max_position_embeddings=spec.seq_len if is_attention else 0,
                       mixer_options=spec.mixer_options).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay,
-                            fused=dev.type == "cuda")
+    # a CUDA graph needs the learning rate as a tensor, which the scheduler then changes in place
+    lr = torch.tensor(spec.lr, device=dev) if cuda_graph else spec.lr
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=spec.weight_decay, fused=dev.type == "cuda",
+                            capturable=cuda_graph)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=spec.epochs, eta_min=0.0)
     inputs, positions, targets = train
     n, bs = len(inputs), spec.batch_size
@@ -156,17 +165,29 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
         sched.load_state_dict(state["scheduler"])
         history, steps, before = state["history"], state["steps"], state["seconds"]
         _set_rng_state(state["rng"], dev)
+        for group in opt.param_groups:  # the checkpoint's learning rate, as this run's optimizer takes it
+            group["lr"] = torch.tensor(float(group["lr"]), device=dev) if cuda_graph else float(group["lr"])
+
+    def compute_loss(ids, pos, tgt):
+        # autocast's weight cache must be off while a graph is captured
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda", cache_enabled=not cuda_graph):
+            logits = model(ids, pos)
+            return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())  # padded targets: −100, ignored
+
+    graphed = GraphedStep(compute_loss, opt, pad_values=(0, 0, -100)) if cuda_graph else None
     start = time.time() - before
     for epoch in range(len(history), spec.epochs):
         model.train()
         loss_sum = torch.zeros((), device=dev)
         for s in range(0, n, bs):
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                logits = model(inputs[s : s + bs], positions[s : s + bs])
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets[s : s + bs].flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            batch = (inputs[s : s + bs], positions[s : s + bs], targets[s : s + bs])
+            if graphed is not None:
+                loss = graphed(*batch)
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss = compute_loss(*batch)
+                loss.backward()
+                opt.step()
             loss_sum += loss.detach()
             steps += 1
             if deadline is not None and time.time() > deadline:
@@ -174,7 +195,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
                 break
         train_loss = loss_sum.item() / math.ceil(n / bs)
         acc, test_loss = evaluate(model, *test, bs)
-        history.append(dict(epoch=epoch, lr=sched.get_last_lr()[0], train_loss=train_loss, test_loss=test_loss,
+        history.append(dict(epoch=epoch, lr=float(sched.get_last_lr()[0]), train_loss=train_loss, test_loss=test_loss,
                             accuracy=acc, seconds=round(time.time() - start, 2)))
         diverged = not math.isfinite(train_loss)
         early = acc > spec.early_stop_accuracy
@@ -222,7 +243,7 @@ def _read_result(path: Path) -> dict | None:
 
 
 def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: float | None, threads: int | None,
-                  events=None) -> dict:
+                  events=None, cuda_graph: bool = False) -> dict:
     """Train one run (unless the budget is spent) and save its result. A failing run is reported, not raised,
     so that one bad setting does not end the sweep. `events`: a queue (or callable) told of every epoch."""
     if threads:
@@ -232,7 +253,7 @@ def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: flo
     ckpt = out / "checkpoints" / spec.run_id
     try:
         on_epoch = events if callable(events) or events is None else (lambda rec: events.put(spec.run_id))
-        result = train_run(spec, device, data_dir, deadline, on_epoch, checkpoint_dir=ckpt)
+        result = train_run(spec, device, data_dir, deadline, on_epoch, checkpoint_dir=ckpt, cuda_graph=cuda_graph)
     except Exception:
         return dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
     _write_json(out / "runs" / f"{spec.run_id}.json", result)
@@ -264,9 +285,9 @@ def _summary_line(r: dict) -> str:
 
 
 def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data_dir=None,
-          max_minutes: float | None = None) -> tuple[list[dict], int]:
+          max_minutes: float | None = None, cuda_graph: bool = False) -> tuple[list[dict], int]:
     """Run (or resume) the sweep; returns the results of the runs in `runs` (finished before or now) and the
-    number of runs that failed."""
+    number of runs that failed. `cuda_graph`: see `train_run`."""
     deadline = time.time() + 60 * max_minutes if max_minutes else None
     done = {r.run_id: res for r in runs if (res := _read_result(out / "runs" / f"{r.run_id}.json"))}
     todo = [r for r in runs if not done.get(r.run_id, {}).get("complete")]
@@ -305,14 +326,14 @@ def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data
     if concurrent <= 1:
         for i, spec in enumerate(todo):
             result = _run_and_save(spec, devices[i % len(devices)], data_dir, out, deadline, None,
-                                   lambda rec, rid=spec.run_id: advance(rid))
+                                   lambda rec, rid=spec.run_id: advance(rid), cuda_graph)
             report(spec, result)
     else:
         ctx = get_context("spawn")
         with ctx.Manager() as manager, ProcessPoolExecutor(concurrent, mp_context=ctx) as pool:
             events = manager.Queue()
             futures = {pool.submit(_run_and_save, spec, devices[i % len(devices)], data_dir, out, deadline,
-                                   threads, events): spec for i, spec in enumerate(todo)}
+                                   threads, events, cuda_graph): spec for i, spec in enumerate(todo)}
             pending = set(futures)
             while pending:
                 ready, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -434,6 +455,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs trained at once in worker processes sharing the device (default: 8 on CUDA, else 1)")
     p.add_argument("--max-minutes", type=float,
                    help="stop the sweep after this many minutes (quick: 7); cut runs are marked, resumed later")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="replay each training step as one CUDA graph (these small models are launch-bound)")
     p.add_argument("--list", action="store_true", help="print the runs of the sweep and exit")
 
 
@@ -501,7 +524,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     device = args.device or best_device()
     concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
-    results, errors = sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"])
+    if args.cuda_graph and not device.startswith("cuda"):
+        raise ValueError(f"--cuda-graph: needs a CUDA device, got --device {device}")
+    results, errors = sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"], args.cuda_graph)
     text = table(results, grid["mixers"], grid["dims"], grid["seq_lens"])
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
