@@ -170,14 +170,18 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed, prof
 
 
 def print_profile(step, top: int, cuda: bool) -> None:
-    """One more step under torch.profiler: its `top` costliest operators by device (else CPU) self time."""
+    """One more step under torch.profiler: its `top` costliest operators by device (else CPU) self time, then
+    the same split by input shapes."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         step()
     sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=top, max_name_column_width=60), flush=True)
+    # the same operators split by input shapes: which tensors the element-wise passes run over
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=top, max_name_column_width=40,
+                                                             max_shapes_column_width=70), flush=True)
 
 
 def print_table(rows) -> None:
