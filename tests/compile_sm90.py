@@ -80,6 +80,7 @@ def chunk_variants():
     from hgrn2.ops.triton import chunk_bwd as b
     from hgrn2.ops.triton import chunk_fwd as f
     for dt, DT, prec, sprec, KV, BV, warps in (("bf16", tl.bfloat16, "tf32", "tf32x3", 128, 128, 8),
+                                                ("bf16", tl.bfloat16, "tf32", "tf32x3", 128, 64, 8),  # V split
                                                 ("bf16", tl.bfloat16, "tf32", "tf32x3", 64, 64, 4),
                                                 ("fp32", tl.float32, "ieee", "ieee", 128, 64, 8),
                                                 ("fp16", tl.float32, "tf32x3", "tf32x3", 128, 64, 8)):
@@ -101,7 +102,7 @@ def chunk_variants():
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32",
                         do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", scale="fp32", T="i32", NTOK="i32", **opt, **grads),
                    dict(common, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
-            split_bt = c.BLOCK_T_BWD or 32
+            split_bt = c._bwd_form(2, tl.bfloat16)[1]  # the split form's steps where V is split
             split = dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", vds="*fp32", dvs="*fp32",
                          carry="*fp32", scale="fp32", T="i32", NTOK="i32", NBT="i32",
                          **{k: v for k, v in opt.items() if k != "h0"})
@@ -220,8 +221,10 @@ def chunk_grid_variants():
 
 
 def chunk_default_variants():
-    """The three chunk kernels at chunk.py's defaults for bf16, K = V = 128 (a quick check for the test suite)."""
-    return (v for v in chunk_variants() if v[0].endswith("bf16 K=V=128 BV=128 w=8 full=True"))
+    """The chunk kernels at chunk.py's defaults for bf16, K = V = 128, V whole or split in two (a quick check
+    for the test suite)."""
+    return (v for v in chunk_variants() if v[0].endswith(("bf16 K=V=128 BV=128 w=8 full=True",
+                                                          "bf16 K=V=128 BV=64 w=8 full=True")))
 
 
 def cp_default_variants():

@@ -39,9 +39,9 @@ TUNING = {"fwd": {"max_bv": 128, "num_warps": None, "num_stages": None},
 # the backward's reverse sweep as one kernel (False), or as a state-only sweep plus a parallel kernel per
 # sub-block for the diagonal blocks and the chain rule (True; chunk_bwd.py): fewer live tiles in the sweep,
 # more bytes moved (v dS, k e^{b_last-b} dS^T in fp32). None: split when V is split with bf16 operands (the
-# state sweep compiles without spills at V-blocks of 64). H100, bf16 B8 T2048 K=V=128 (gpu_chunk_sweep.py,
-# BENCHMARKS.md fifth session): H 8 (V-blocks of 64) split at 32-token steps 2.11 ms, fused at 16 2.38, and
-# unsplit V 2.96; H 16 (V whole) fused at 16 2.97, split at 32 3.48.
+# state sweep spills least at V-blocks of 64: 220 B per thread at 32-token steps, sm_90 offline). H100, bf16
+# B8 T2048 K=V=128 (gpu_chunk_sweep.py, BENCHMARKS.md fifth session): H 8 (V-blocks of 64) split at 32-token
+# steps 2.11 ms, fused at 16 2.38, and unsplit V 2.96; H 16 (V whole) fused at 16 2.97, split at 32 3.48.
 BWD_SPLIT = None
 # split V while the programs fill less than this share of the SMs (see `_config`)
 SPLIT_BELOW = {"fwd": 0.5, "bwd": 0.5}
