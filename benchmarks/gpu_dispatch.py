@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import triton
+from gpu_chunk_sweep import bench, inputs  # the sweep's timer and inputs (this folder is on sys.path)
 
 from hgrn2.ops import triton as tri
 
@@ -25,19 +25,8 @@ SHAPES = "16x1024x8,8x2048x8,4x4096x8,2x8192x8,8x2048x16,4x4096x16,2x8192x16,1x1
 KERNELS = {"chunk": tri.hgrn2_chunk_triton, "cp": tri.hgrn2_cp_triton}
 
 
-def bench(fn, device) -> float:
-    if device.type == "cuda":
-        return triton.testing.do_bench(fn, return_mode="median")
-    t0 = time.perf_counter()  # CPU smoke runs: one interpreted call
-    fn()
-    return 1e3 * (time.perf_counter() - t0)
-
-
 def time_shape(B: int, T: int, H: int, K: int, device) -> dict:
-    gen = torch.Generator(device=device).manual_seed(0)
-    o, g, i = (torch.randn(B, T, H, K, device=device, generator=gen).bfloat16().requires_grad_() for _ in range(3))
-    lb = torch.rand(H, K, device=device, generator=gen) * 0.9
-    dy = torch.randn(B, T, H, K, device=device, generator=gen).bfloat16()
+    o, g, i, lb, dy = inputs(B, T, H, K, device)
     row = {"shape": f"{B}x{T}x{H}", "picks": "cp" if tri.takes_cp(B, H, B * T) else "chunk"}
     outs = {}
     for name, kernel in KERNELS.items():
