@@ -12,6 +12,7 @@
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar-sweep.tar.* (MQAR_MINUTES, default 6)
 #   profile one MQAR training step: eager, CUDA graph, compiled -> $OUT/profile_mqar.txt
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
+#   ddp    2 GPUs (nvidia-h200-x2): the NCCL tests, then benchmarks/gpu_ddp.py -> $OUT/ddp/, $OUT/ddp.txt
 # Installs only wheels carried in .whl/ (no internet on the GPU machine); runs the package from the checkout.
 # Triton's autotuning results go to $OUT/triton-autotune.tar; extract it into .triton-autotune/ here and carry
 # that folder, and the next machine (same GPU kind and Triton) skips the autotuning (fla's takes minutes).
@@ -108,6 +109,15 @@ for step in $STEPS; do
         ${TRAIN_ARGS:-} > "$OUT/bench_train.txt" 2>&1
       echo "bench train exit code $?"
       tail -n 20 "$OUT/bench_train.txt" ;;
+    ddp)  # 1 GPU with accumulation vs 2 GPUs with DDP and FSDP2: tiny fp32 (tests), then the 0.15b preset in bf16
+      timeout 200 python3 -m pytest -q tests/test_train_ddp.py -k two_gpus -p no:cacheprovider -rf \
+        > "$OUT/ddp_tests.log" 2>&1
+      echo "pytest exit code $?"
+      tail -n 5 "$OUT/ddp_tests.log"
+      timeout "${DDP_TIMEOUT:-300}" python3 benchmarks/gpu_ddp.py --out "$OUT/ddp" ${DDP_ARGS:-} > "$OUT/ddp.txt" 2>&1
+      echo "gpu_ddp exit code $?"
+      rm -rf "$OUT/ddp/data" "$OUT"/ddp/*/final "$OUT"/ddp/*/checkpoints
+      tail -n 16 "$OUT/ddp.txt" ;;
     *) echo "unknown step $step" ;;
   esac
 done
