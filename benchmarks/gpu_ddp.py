@@ -87,7 +87,7 @@ def main() -> None:
         json.dump({"args": vars(args), "runs": runs}, f, indent=1)
 
     names = list(runs)
-    print(f"\n{args.preset} {' '.join(args.set)}, {args.batch}×{args.seq_len} tokens per step, micro batch {args.micro}")
+    print(f"\n{args.preset} {' '.join(args.set)}, {args.batch}×{args.seq_len} tokens per step, micro {args.micro}")
     print("step " + "".join(f"{n:>14}" for n in names))
     ref = runs.get("1 GPU", {}).get("loss", {})
     for step in sorted(ref):
