@@ -270,4 +270,6 @@ def test_cuda_graph_training_learns_like_eager(tmp_path):
     assert graphed["best_accuracy"] > 0.9 and eager["best_accuracy"] > 0.9
     first = [h["train_loss"] for h in (eager["history"][0], graphed["history"][0])]
     assert abs(first[0] - first[1]) <= 0.05 * first[0]  # dropout masks differ, the data and init do not
-    assert [h["lr"] for h in graphed["history"]] == [h["lr"] for h in eager["history"]][: len(graphed["history"])]
+    # the graphed schedule steps a float32 tensor in place: the eager floats to float32 rounding
+    lrs = [h["lr"] for h in eager["history"]][: len(graphed["history"])]
+    assert [h["lr"] for h in graphed["history"]] == pytest.approx(lrs, rel=1e-6)

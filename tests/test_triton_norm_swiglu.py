@@ -1,8 +1,8 @@
-"""The Triton RMSNorm and SwiGLU kernels (`hgrn2.ops.triton.norm`, `.swiglu`) behind `hgrn2.ops.norm.rms_norm`
-and `hgrn2.ops.swiglu.swiglu_linear` (the cross-entropy kernels: tests/test_cross_entropy.py; all three in one
-model step at the end): outputs and every gradient against the fp64 composite, no less accurate
-than the composite in the same dtype, odd sizes, more rows than backward programs. On the CPU the kernels run
-in Triton's interpreter (the CUDA-only dispatch is forced)."""
+"""The Triton RMSNorm, LayerNorm and SwiGLU kernels (`hgrn2.ops.triton.norm`, `.swiglu`) behind
+`hgrn2.ops.norm.rms_norm`, `.layer_norm` and `hgrn2.ops.swiglu.swiglu_linear` (the cross-entropy kernels:
+tests/test_cross_entropy.py; all three in one model step at the end): outputs and every gradient against the
+fp64 composite, no less accurate than the composite in the same dtype, odd sizes, more rows than backward
+programs. On the CPU the kernels run in Triton's interpreter (the CUDA-only dispatch is forced)."""
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ from conftest import rel_err
 
 import hgrn2.ops.norm as norm_mod
 import hgrn2.ops.swiglu as swiglu_mod
-from hgrn2.ops.norm import rms_norm
+from hgrn2.ops.norm import layer_norm, rms_norm
 from hgrn2.ops.swiglu import swiglu_linear
 
 pytest.importorskip("triton")
@@ -62,19 +62,55 @@ def test_rms_norm(use_triton, dtype, shape):
     check_against(ours, comp, exact, dtype)
 
 
-def test_rms_norm_bwd_more_rows_than_programs():
-    from hgrn2.ops.triton.norm import _bwd_programs, rms_norm_bwd, rms_norm_fwd
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(4, 37, 100), (3, 256), (70, 128)])
+@pytest.mark.parametrize("affine", ["weight+bias", "weight", "none"])
+def test_layer_norm(use_triton, dtype, shape, affine):
+    x = (torch.randn(shape) * 2 + 0.5).to(DEV, dtype)
+    params = [(1 + 0.3 * torch.randn(shape[-1])).to(DEV)] if affine != "none" else []
+    params += [(0.2 * torch.randn(shape[-1])).to(DEV)] if affine == "weight+bias" else []
+
+    def ln(x, *p):
+        return layer_norm(x, *(list(p) + [None, None])[:2], 1e-5)
+
+    dy = torch.randn(shape, device=DEV).to(dtype)
+    ours = run(ln, (x, *params), dy)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(norm_mod, "_use_triton", lambda x: False)
+        comp = run(ln, (x, *params), dy)
+    exact = run(lambda x, *p: F.layer_norm(x, x.shape[-1:], *(list(p) + [None, None])[:2], 1e-5),
+                (x.double(), *(p.double() for p in params)), dy.double())
+    check_against(ours, comp, exact, dtype)
+
+
+def test_norm_bwd_more_rows_than_programs():
+    """Several row tiles per backward program, the last one partly empty: RMSNorm and LayerNorm."""
+    from hgrn2.ops.triton.norm import (
+        _bwd_programs,
+        _launch_shape,
+        layer_norm_bwd,
+        layer_norm_fwd,
+        rms_norm_bwd,
+        rms_norm_fwd,
+    )
 
     cap = _bwd_programs(torch.empty(0, device=DEV), 10**9)  # the most programs on this device
-    x = torch.randn(cap + 45, 40, device=DEV)  # several rows per program, the last one partly empty
-    w = torch.randn(40, device=DEV)
+    x = torch.randn(2 * cap * _launch_shape(40)[0] + 45, 40, device=DEV)
+    w, b, dy = torch.randn(40, device=DEV), torch.randn(40, device=DEV), torch.randn_like(x)
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+
     y, rstd = rms_norm_fwd(x, w, 1e-6, x.dtype)
-    dy = torch.randn_like(x)
     dx, dw = rms_norm_bwd(dy, x, w, rstd)
-    xd, wd = (t.double().requires_grad_() for t in (x, w))
-    want = rms_composite(xd, wd, 1e-6)
+    rms_composite(xd, wd, 1e-6).backward(dy.double())
+    assert rel_err(dx, xd.grad) < 1e-5 and rel_err(dw, wd.grad) < 1e-5
+
+    xd.grad = wd.grad = None
+    y2, mean, rstd = layer_norm_fwd(x, w, b, 1e-6)
+    dx, dw, db = layer_norm_bwd(dy, x, w, mean, rstd, True)
+    want = F.layer_norm(xd, (40,), wd, bd, 1e-6)
     want.backward(dy.double())
-    assert rel_err(y, want) < 1e-6 and rel_err(dx, xd.grad) < 1e-5 and rel_err(dw, wd.grad) < 1e-5
+    assert rel_err(y2, want) < 1e-6 and rel_err(dx, xd.grad) < 1e-5
+    assert rel_err(dw, wd.grad) < 1e-5 and rel_err(db, bd.grad) < 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -111,13 +147,18 @@ def test_swiglu_extreme_gates():
 
 
 def test_custom_ops_pass_opcheck():
-    from hgrn2.ops.triton.norm import rms_norm_bwd, rms_norm_fwd
+    from hgrn2.ops.triton.norm import layer_norm_bwd, layer_norm_fwd, rms_norm_bwd, rms_norm_fwd
     from hgrn2.ops.triton.swiglu import swiglu_bwd, swiglu_fwd
 
     x, w, dy = torch.randn(5, 24, device=DEV), torch.randn(24, device=DEV), torch.randn(5, 24, device=DEV)
     rstd = rms_norm_fwd(x, w, 1e-6, x.dtype)[1]
     torch.library.opcheck(rms_norm_fwd, (x, w, 1e-6, torch.bfloat16))
     torch.library.opcheck(rms_norm_bwd, (dy, x, w, rstd))
+    _, mean, rstd = layer_norm_fwd(x, w, dy[0], 1e-6)
+    torch.library.opcheck(layer_norm_fwd, (x, w, dy[0], 1e-6))
+    torch.library.opcheck(layer_norm_fwd, (x, None, None, 1e-6))
+    torch.library.opcheck(layer_norm_bwd, (dy, x, w, mean, rstd, True))
+    torch.library.opcheck(layer_norm_bwd, (dy, x, None, mean, rstd, False))
     torch.library.opcheck(swiglu_fwd, (x, dy))
     torch.library.opcheck(swiglu_bwd, (x, dy, w.expand(5, 24).contiguous()))
 
@@ -156,6 +197,30 @@ def test_model_training_step_same_with_kernels(monkeypatch):
         assert rel_err(grads_k[name], g) < 1e-5, name
 
 
+def test_mqar_model_training_step_same_with_kernels(monkeypatch):
+    """zoology's MQAR model with the HGRN2 mixer (five LayerNorms a step, with weight and bias): loss and every
+    parameter's gradient with the LayerNorm kernel equal PyTorch's to fp32 rounding."""
+    from hgrn2.models.zoology import ZoologyLM
+
+    torch.manual_seed(0)
+    model = ZoologyLM("hgrn2", 32, vocab_size=50, embed_dropout=0.0,
+                      mixer_options={"expand_ratio": 16, "norm": "layernorm", "bias": True}).to(DEV)
+    ids = torch.randint(0, 50, (2, 21), device=DEV)
+
+    def step(kernels):
+        monkeypatch.setattr(norm_mod, "_use_triton", lambda x: kernels)
+        model.zero_grad()
+        loss = F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    loss_k, grads_k = step(True)
+    loss_c, grads_c = step(False)
+    assert torch.allclose(loss_k, loss_c, rtol=1e-6)
+    for name, g in grads_c.items():
+        assert rel_err(grads_k[name], g) < 1e-5, name
+
+
 @pytest.mark.parametrize("kernels", [False, True])
 def test_rms_norm_out_dtype_is_the_cast_fused(monkeypatch, kernels):
     """rms_norm(x, out_dtype=bf16) == rms_norm(x).to(bf16), forward and gradients bit for bit (the block's
@@ -174,13 +239,16 @@ def test_rms_norm_out_dtype_is_the_cast_fused(monkeypatch, kernels):
 
 
 def test_empty_inputs():
-    from hgrn2.ops.triton.norm import rms_norm_bwd, rms_norm_fwd
+    from hgrn2.ops.triton.norm import layer_norm_bwd, layer_norm_fwd, rms_norm_bwd, rms_norm_fwd
     from hgrn2.ops.triton.swiglu import swiglu_bwd, swiglu_fwd
 
     x, w = torch.randn(0, 8, device=DEV), torch.randn(8, device=DEV)
     y, rstd = rms_norm_fwd(x, w, 1e-6, x.dtype)
     dx, dw = rms_norm_bwd(x, x, w, rstd)
     assert y.shape == dx.shape == (0, 8) and torch.equal(dw, torch.zeros(8, device=DEV))
+    y, mean, rstd = layer_norm_fwd(x, w, w, 1e-6)
+    dx, dw, db = layer_norm_bwd(x, x, w, mean, rstd, True)
+    assert y.shape == dx.shape == (0, 8) and torch.equal(dw, torch.zeros(8, device=DEV)) and torch.equal(dw, db)
     assert swiglu_fwd(x, x).shape == (0, 8) and all(t.shape == (0, 8) for t in swiglu_bwd(x, x, x))
 
 

@@ -6,8 +6,9 @@ training step's activation memory (`benchmarks/saved_activations.py`). These fun
 own dtype and the per-row statistics, and recompute the normalised tensor in the backward (one element-wise
 pass). The forward arithmetic is the composite's, operation for operation.
 
-On CUDA, RMSNorm runs as one Triton kernel per direction (`hgrn2.ops.triton.norm`: the same float32
-arithmetic, one read and one write per element instead of the composite's dozen passes).
+On CUDA, both run as one Triton kernel per direction (`hgrn2.ops.triton.norm`: the same float32 arithmetic, one
+read and one write per element instead of the composite's dozen passes; LayerNorm's dw and db without PyTorch's
+slow narrow-row reduction).
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ class _RMSNorm(torch.autograd.Function):
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
+        ctx.triton = _use_triton(x)
+        if ctx.triton:
+            from .triton.norm import layer_norm_fwd
+            x2 = x.reshape(-1, x.shape[-1]).contiguous()
+            y, mean, rstd = layer_norm_fwd(x2, _contiguous(weight), _contiguous(bias), eps)
+            ctx.has_bias = bias is not None
+            ctx.save_for_backward(x2, weight, bias, mean, rstd)
+            return y.view(x.shape)
         dt = _compute_dtype(x)
         w = None if weight is None else weight.to(dt)
         b = None if bias is None else bias.to(dt)
@@ -75,6 +84,12 @@ class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
+        if ctx.triton:
+            from .triton.norm import layer_norm_bwd
+            dx, dw, db = layer_norm_bwd(dy.reshape(x.shape).contiguous(), x, _contiguous(weight), mean, rstd,
+                                        ctx.has_bias)
+            return (dx.view(dy.shape), None if weight is None else dw.to(weight.dtype),
+                    None if bias is None else db.to(bias.dtype), None)
         dt = rstd.dtype
         w = None if weight is None else weight.to(dt)
         b = None if bias is None else bias.to(dt)
@@ -84,6 +99,10 @@ class _LayerNorm(torch.autograd.Function):
                                                                mask)
         return (None if dx is None else dx.to(x.dtype), None if dw is None else dw.to(weight.dtype),
                 None if db is None else db.to(bias.dtype), None)
+
+
+def _contiguous(p: torch.Tensor | None) -> torch.Tensor | None:
+    return None if p is None else p.contiguous()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:

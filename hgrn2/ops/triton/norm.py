@@ -1,12 +1,16 @@
-"""RMSNorm forward and backward as one Triton kernel each (the contract of `hgrn2.ops.norm.rms_norm`).
+"""RMSNorm and LayerNorm, forward and backward as one Triton kernel each (the contracts of
+`hgrn2.ops.norm.rms_norm` and `.layer_norm`).
 
-The composite in `hgrn2.ops.norm` makes about six element-wise passes over a float32 copy of the input in the
-forward and a dozen in the backward; a training step of the 374M benchmark model runs 73 norms. Here each
-direction reads and writes every element once: the forward stores y and the per-row 1/rms, the backward
-reads x, dy and 1/rms and writes dx and per-program partial sums of dw (summed by torch).
+The composite RMSNorm in `hgrn2.ops.norm` makes about six element-wise passes over a float32 copy of the input
+in the forward and a dozen in the backward; a training step of the 374M benchmark model runs 73 norms. PyTorch's
+LayerNorm backward reduces dw and db in a kernel that is slow for narrow rows (MQAR, d = 128, 64K rows on an
+H200: 261 µs, a quarter of the training step). Here each direction reads and writes every element once: the
+forward stores y and the per-row statistics, the backward reads x, dy and the statistics and writes dx and
+per-program partial sums of dw, db (summed by torch). Rows narrower than 1024 go several to a program.
 
-Arithmetic in float32 whatever the input dtype, as the composite: rstd = 1/sqrt(mean(x²) + eps),
-y = (x·rstd)·w, dx = rstd·(g − x̂·mean(g·x̂)) with g = dy·w and x̂ = x·rstd, dw = Σ_rows dy·x̂.
+Arithmetic in float32 whatever the input dtype: x̂ = x·rstd with rstd = 1/sqrt(mean(x²) + eps) (RMSNorm), or
+x̂ = (x − mean)·rstd with the biased variance (LayerNorm); y = x̂·w + b; dx = rstd·(g − x̂·mean(g·x̂) − mean(g))
+with g = dy·w (no mean(g) for RMSNorm); dw = Σ_rows dy·x̂, db = Σ_rows dy.
 """
 
 from __future__ import annotations
@@ -17,52 +21,114 @@ import triton.language as tl
 
 from ._device import on_tensor_device
 
-MAX_D = 16384  # one row per program in registers; wider rows take the composite
+MAX_D = 16384  # a row per program in registers at most; wider rows take the composite
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(x, w, y, rstd, eps, D, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _norm_fwd_kernel(x, w, b, y, mean, rstd, eps, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """Rows [p·BLOCK_N, (p+1)·BLOCK_N): y = x̂·w + b with x̂ = (x − mean)·rstd (CENTER: LayerNorm) or x·rstd."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
-    mask = cols < D
-    xr = tl.load(x + row * D + cols, mask=mask, other=0.0).to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(xr * xr, axis=0) / D + eps)
-    wr = tl.load(w + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y + row * D + cols, (xr * r * wr).to(y.dtype.element_ty), mask=mask)
-    tl.store(rstd + row, r)
+    mask = (rows < N)[:, None] & (cols < D)[None, :]
+    offs = rows[:, None] * D + cols[None, :]
+    xr = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    if CENTER:
+        mu = tl.sum(xr, axis=1) / D
+        xr = tl.where(mask, xr - mu[:, None], 0.0)
+        tl.store(mean + rows, mu, mask=rows < N)
+    r = 1.0 / tl.sqrt(tl.sum(xr * xr, axis=1) / D + eps)
+    out = xr * r[:, None]
+    if HAS_W:
+        out = out * tl.load(w + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        out = out + tl.load(b + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    tl.store(y + offs, out.to(y.dtype.element_ty), mask=mask)
+    tl.store(rstd + rows, r, mask=rows < N)
 
 
 @triton.jit
-def _rms_norm_bwd_kernel(dy, x, w, rstd, dx, dw_part, N, D, ROWS, BLOCK_D: tl.constexpr):
-    """Program p handles rows [p·ROWS, (p+1)·ROWS) and writes its share of dw to dw_part[p]."""
+def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dw_part, db_part, N, D, TILES, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """Program p handles row tiles [p·TILES, (p+1)·TILES) and writes its shares of dw and db to row p of the
+    partial sums: dx = rstd·(g − x̂·mean(g·x̂) − mean(g)) with g = dy·w (no mean(g) term for RMSNorm)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
-    mask = cols < D
-    wr = tl.load(w + cols, mask=mask, other=0.0).to(tl.float32)
+    cmask = cols < D
+    if HAS_W:
+        wr = tl.load(w + cols, mask=cmask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for k in range(ROWS):
-        row = pid.to(tl.int64) * ROWS + k
-        if row < N:
-            xr = tl.load(x + row * D + cols, mask=mask, other=0.0).to(tl.float32)
-            dyr = tl.load(dy + row * D + cols, mask=mask, other=0.0).to(tl.float32)
-            r = tl.load(rstd + row)
-            xhat = xr * r
-            g = dyr * wr
-            c = tl.sum(g * xhat, axis=0) / D
-            tl.store(dx + row * D + cols, (r * (g - xhat * c)).to(dx.dtype.element_ty), mask=mask)
-            dw_acc += dyr * xhat
-    tl.store(dw_part + pid.to(tl.int64) * D + cols, dw_acc, mask=mask)
+    db_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for t in range(TILES):
+        rows = (pid.to(tl.int64) * TILES + t) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * D + cols[None, :]
+        xr = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+        dyr = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(rstd + rows, mask=rmask, other=0.0)
+        if CENTER:
+            xr = tl.where(mask, xr - tl.load(mean + rows, mask=rmask, other=0.0)[:, None], 0.0)
+        xhat = xr * r[:, None]
+        g = dyr
+        if HAS_W:
+            g = dyr * wr[None, :]
+        dxr = g - xhat * (tl.sum(g * xhat, axis=1) / D)[:, None]
+        if CENTER:
+            dxr -= (tl.sum(g, axis=1) / D)[:, None]
+        tl.store(dx + offs, (r[:, None] * dxr).to(dx.dtype.element_ty), mask=mask)
+        if HAS_W:
+            dw_acc += tl.sum(dyr * xhat, axis=0)
+        if HAS_B:
+            db_acc += tl.sum(dyr, axis=0)
+    if HAS_W:
+        tl.store(dw_part + pid.to(tl.int64) * D + cols, dw_acc, mask=cmask)
+    if HAS_B:
+        tl.store(db_part + pid.to(tl.int64) * D + cols, db_acc, mask=cmask)
 
 
-def _launch_shape(D: int) -> tuple[int, int]:
+def _launch_shape(D: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_D, warps): rows of up to 1024 elements go several to a program (narrow rows alone
+    would leave each program a few hundred bytes to move)."""
     block = triton.next_power_of_2(D)
-    return block, min(16, max(1, block // 256))
+    rows = max(1, 1024 // block)
+    return rows, block, min(16, max(1, rows * block // 256))
 
 
-def _bwd_programs(x: torch.Tensor, N: int) -> int:
+def _bwd_programs(x: torch.Tensor, tiles: int) -> int:
     # enough programs to fill the GPU several times over, few enough that dw's partial sums stay small
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    return max(1, min(N, 8 * sms))
+    return max(1, min(tiles, 8 * sms))
+
+
+def _norm_fwd(x, weight, bias, eps, out_dtype, center):
+    N, D = x.shape
+    y = torch.empty_like(x, dtype=out_dtype)
+    mean = torch.empty(N if center else 0, device=x.device, dtype=torch.float32)
+    rstd = torch.empty(N, device=x.device, dtype=torch.float32)
+    if N:
+        rows, block, warps = _launch_shape(D)
+        _norm_fwd_kernel[(triton.cdiv(N, rows),)](
+            x, weight, bias, y, mean, rstd, eps, N, D, BLOCK_N=rows, BLOCK_D=block, CENTER=center,
+            HAS_W=weight is not None, HAS_B=bias is not None, num_warps=warps)
+    return y, mean, rstd
+
+
+def _norm_bwd(dy, x, weight, mean, rstd, center, has_bias):
+    """→ dx [N, D] in x's dtype, and the float32 [D] sums of dw and db (zeros for a missing parameter)."""
+    N, D = x.shape
+    dx = torch.empty_like(x)
+    rows, block, warps = _launch_shape(D)
+    tiles = triton.cdiv(N, rows)
+    programs = _bwd_programs(x, tiles) if N else 1
+    # every program writes its row of each partial sum it is asked for
+    dw_part = torch.zeros(programs, D, device=x.device, dtype=torch.float32)
+    db_part = torch.zeros(programs if has_bias else 0, D, device=x.device, dtype=torch.float32)
+    if N:
+        _norm_bwd_kernel[(programs,)](
+            dy, x, weight, mean, rstd, dx, dw_part, db_part, N, D, triton.cdiv(tiles, programs), BLOCK_N=rows,
+            BLOCK_D=block, CENTER=center, HAS_W=weight is not None, HAS_B=has_bias, num_warps=warps)
+    return dx, dw_part.sum(0), db_part.sum(0)
 
 
 @torch.library.custom_op("hgrn2::rms_norm_fwd", mutates_args=())
@@ -70,12 +136,7 @@ def _bwd_programs(x: torch.Tensor, N: int) -> int:
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, D] contiguous, weight [D] → (y [N, D] in out_dtype, rstd [N] float32)."""
-    N, D = x.shape
-    y = torch.empty_like(x, dtype=out_dtype)
-    rstd = torch.empty(N, device=x.device, dtype=torch.float32)
-    if N:
-        block, warps = _launch_shape(D)
-        _rms_norm_fwd_kernel[(N,)](x, weight, y, rstd, eps, D, BLOCK_D=block, num_warps=warps)
+    y, _, rstd = _norm_fwd(x, weight, None, eps, out_dtype, center=False)
     return y, rstd
 
 
@@ -89,18 +150,40 @@ def _(x, weight, eps, out_dtype):
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                  rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """dy, x [N, D] contiguous, weight [D], rstd [N] → (dx [N, D] in x's dtype, dw [D] in weight's dtype)."""
-    N, D = x.shape
-    dx = torch.empty_like(x)
-    if not N:
-        return dx, torch.zeros_like(weight)
-    programs = _bwd_programs(x, N)
-    part = torch.empty(programs, D, device=x.device, dtype=torch.float32)  # every program writes its row
-    block, warps = _launch_shape(D)
-    _rms_norm_bwd_kernel[(programs,)](dy, x, weight, rstd, dx, part, N, D, triton.cdiv(N, programs),
-                                      BLOCK_D=block, num_warps=warps)
-    return dx, part.sum(0).to(weight.dtype)
+    dx, dw, _ = _norm_bwd(dy, x, weight, rstd.new_empty(0), rstd, center=False, has_bias=False)
+    return dx, dw.to(weight.dtype)
 
 
 @rms_norm_bwd.register_fake
 def _(dy, x, weight, rstd):
     return torch.empty_like(x), torch.empty_like(weight)
+
+
+@torch.library.custom_op("hgrn2::layer_norm_fwd", mutates_args=())
+@on_tensor_device
+def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [N, D] contiguous, weight, bias [D] or None → (y [N, D] in x's dtype, mean [N], rstd [N] float32)."""
+    return _norm_fwd(x, weight, bias, eps, x.dtype, center=True)
+
+
+@layer_norm_fwd.register_fake
+def _(x, weight, bias, eps):
+    stat = x.new_empty(x.shape[0], dtype=torch.float32)
+    return torch.empty_like(x), stat, torch.empty_like(stat)
+
+
+@torch.library.custom_op("hgrn2::layer_norm_bwd", mutates_args=())
+@on_tensor_device
+def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
+                   rstd: torch.Tensor, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dy, x [N, D] contiguous, weight [D] or None, mean, rstd [N] → (dx [N, D] in x's dtype, dw [D], db [D]
+    float32 sums; zeros where there is no weight / bias)."""
+    dx, dw, db = _norm_bwd(dy, x, weight, mean, rstd, center=True, has_bias=has_bias)
+    return dx, dw, db if has_bias else torch.zeros_like(dw)
+
+
+@layer_norm_bwd.register_fake
+def _(dy, x, weight, mean, rstd, has_bias):
+    part = x.new_empty(x.shape[1], dtype=torch.float32)
+    return torch.empty_like(x), part, torch.empty_like(part)
