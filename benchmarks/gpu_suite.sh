@@ -95,6 +95,10 @@ for step in $STEPS; do
       timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} \
         --out .mqar-sweep --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
+      # the results on their own (the tar below carries in-flight checkpoints too, and may exceed what returns)
+      mkdir -p "$OUT/mqar/runs"
+      cp .mqar-sweep/*.json .mqar-sweep/*.png .mqar-sweep/*.txt "$OUT/mqar/" 2>/dev/null
+      cp .mqar-sweep/runs/*.json "$OUT/mqar/runs/" 2>/dev/null
       # in parts of 15 MiB (the device tool returns files of up to 16 MiB): `cat mqar-sweep.tar.* | tar -x -C
       # .mqar-sweep` here, and carry .mqar-sweep next time
       tar -cf - -C .mqar-sweep . | split -b 15m - "$OUT/mqar-sweep.tar."
