@@ -70,14 +70,16 @@ class Attention(nn.Module):
             valid_past = valid_new[:, :0]
         else:
             k_past, v_past, valid_past = state
-        pos = _positions(valid_past, valid_new, cu_seqlens)
         if self.rope:
+            pos = _positions(valid_past, valid_new, cu_seqlens)
             q, k = rope(q, pos, self.rope_theta), rope(k, pos, self.rope_theta)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, e]
         if k_past is not None:
             k, v = torch.cat([k_past.to(k.dtype), k], 2), torch.cat([v_past.to(v.dtype), v], 2)
         valid = torch.cat([valid_past, valid_new], 1)
-        mask = _mask(valid, T, cu_seqlens)
+        # without a mask or a cache every token is real: no check on the device (a host sync, which also
+        # rules out CUDA-graph capture)
+        mask = _mask(valid, T, cu_seqlens, all_valid=attention_mask is None and state is None)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1)
         y = self.o_proj(y.transpose(1, 2).reshape(B, T, self.hidden_size))
         return y, ((k, v, valid) if use_cache else None)
@@ -97,10 +99,11 @@ def _sequence_ids(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
     return starts.cumsum(0)
 
 
-def _mask(valid: torch.Tensor, T: int, cu_seqlens: torch.Tensor | None) -> torch.Tensor | None:
-    """Boolean SDPA mask [B, 1, T, S] (True = attend), or None when plain causal attention is exact."""
+def _mask(valid: torch.Tensor, T: int, cu_seqlens: torch.Tensor | None, all_valid: bool) -> torch.Tensor | None:
+    """Boolean SDPA mask [B, 1, T, S] (True = attend), or None when plain causal attention is exact.
+    all_valid: the caller knows every token is real (else `valid` is checked)."""
     B, S = valid.shape
-    if cu_seqlens is None and bool(valid.all()):
+    if cu_seqlens is None and (all_valid or bool(valid.all())):
         return None if S == T or T == 1 else _causal(T, S, valid.device)[None, None]
     allowed = _causal(T, S, valid.device)[None] & valid[:, None, :]
     if cu_seqlens is not None:

@@ -178,7 +178,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     start = time.time() - before
     for epoch in range(len(history), spec.epochs):
         model.train()
-        loss_sum = torch.zeros((), device=dev)
+        loss_sum, batches = torch.zeros((), device=dev), 0
         for s in range(0, n, bs):
             batch = (inputs[s : s + bs], positions[s : s + bs], targets[s : s + bs])
             if graphed is not None:
@@ -189,11 +189,11 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
                 loss.backward()
                 opt.step()
             loss_sum += loss.detach()
-            steps += 1
+            steps, batches = steps + 1, batches + 1
             if deadline is not None and time.time() > deadline:
                 cut = True
                 break
-        train_loss = loss_sum.item() / math.ceil(n / bs)
+        train_loss = loss_sum.item() / batches  # the batches run (fewer when the budget cut the epoch)
         acc, test_loss = evaluate(model, *test, bs)
         history.append(dict(epoch=epoch, lr=float(sched.get_last_lr()[0]), train_loss=train_loss, test_loss=test_loss,
                             accuracy=acc, seconds=round(time.time() - start, 2)))

@@ -15,6 +15,8 @@ with g = dy·w (no mean(g) for RMSNorm); dw = Σ_rows dy·x̂, db = Σ_rows dy.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -97,8 +99,12 @@ def _launch_shape(D: int) -> tuple[int, int, int]:
 
 def _bwd_programs(x: torch.Tensor, tiles: int) -> int:
     # enough programs to fill the GPU several times over, few enough that dw's partial sums stay small
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    return max(1, min(tiles, 8 * sms))
+    return max(1, min(tiles, 8 * _sm_count(x.device)))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _norm_fwd(x, weight, bias, eps, out_dtype, center):
@@ -120,10 +126,10 @@ def _norm_bwd(dy, x, weight, mean, rstd, center, has_bias):
     dx = torch.empty_like(x)
     rows, block, warps = _launch_shape(D)
     tiles = triton.cdiv(N, rows)
-    programs = _bwd_programs(x, tiles) if N else 1
-    # every program writes its row of each partial sum it is asked for
-    dw_part = torch.zeros(programs, D, device=x.device, dtype=torch.float32)
-    db_part = torch.zeros(programs if has_bias else 0, D, device=x.device, dtype=torch.float32)
+    programs = _bwd_programs(x, tiles) if N else 0
+    # every program writes its row of each partial sum there is (a missing one sums to zeros)
+    dw_part = torch.empty(programs if weight is not None else 0, D, device=x.device, dtype=torch.float32)
+    db_part = torch.empty(programs if has_bias else 0, D, device=x.device, dtype=torch.float32)
     if N:
         _norm_bwd_kernel[(programs,)](
             dy, x, weight, mean, rstd, dx, dw_part, db_part, N, D, triton.cdiv(tiles, programs), BLOCK_N=rows,
@@ -179,8 +185,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
                    rstd: torch.Tensor, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy, x [N, D] contiguous, weight [D] or None, mean, rstd [N] → (dx [N, D] in x's dtype, dw [D], db [D]
     float32 sums; zeros where there is no weight / bias)."""
-    dx, dw, db = _norm_bwd(dy, x, weight, mean, rstd, center=True, has_bias=has_bias)
-    return dx, dw, db if has_bias else torch.zeros_like(dw)
+    return _norm_bwd(dy, x, weight, mean, rstd, center=True, has_bias=has_bias)
 
 
 @layer_norm_bwd.register_fake
