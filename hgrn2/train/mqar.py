@@ -454,7 +454,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrent", type=int,
                    help="runs trained at once in worker processes sharing the device (default: 8 on CUDA, else 1)")
     p.add_argument("--max-minutes", type=float,
-                   help="stop the sweep after this many minutes (quick: 7); cut runs are marked, resumed later")
+                   help="stop the sweep after this many minutes; cut runs are marked, and resumed by a rerun")
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay each training step as one CUDA graph (these small models are launch-bound)")
     p.add_argument("--list", action="store_true", help="print the runs of the sweep and exit")
