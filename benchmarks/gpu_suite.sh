@@ -9,7 +9,7 @@
 #   sweep  benchmarks/gpu_chunk_sweep.py (launch tuning)     -> $OUT/chunk_sweep.{json,txt}
 #   dispatch benchmarks/gpu_dispatch.py (chunk vs cp kernel)  -> $OUT/dispatch.{json,txt}
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
-#   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar-sweep.tar.* (MQAR_MINUTES, default 6)
+#   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar.tar (MQAR_MINUTES, default 6)
 #   profile one MQAR training step: eager, CUDA graph, compiled -> $OUT/profile_mqar.txt
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 #   ddp    2 GPUs (nvidia-h200-x2): the NCCL tests, then benchmarks/gpu_ddp.py -> $OUT/ddp/, $OUT/ddp.txt
@@ -88,21 +88,17 @@ for step in $STEPS; do
       grep -iE "error|traceback" "$OUT/bench_ops.txt" | tail -n 8
       python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['table'])" "$OUT/bench_ops.json" \
         || tail -n 30 "$OUT/bench_ops.txt" ;;
-    mqar)  # the sweep lives in .mqar-sweep/ (carry it): finished runs and in-flight runs' epoch checkpoints;
-      # add --cuda-graph to MQAR_ARGS once the `profile` step shows the graphed step faster (GPU-untested)
+    mqar)  # results, table, figure and every run's JSON come back as one $OUT/mqar.tar (a call returns 8 files):
+      # `mkdir -p .mqar-sweep && tar -xf mqar.tar -C .mqar-sweep` here and carry .mqar-sweep, and the next call
+      # skips the finished runs. In-flight runs' epoch checkpoints stay behind (tens of MB each, more than a
+      # call returns): a run cut by MQAR_MINUTES starts again.
       start=$(date +%s)
       mkdir -p .mqar-sweep
       timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} \
         --out .mqar-sweep --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
-      # the results on their own (the tar below carries in-flight checkpoints too, and may exceed what returns)
-      mkdir -p "$OUT/mqar/runs"
-      cp .mqar-sweep/*.json .mqar-sweep/*.png .mqar-sweep/*.txt "$OUT/mqar/" 2>/dev/null
-      cp .mqar-sweep/runs/*.json "$OUT/mqar/runs/" 2>/dev/null
-      # in parts of 15 MiB (the device tool returns files of up to 16 MiB): `cat mqar-sweep.tar.* | tar -x -C
-      # .mqar-sweep` here, and carry .mqar-sweep next time
-      tar -cf - -C .mqar-sweep . | split -b 15m - "$OUT/mqar-sweep.tar."
-      tail -n 25 "$OUT/mqar.txt" ;;
+      (cd .mqar-sweep && tar -cf "$OUT/mqar.tar" --exclude=checkpoints .)
+      tr '\r' '\n' < "$OUT/mqar.txt" | grep -v "MQAR epochs" | tail -n 25 ;;
     profile)  # one MQAR training step alone: steps/s and where the time goes
       for m in "hgrn2" "attention" "hgrn2 --cuda-graph" "attention --cuda-graph" "hgrn2 --compile"; do
         timeout 120 python3 benchmarks/profile_mqar_step.py --mixer $m --d 128 --L 512 --batch 128 2>&1 | head -34
