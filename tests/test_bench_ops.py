@@ -13,11 +13,11 @@ def test_quick_run_writes_rows(tmp_path):
     assert ops.run(parser.parse_args(["--quick", "--device", "cpu", "--out", str(out), "--skip", "seq"])) == 0
     result = json.loads(out.read_text())
     kinds = [r["kind"] for r in result["rows"]]
-    assert sorted(kinds) == ["ce", "decode", "decode", "hgrn1", "layer", "rmsnorm", "swiglu"]
+    assert sorted(kinds) == ["add+rmsnorm", "ce", "decode", "decode", "hgrn1", "layer", "rmsnorm", "swiglu"]
     for row in result["rows"]:
         assert row["ours_ms"] > 0, row
         if row["kind"] == "decode":
             assert row["ours_api_ms"] > 0, row
-        if row["kind"] in ("rmsnorm", "swiglu", "ce"):
+        if row["kind"] in ("rmsnorm", "add+rmsnorm", "swiglu", "ce"):
             assert row["note"].startswith("composite "), row
     assert "ours_ms" in result["table"]

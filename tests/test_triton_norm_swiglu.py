@@ -11,7 +11,7 @@ from conftest import rel_err
 
 import hgrn2.ops.norm as norm_mod
 import hgrn2.ops.swiglu as swiglu_mod
-from hgrn2.ops.norm import layer_norm, rms_norm
+from hgrn2.ops.norm import add_rms_norm, layer_norm, rms_norm
 from hgrn2.ops.swiglu import swiglu_linear
 
 pytest.importorskip("triton")
@@ -83,6 +83,45 @@ def test_layer_norm(use_triton, dtype, shape, affine):
     check_against(ours, comp, exact, dtype)
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.bfloat16, torch.bfloat16),  # the block under autocast
+                                    (torch.float32, torch.float32, None), (torch.bfloat16, torch.bfloat16, None),
+                                    (torch.float16, torch.float32, torch.float16)])
+@pytest.mark.parametrize("shape", [(4, 37, 100), (70, 128)])
+def test_add_rms_norm(use_triton, dtypes, shape):
+    """(x + res, rms_norm(x + res)) with a gradient flowing into both outputs: the kernels against the composite
+    (x + res, then rms_norm, autograd summing r's two gradients) and the fp64 values."""
+    x_dt, res_dt, out_dt = dtypes
+    x, res = (torch.randn(shape) * 2).to(DEV, x_dt), torch.randn(shape).to(DEV, res_dt)
+    w = (1 + 0.3 * torch.randn(shape[-1])).to(DEV)
+    dr, dy = torch.randn(shape, device=DEV), torch.randn(shape, device=DEV)
+
+    def fused(x, res, w):
+        return add_rms_norm(x, res, w, 1e-5, out_dt)
+
+    def composite(x, res, w):
+        r = x + res
+        return r, rms_norm(r, w, 1e-5, out_dt)
+
+    def grads(fn, args):
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        r, y = fn(*leaves)
+        torch.autograd.backward([r, y], [dr.to(r.dtype), dy.to(y.dtype)])
+        return [r, y] + [leaf.grad for leaf in leaves]
+
+    ours = grads(fused, (x, res, w))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(norm_mod, "_use_triton", lambda x: False)
+        comp = grads(composite, (x, res, w))
+        assert all(torch.equal(a, b) for a, b in zip(grads(fused, (x, res, w)), comp))  # the fallback is exact
+    exact = grads(lambda x, res, w: (x + res, rms_composite(x + res, w, 1e-5)),
+                  (x.double(), res.double(), w.double()))
+    for a, c, e in zip(ours, comp, exact):
+        assert a.dtype == c.dtype and a.shape == c.shape
+        assert rel_err(a, e) <= max(1.05 * rel_err(c, e), 1e-5), (rel_err(a, e), rel_err(c, e))
+    with pytest.raises(ValueError, match="`res`: expected x's shape"):
+        add_rms_norm(x, res[:1], w, 1e-5)
+
+
 def test_norm_bwd_more_rows_than_programs():
     """Several row tiles per backward program, the last one partly empty: RMSNorm and LayerNorm."""
     from hgrn2.ops.triton.norm import (
@@ -148,7 +187,14 @@ def test_swiglu_extreme_gates():
 
 
 def test_custom_ops_pass_opcheck():
-    from hgrn2.ops.triton.norm import layer_norm_bwd, layer_norm_fwd, rms_norm_bwd, rms_norm_fwd
+    from hgrn2.ops.triton.norm import (
+        add_rms_norm_bwd,
+        add_rms_norm_fwd,
+        layer_norm_bwd,
+        layer_norm_fwd,
+        rms_norm_bwd,
+        rms_norm_fwd,
+    )
     from hgrn2.ops.triton.swiglu import swiglu_bwd, swiglu_fwd
 
     x, w, dy = torch.randn(5, 24, device=DEV), torch.randn(24, device=DEV), torch.randn(5, 24, device=DEV)
@@ -160,6 +206,9 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(layer_norm_fwd, (x, None, None, 1e-6))
     torch.library.opcheck(layer_norm_bwd, (dy, x, w, mean, rstd, True))
     torch.library.opcheck(layer_norm_bwd, (dy, x, None, mean, rstd, False))
+    r, _, rstd = add_rms_norm_fwd(x, dy.bfloat16(), w, 1e-6, torch.bfloat16)
+    torch.library.opcheck(add_rms_norm_fwd, (x, dy.bfloat16(), w, 1e-6, torch.bfloat16))
+    torch.library.opcheck(add_rms_norm_bwd, (dy.bfloat16(), dy, r, w, rstd, torch.float32, torch.bfloat16))
     torch.library.opcheck(swiglu_fwd, (x, dy))
     torch.library.opcheck(swiglu_bwd, (x, dy, w.expand(5, 24).contiguous()))
 

@@ -8,7 +8,8 @@ Rows (bf16, H = 16, K = V = 128):
   decode  one token from a state, B ∈ {1, 64}: ours vs fla's fused_recurrent_gla (with the same glue)
   layer   HGRU2 with its projections (d = 2048) vs fla's HGRN2Attention, forward+backward
   hgrn1   the element-wise HGRN1 scan at an MQAR shape vs fla's fused_recurrent_hgrn, forward+backward
-  rmsnorm hgrn2.ops.norm.rms_norm vs fla's fused RMSNorm (16K rows of 2048), forward+backward
+  rmsnorm hgrn2.ops.norm.rms_norm vs fla's fused RMSNorm (16K rows of 2048), forward+backward; add+rmsnorm
+          the residual step (fp32 stream + branch, then the norm) fused, vs fla's prenorm RMSNorm
   swiglu  hgrn2.ops.swiglu.swiglu_linear vs fla's swiglu_linear (16K rows, 5632 → 2048), forward+backward
   ce      hgrn2.ops.cross_entropy.linear_cross_entropy vs fla's FusedLinearCrossEntropyLoss (16K rows,
           d = 1024, vocabulary 32000)
@@ -348,7 +349,7 @@ def glue_rows(ctx) -> list[dict]:
     """The model's glue around the recurrence, forward+backward: RMSNorm, SwiGLU + down projection, and the LM
     head's cross entropy; ours, fla's fused module and the PyTorch composite (in the note)."""
     from hgrn2.ops.cross_entropy import linear_cross_entropy
-    from hgrn2.ops.norm import rms_norm
+    from hgrn2.ops.norm import add_rms_norm, rms_norm
     from hgrn2.ops.swiglu import swiglu_linear
 
     dev, dt, fla = ctx["device"], ctx["dtype"], ctx["fla"]
@@ -369,10 +370,21 @@ def glue_rows(ctx) -> list[dict]:
         xf = x.float()
         return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-5) * w).to(x.dtype)
 
+    # a block's residual step: fp32 residual stream + a branch output in dt, then the next pre-norm
+    resid, branch = leaf(N, d, dtype=torch.float32), leaf(N, d)
+    add_cot = (torch.randn(N, d, device=dev), dy)  # r's gradient from later blocks, the normalised output's
+
+    def add_norm_separate():  # the model's path before the fusion: the add, then the norm kernel
+        r = resid + branch
+        return r, rms_norm(r, w, 1e-5, dt)
+
     specs = [  # kind, shape, floor bytes, floor FLOPs, leaves, cotangent, {ours, composite, fla}
         ("rmsnorm", f"N={N} D={d}", 5 * N * d * dt.itemsize, 0, [x, w], dy,
          {"ours": lambda: rms_norm(x, w, 1e-5), "composite": rms_composite,
           "fla": fla_norm and (lambda: fla_norm(x))}),
+        ("add+rmsnorm", f"N={N} D={d}", 28 * N * d, 0, [resid, branch, w], add_cot,
+         {"ours": lambda: add_rms_norm(resid, branch, w, 1e-5, dt), "composite": add_norm_separate,
+          "fla": fla_norm and (lambda: fla_norm(branch, residual=resid, prenorm=True, residual_in_fp32=True)[::-1])}),
         ("swiglu", f"N={N} I={inter}", 6 * N * inter * dt.itemsize, 6 * N * inter * d, [g, u, wd], dy,
          {"ours": lambda: swiglu_linear(g, u, wd), "composite": lambda: F.linear(F.silu(g) * u, wd),
           "fla": fla and (lambda: fla["swiglu_linear"](g, u, wd, None))}),
@@ -394,8 +406,15 @@ def glue_rows(ctx) -> list[dict]:
 
 
 def _time_fwd_bwd(ctx, fn, cotangent, leaves) -> float:
-    """fn() then its backward (with `cotangent`, or none for a scalar), the leaves' grads reset each time."""
-    return ctx["timer"](lambda: fn().backward(cotangent), grad_to_none=leaves)
+    """fn() then its backward (with `cotangent`, or none for a scalar; a tuple of them for a tuple of outputs),
+    the leaves' grads reset each time."""
+    def step():
+        out = fn()
+        if isinstance(out, tuple):
+            torch.autograd.backward(out, cotangent)
+        else:
+            out.backward(cotangent)
+    return ctx["timer"](step, grad_to_none=leaves)
 
 
 def try_time(row, name, thunk):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..ops.norm import layer_norm, rms_norm
+from ..ops.norm import add_rms_norm, layer_norm, rms_norm
 
 NORMS = ("rmsnorm", "layernorm", None)
 
@@ -25,6 +25,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x [..., hidden] → [..., hidden] in out_dtype (default x's dtype)."""
         return rms_norm(x, self.weight, self.eps, out_dtype)
+
+    def add_and_norm(self, x: torch.Tensor, res: torch.Tensor,
+                     out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pre-norm residual step, fused: (r, norm(r)) with r = x + res (both [..., hidden])."""
+        return add_rms_norm(x, res, self.weight, self.eps, out_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -4,6 +4,9 @@
     per layer l:  x = x + attn(attn_norm(x), β_l);  x = x + mlp(mlp_norm(x))
     logits = lm_head(norm(x))
 
+Each residual add is fused with the norm after it (`RMSNorm.add_and_norm`): a block takes the residual stream
+and the previous block's pending branch output and returns its own, and the final norm adds the last one.
+
 β = cumax(Γ) with Γ = `model.lower_bounds` [L, hidden] (zero-initialised, so β_l = l / L at the start); layer 0's
 bound is 0. `attn` is any token mixer of `hgrn2.layers.TOKEN_MIXERS`, chosen by `config.token_mixer`.
 """
@@ -42,13 +45,21 @@ class HGRN2Block(nn.Module):
             self.mlp_norm = RMSNorm(d, eps=config.norm_eps)
             self.mlp = GLU(d, config.hidden_ratio, config.intermediate_size, config.hidden_act)
 
-    def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
-        y, state = self.attn(self.attn_norm(x, _projection_dtype(x)), lower_bound=lower_bound, state=state,
-                             use_cache=use_cache, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
-        x = x + y
-        if self.mlp is not None:
-            x = x + self.mlp(self.mlp_norm(x, _projection_dtype(x)))
-        return x, state
+    def forward(self, x, branch=None, lower_bound=None, state=None, use_cache=False, attention_mask=None,
+                cu_seqlens=None):
+        """x [B, T, hidden]: the residual stream without `branch`, the previous block's last branch output
+        (None before the first block). Returns (x, branch, state): this block's residual stream is x + branch."""
+        dt = _projection_dtype(x)
+        if branch is None:
+            h = self.attn_norm(x, dt)
+        else:
+            x, h = self.attn_norm.add_and_norm(x, branch, dt)
+        y, state = self.attn(h, lower_bound=lower_bound, state=state, use_cache=use_cache,
+                             attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+        if self.mlp is None:
+            return x, y, state
+        x, h = self.mlp_norm.add_and_norm(x, y, dt)
+        return x, self.mlp(h), state
 
 
 def _projection_dtype(x: torch.Tensor) -> torch.dtype | None:
@@ -140,20 +151,20 @@ class HGRN2Model(HGRN2PreTrainedModel):
                 attention_mask = None
         gckpt = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         betas = lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None
-        hidden_states = []
+        hidden_states, branch = [], None
         for i, layer in enumerate(self.layers):
             if output_hidden_states:
-                hidden_states.append(x)
+                hidden_states.append(x if branch is None else x + branch)
             beta = betas[i] if betas is not None and i > 0 else None  # layer 0's bound is exactly 0
             state = past_key_values[i] if past_key_values is not None else None
             if gckpt:
-                x, new_state = self._gradient_checkpointing_func(layer.__call__, x, beta, state, False,
-                                                                 attention_mask, cu_seqlens)
+                x, branch, new_state = self._gradient_checkpointing_func(layer.__call__, x, branch, beta, state,
+                                                                         False, attention_mask, cu_seqlens)
             else:
-                x, new_state = layer(x, beta, state, use_cache, attention_mask, cu_seqlens)
+                x, branch, new_state = layer(x, branch, beta, state, use_cache, attention_mask, cu_seqlens)
             if use_cache:
                 past_key_values.update_state(i, new_state, T)
-        x = self.norm(x)
+        x = self.norm(x) if branch is None else self.norm.add_and_norm(x, branch)[1]
         if output_hidden_states:
             hidden_states.append(x)
         out = BaseModelOutputWithPast(last_hidden_state=x, past_key_values=past_key_values if use_cache else None,

@@ -63,6 +63,45 @@ class _RMSNorm(torch.autograd.Function):
         return dx, dw, None, None
 
 
+class _AddRMSNorm(torch.autograd.Function):
+    """(r, y) = (x + res, rms_norm(x + res)): a residual add and the next pre-norm in one pass each way."""
+
+    @staticmethod
+    def forward(ctx, x, res, weight, eps, out_dtype):
+        ctx.triton = _use_triton(x)
+        ctx.dtypes = (x.dtype, res.dtype)
+        if ctx.triton:
+            from .triton.norm import add_rms_norm_fwd
+            D = x.shape[-1]
+            r, y, rstd = add_rms_norm_fwd(x.reshape(-1, D).contiguous(), res.reshape(-1, D).contiguous(),
+                                          weight.contiguous(), eps, out_dtype)
+            ctx.save_for_backward(r, weight, rstd)
+            return r.view(x.shape), y.view(x.shape)
+        r = x + res
+        dt = _compute_dtype(r)
+        rf = r.to(dt)
+        rstd = torch.rsqrt(rf.square().mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(r, weight, rstd)
+        return r, (rf * rstd * weight.to(dt)).to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, dr, dy):
+        r, weight, rstd = ctx.saved_tensors
+        x_dtype, res_dtype = ctx.dtypes
+        if ctx.triton:
+            from .triton.norm import add_rms_norm_bwd
+            D = r.shape[-1]
+            dx, dres, dw = add_rms_norm_bwd(dy.reshape(-1, D).contiguous(), dr.reshape(-1, D).contiguous(), r,
+                                            weight.contiguous(), rstd, x_dtype, res_dtype)
+            return dx.view(dy.shape), dres.view(dy.shape), dw, None, None
+        dt = rstd.dtype
+        rhat, dyf = r.to(dt) * rstd, dy.to(dt)
+        g = dyf * weight.to(dt)
+        dr = dr + (rstd * (g - rhat * (g * rhat).mean(-1, keepdim=True))).to(r.dtype)
+        dw = (dyf * rhat).reshape(-1, rhat.shape[-1]).sum(0).to(weight.dtype)
+        return dr.to(x_dtype), dr.to(res_dtype), dw, None, None
+
+
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
@@ -113,6 +152,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     if out_dtype is not None and not out_dtype.is_floating_point:
         raise ValueError(f"`out_dtype`: expected a floating-point dtype or None, got {out_dtype}")
     return _RMSNorm.apply(x, weight, eps, out_dtype or x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's residual step: r = x + res [..., D] (in their promoted dtype, as `x + res`) and
+    rms_norm(r, weight, eps, out_dtype) — on CUDA one kernel each way instead of an add, a norm and, in the
+    backward, a gradient sum and a cast. x, res of one shape; weight [D]. Returns (r, normalised r)."""
+    if x.shape != res.shape:
+        raise ValueError(f"`res`: expected x's shape {tuple(x.shape)}, got {tuple(res.shape)}")
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"`weight`: expected shape {tuple(x.shape[-1:])} (x's last dim), got {tuple(weight.shape)}")
+    out_dtype = out_dtype or torch.promote_types(x.dtype, res.dtype)
+    if not out_dtype.is_floating_point:
+        raise ValueError(f"`out_dtype`: expected a floating-point dtype or None, got {out_dtype}")
+    return _AddRMSNorm.apply(x, res, weight, eps, out_dtype)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:

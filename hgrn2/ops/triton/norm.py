@@ -27,14 +27,19 @@ MAX_D = 16384  # a row per program in registers at most; wider rows take the com
 
 
 @triton.jit
-def _norm_fwd_kernel(x, w, b, y, mean, rstd, eps, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
-    """Rows [p·BLOCK_N, (p+1)·BLOCK_N): y = x̂·w + b with x̂ = (x − mean)·rstd (CENTER: LayerNorm) or x·rstd."""
+def _norm_fwd_kernel(x, res, r, w, b, y, mean, rstd, eps, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr):
+    """Rows [p·BLOCK_N, (p+1)·BLOCK_N): y = x̂·w + b with x̂ = (x − mean)·rstd (CENTER: LayerNorm) or x·rstd.
+    HAS_RES: the input is x + res, stored to r (rounded to r's dtype first: the norm sees what r holds)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < N)[:, None] & (cols < D)[None, :]
     offs = rows[:, None] * D + cols[None, :]
     xr = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        xr = (xr + tl.load(res + offs, mask=mask, other=0.0).to(tl.float32)).to(r.dtype.element_ty)
+        tl.store(r + offs, xr, mask=mask)
+        xr = xr.to(tl.float32)
     if CENTER:
         mu = tl.sum(xr, axis=1) / D
         xr = tl.where(mask, xr - mu[:, None], 0.0)
@@ -50,10 +55,13 @@ def _norm_fwd_kernel(x, w, b, y, mean, rstd, eps, N, D, BLOCK_N: tl.constexpr, B
 
 
 @triton.jit
-def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dw_part, db_part, N, D, TILES, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dr, dres, dw_part, db_part, N, D, TILES, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                     HAS_RES: tl.constexpr):
     """Program p handles row tiles [p·TILES, (p+1)·TILES) and writes its shares of dw and db to row p of the
-    partial sums: dx = rstd·(g − x̂·mean(g·x̂) − mean(g)) with g = dy·w (no mean(g) term for RMSNorm)."""
+    partial sums: dx = rstd·(g − x̂·mean(g·x̂) − mean(g)) with g = dy·w (no mean(g) term for RMSNorm).
+    HAS_RES (x was r = x + res): dx also takes dr, r's gradient from its other uses, and is stored twice, in
+    x's dtype and as dres in res's."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -78,7 +86,12 @@ def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dw_part, db_part, N, D, TILES, BL
         dxr = g - xhat * (tl.sum(g * xhat, axis=1) / D)[:, None]
         if CENTER:
             dxr -= (tl.sum(g, axis=1) / D)[:, None]
-        tl.store(dx + offs, (r[:, None] * dxr).to(dx.dtype.element_ty), mask=mask)
+        dxr = r[:, None] * dxr
+        if HAS_RES:
+            # rounded as the norm's gradient alone would be (to r's dtype), then summed with dr as autograd sums
+            dxr = dxr.to(x.dtype.element_ty).to(tl.float32) + tl.load(dr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dres + offs, dxr.to(dres.dtype.element_ty), mask=mask)
+        tl.store(dx + offs, dxr.to(dx.dtype.element_ty), mask=mask)
         if HAS_W:
             dw_acc += tl.sum(dyr * xhat, axis=0)
         if HAS_B:
@@ -107,7 +120,7 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def _norm_fwd(x, weight, bias, eps, out_dtype, center):
+def _norm_fwd(x, weight, bias, eps, out_dtype, center, res=None, r=None):
     N, D = x.shape
     y = torch.empty_like(x, dtype=out_dtype)
     mean = torch.empty(N if center else 0, device=x.device, dtype=torch.float32)
@@ -115,15 +128,16 @@ def _norm_fwd(x, weight, bias, eps, out_dtype, center):
     if N:
         rows, block, warps = _launch_shape(D)
         _norm_fwd_kernel[(triton.cdiv(N, rows),)](
-            x, weight, bias, y, mean, rstd, eps, N, D, BLOCK_N=rows, BLOCK_D=block, CENTER=center,
-            HAS_W=weight is not None, HAS_B=bias is not None, num_warps=warps)
+            x, res, r, weight, bias, y, mean, rstd, eps, N, D, BLOCK_N=rows, BLOCK_D=block, CENTER=center,
+            HAS_W=weight is not None, HAS_B=bias is not None, HAS_RES=res is not None, num_warps=warps)
     return y, mean, rstd
 
 
-def _norm_bwd(dy, x, weight, mean, rstd, center, has_bias):
-    """→ dx [N, D] in x's dtype, and the float32 [D] sums of dw and db (zeros for a missing parameter)."""
+def _norm_bwd(dy, x, weight, mean, rstd, center, has_bias, dr=None, dres=None, dx=None):
+    """→ dx [N, D] (in x's dtype unless given), and the float32 [D] sums of dw and db (zeros for a missing
+    parameter). With dr: dx + dr, also written to dres."""
     N, D = x.shape
-    dx = torch.empty_like(x)
+    dx = torch.empty_like(x) if dx is None else dx
     rows, block, warps = _launch_shape(D)
     tiles = triton.cdiv(N, rows)
     programs = _bwd_programs(x, tiles) if N else 0
@@ -132,8 +146,9 @@ def _norm_bwd(dy, x, weight, mean, rstd, center, has_bias):
     db_part = torch.empty(programs if has_bias else 0, D, device=x.device, dtype=torch.float32)
     if N:
         _norm_bwd_kernel[(programs,)](
-            dy, x, weight, mean, rstd, dx, dw_part, db_part, N, D, triton.cdiv(tiles, programs), BLOCK_N=rows,
-            BLOCK_D=block, CENTER=center, HAS_W=weight is not None, HAS_B=has_bias, num_warps=warps)
+            dy, x, weight, mean, rstd, dx, dr, dres, dw_part, db_part, N, D, triton.cdiv(tiles, programs),
+            BLOCK_N=rows, BLOCK_D=block, CENTER=center, HAS_W=weight is not None, HAS_B=has_bias,
+            HAS_RES=dr is not None, num_warps=warps)
     return dx, dw_part.sum(0), db_part.sum(0)
 
 
@@ -163,6 +178,41 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 @rms_norm_bwd.register_fake
 def _(dy, x, weight, rstd):
     return torch.empty_like(x), torch.empty_like(weight)
+
+
+@torch.library.custom_op("hgrn2::add_rms_norm_fwd", mutates_args=())
+@on_tensor_device
+def add_rms_norm_fwd(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float,
+                     out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, res [N, D] contiguous, weight [D] → (r = x + res [N, D] in their promoted dtype, rms_norm(r) [N, D]
+    in out_dtype, rstd [N] float32)."""
+    r = torch.empty_like(x, dtype=torch.promote_types(x.dtype, res.dtype))
+    y, _, rstd = _norm_fwd(x, weight, None, eps, out_dtype, center=False, res=res, r=r)
+    return r, y, rstd
+
+
+@add_rms_norm_fwd.register_fake
+def _(x, res, weight, eps, out_dtype):
+    r = torch.empty_like(x, dtype=torch.promote_types(x.dtype, res.dtype))
+    return r, torch.empty_like(x, dtype=out_dtype), x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("hgrn2::add_rms_norm_bwd", mutates_args=())
+@on_tensor_device
+def add_rms_norm_bwd(dy: torch.Tensor, dr: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                     x_dtype: torch.dtype, res_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dy (the norm's output gradient), dr (r's from its other uses), r [N, D] contiguous, weight [D], rstd [N]
+    → (dx in x_dtype, dres in res_dtype: both r's whole gradient, dw [D] in weight's dtype)."""
+    dx = torch.empty_like(r, dtype=x_dtype)
+    dres = torch.empty_like(r, dtype=res_dtype)
+    _, dw, _ = _norm_bwd(dy, r, weight, rstd.new_empty(0), rstd, center=False, has_bias=False, dr=dr, dres=dres,
+                         dx=dx)
+    return dx, dres, dw.to(weight.dtype)
+
+
+@add_rms_norm_bwd.register_fake
+def _(dy, dr, r, weight, rstd, x_dtype, res_dtype):
+    return torch.empty_like(r, dtype=x_dtype), torch.empty_like(r, dtype=res_dtype), torch.empty_like(weight)
 
 
 @torch.library.custom_op("hgrn2::layer_norm_fwd", mutates_args=())
