@@ -98,7 +98,7 @@ for step in $STEPS; do
         --out .mqar-sweep --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
       (cd .mqar-sweep && tar -cf "$OUT/mqar.tar" --exclude=checkpoints .)
-      tr '\r' '\n' < "$OUT/mqar.txt" | grep -v "MQAR epochs" | tail -n 25 ;;
+      tr '\r' '\n' < "$OUT/mqar.txt" | grep -v -e "MQAR epochs" -e '^\s*$' | tail -n 25 ;;
     profile)  # one MQAR training step alone: steps/s and where the time goes
       for m in "hgrn2" "attention" "hgrn2 --cuda-graph" "attention --cuda-graph" "hgrn2 --compile"; do
         timeout 120 python3 benchmarks/profile_mqar_step.py --mixer $m --d 128 --L 512 --batch 128 2>&1 | head -34
