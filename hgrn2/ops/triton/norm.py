@@ -44,14 +44,14 @@ def _norm_fwd_kernel(x, res, r, w, b, y, mean, rstd, eps, N, D, BLOCK_N: tl.cons
         mu = tl.sum(xr, axis=1) / D
         xr = tl.where(mask, xr - mu[:, None], 0.0)
         tl.store(mean + rows, mu, mask=rows < N)
-    r = 1.0 / tl.sqrt(tl.sum(xr * xr, axis=1) / D + eps)
-    out = xr * r[:, None]
+    inv = 1.0 / tl.sqrt(tl.sum(xr * xr, axis=1) / D + eps)
+    out = xr * inv[:, None]
     if HAS_W:
         out = out * tl.load(w + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
     if HAS_B:
         out = out + tl.load(b + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
     tl.store(y + offs, out.to(y.dtype.element_ty), mask=mask)
-    tl.store(rstd + rows, r, mask=rows < N)
+    tl.store(rstd + rows, inv, mask=rows < N)
 
 
 @triton.jit
@@ -76,17 +76,17 @@ def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dr, dres, dw_part, db_part, N, D,
         offs = rows[:, None] * D + cols[None, :]
         xr = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
         dyr = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(rstd + rows, mask=rmask, other=0.0)
+        inv = tl.load(rstd + rows, mask=rmask, other=0.0)
         if CENTER:
             xr = tl.where(mask, xr - tl.load(mean + rows, mask=rmask, other=0.0)[:, None], 0.0)
-        xhat = xr * r[:, None]
+        xhat = xr * inv[:, None]
         g = dyr
         if HAS_W:
             g = dyr * wr[None, :]
         dxr = g - xhat * (tl.sum(g * xhat, axis=1) / D)[:, None]
         if CENTER:
             dxr -= (tl.sum(g, axis=1) / D)[:, None]
-        dxr = r[:, None] * dxr
+        dxr = inv[:, None] * dxr
         if HAS_RES:
             # rounded as the norm's gradient alone would be (to r's dtype), then summed with dr as autograd sums
             dxr = dxr.to(x.dtype.element_ty).to(tl.float32) + tl.load(dr + offs, mask=mask, other=0.0).to(tl.float32)
