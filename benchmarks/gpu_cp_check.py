@@ -32,15 +32,17 @@ SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 RESULTS = {"device": None, "correctness": [], "timings": [], "first_call_s": {}, "errors": [], "best_cp": None}
 
-# (name, fwd-o BK, bwd BK, parallel BV, parallel warps, sequential BK, BV, warps, split backward); the first is
-# cp.py's default
+# (name, fwd-o BK, bwd BK, parallel BV, parallel warps, sequential BK, BV, warps, split backward, A kept from
+# the forward); the third is cp.py's default (restored after the sweep)
 CP_CONFIGS = [
-    ("o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, False),
-    ("o64-b16-v128-w8-s64", 64, 16, 128, 8, 64, 128, 8, False),
-    ("split-o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, True),
-    ("o64-b64-v64-w8-s64v64", 64, 64, 64, 8, 64, 64, 4, False),
-    ("o32-b32-v64-w4-s32", 32, 32, 64, 4, 32, 128, 4, False),
-    ("split-o32-b64-v128-w8-s32", 32, 64, 128, 8, 32, 128, 4, True),
+    ("o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, False, False),
+    ("o64-b16-v128-w8-s64", 64, 16, 128, 8, 64, 128, 8, False, False),
+    ("split-o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, True, False),
+    ("split-A-o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, True, True),
+    ("A-o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, False, True),
+    ("o64-b64-v64-w8-s64v64", 64, 64, 64, 8, 64, 64, 4, False, False),
+    ("o32-b32-v64-w4-s32", 32, 32, 64, 4, 32, 128, 4, False, False),
+    ("split-o32-b64-v128-w8-s32", 32, 64, 128, 8, 32, 128, 4, True, False),
 ]
 
 
@@ -59,7 +61,7 @@ def left():
 
 def set_cp_config(cfg):
     from hgrn2.ops.triton import cp
-    _, cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ, cp.BWD_SPLIT = cfg
+    _, cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ, cp.BWD_SPLIT, cp.SAVE_A = cfg
 
 
 def rel(x, ref):
@@ -247,7 +249,7 @@ def main():
                                   BK_SEQ=cp.BK_SEQ, FP32_DOT_PRECISION=cp.FP32_DOT_PRECISION,
                                   STATE_DTYPE=str(cp.STATE_DTYPE))
     defaults = ("default", cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ,
-                cp.BWD_SPLIT)
+                cp.BWD_SPLIT, cp.SAVE_A)
 
     case = None if ARGS.timings_only else step("inputs", make_case)
     ref = step("fp64 reference", reference, *case) if case else None
@@ -260,7 +262,7 @@ def main():
     for shape in shapes:
         step(f"bench chunk {shape}", bench_impl, "chunk (sequential)", ours("chunk"), shape, need_s=25)
         step(f"bench sdpa {shape}", bench_impl, "sdpa flash causal", sdpa, shape, need_s=10)
-    for cfg in CP_CONFIGS[:3] if SMOKE else CP_CONFIGS:
+    for cfg in CP_CONFIGS[:4] if SMOKE else CP_CONFIGS:
         set_cp_config(cfg)
         for shape in shapes:
             step(f"bench cp {cfg[0]} {shape}", bench_impl, f"cp {cfg[0]}", ours("cp"), shape, need_s=40)

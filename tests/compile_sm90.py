@@ -151,7 +151,8 @@ def cp_variants():
                 yield (f"fwd_o {sfx}", f.cp_fwd_o_kernel,
                        dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", y=f"*{dt}", scale="fp32",
                             T="i32", NT="i32"),
-                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0),
+                       dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
+                            STORE_A=False),
                        warps)
                 pdt = dt if BV == KV else "fp32"
                 yield (f"bwd {sfx}", b.cp_bwd_kernel,
@@ -159,19 +160,25 @@ def cp_variants():
                             dy=f"*{dt}", do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", dlb="*fp32", scale="fp32",
                             T="i32", NT="i32", NTOK="i32"),
                        dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                            DV=True, DQK=True), warps)
-        # the split backward (cp.BWD_SPLIT): dv alone, dq/dk/dg alone
+                            DV=True, DQK=True, LOAD_A=False), warps)
+        # the split backward (cp.BWD_SPLIT): dv alone (also from the forward's A: cp.SAVE_A), dq/dk/dg alone
         if dt == "bf16":
             common = dict(H=16, K=128, V=128, BT=64, DT=DT, PREC=prec)
             for BK in (64, 32):
-                for flags in (dict(DV=True, DQK=False), dict(DV=False, DQK=True)):
-                    yield (f"bwd split {'dv' if flags['DV'] else 'dqk'} bf16 K=V=128 BK={BK} BV=128 w=8",
-                           b.cp_bwd_kernel,
-                           dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", dh="*bf16", dy="*bf16",
-                                do="*bf16", dg="*bf16", di="*bf16", dlb="*fp32", scale="fp32", T="i32", NT="i32",
-                                NTOK="i32"),
+                for flags in (dict(DV=True, DQK=False, LOAD_A=False), dict(DV=True, DQK=False, LOAD_A=True),
+                              dict(DV=False, DQK=True, LOAD_A=False)):
+                    part = "dqk" if flags["DQK"] else "dv from A" if flags["LOAD_A"] else "dv"
+                    yield (f"bwd split {part} bf16 K=V=128 BK={BK} BV=128 w=8", b.cp_bwd_kernel,
+                           dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", a_in="*bf16", dh="*bf16",
+                                dy="*bf16", do="*bf16", dg="*bf16", di="*bf16", dlb="*fp32", scale="fp32", T="i32",
+                                NT="i32", NTOK="i32"),
                            dict(common, BK=BK, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False,
                                 MAX_SPREAD=60.0, **flags), 8)
+            yield ("fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", f.cp_fwd_o_kernel,
+                   dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", y="*bf16", a_out="*bf16",
+                        scale="fp32", T="i32", NT="i32"),
+                   dict(common, BK=64, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
+                        STORE_A=True), 8)
         # varlen and the other flags once per dtype
         common = dict(H=16, K=128, V=128, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
         yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
@@ -182,8 +189,8 @@ def cp_variants():
         yield (f"fwd_o varlen {dt}", f.cp_fwd_o_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
                     T="i32", NT="i32"),
-               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0),
-               8 if dt == "bf16" else 4)
+               dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
+                    STORE_A=False), 8 if dt == "bf16" else 4)
         yield (f"bwd_dh varlen {dt}", b.cp_bwd_dh_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", dy=f"*{dt}", dh=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32",
                     scale="fp32", T="i32", NT="i32"),
@@ -193,7 +200,7 @@ def cp_variants():
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}", do="*fp32",
                     dg="*fp32", di=f"*{dt}", chunks="*i32", scale="fp32", T="i32", NT="i32", NTOK="i32"),
                dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
-                    DV=True, DQK=True), 8 if dt == "bf16" else 4)
+                    DV=True, DQK=True, LOAD_A=False), 8 if dt == "bf16" else 4)
 
 
 def chunk_grid_variants():
@@ -228,9 +235,11 @@ def chunk_default_variants():
 
 
 def cp_default_variants():
-    """The four cp kernels at cp.py's defaults for bf16, K = V = 128 (a quick check for the test suite)."""
+    """The cp kernels at cp.py's defaults for bf16, K = V = 128, the backward fused and split (a quick check for
+    the test suite)."""
     keep = ("fwd_h bf16 K=V=128 BK=64 BV=128 w=8", "bwd_dh bf16 K=V=128 BK=64 BV=128 w=8",
-            "fwd_o bf16 K=V=128 BK=64 BV=128 w=8", "bwd bf16 K=V=128 BK=32 BV=128 w=8")
+            "fwd_o bf16 K=V=128 BK=64 BV=128 w=8", "bwd bf16 K=V=128 BK=32 BV=128 w=8",
+            "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8")
     return (v for v in cp_variants() if v[0] in keep)
 
 

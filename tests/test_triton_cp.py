@@ -149,6 +149,27 @@ def test_split_backward(monkeypatch, small_blocks, max_spread):
     check(*run_both(inputs, scale=0.3, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("max_spread", [60.0, -1.0])
+def test_saved_A(monkeypatch, small_blocks, split, max_spread):
+    """SAVE_A: the forward keeps A and the backward's dv reads it (split and fused backward; fast and exact
+    intra paths; V split in two blocks, of which only the first stores A)."""
+    monkeypatch.setattr(cp_mod, "SAVE_A", True)
+    monkeypatch.setattr(cp_mod, "BWD_SPLIT", split)
+    monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", max_spread)
+    inputs = make_inputs(1, 40 if max_spread < 0 else 70, 1, 32, 32, n_states=1)
+    check(*run_both(inputs, scale=0.3, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
+
+
+def test_saved_A_varlen_bf16(monkeypatch):
+    """SAVE_A with packed sequences (padding chunks) and bf16 operands (A kept in bf16)."""
+    monkeypatch.setattr(cp_mod, "SAVE_A", True)
+    lens = [5, 70, 17]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
+    inputs = make_inputs(1, sum(lens), 2, 32, 32, n_states=len(lens), dtype=torch.bfloat16)
+    check(*run_both(inputs, cu_seqlens=cu, scale=32 ** -0.5, o_act="silu", output_final_state=True), tol=2e-2)
+
+
 def test_32_token_chunks(monkeypatch):
     """The fp32 default (BT_FP32 = 32)."""
     monkeypatch.setattr(cp_mod, "BT_FP32", 32)

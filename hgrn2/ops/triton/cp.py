@@ -34,6 +34,10 @@ STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input
 # backward in two parallel launches (dv; dq/dk/dg) instead of one fused: fewer registers. True: the fused bf16
 # kernel fails Triton 3.6's RemoveLayoutConversions pass on an H100 (2026-11-23), the split one compiles
 BWD_SPLIT = True
+# the forward's intra-chunk A [n_chunks, H, BT, BT] (in the dot dtype) kept for the backward's dv instead of rebuilt
+# there from every K-block: BT² values per chunk and head (at BT 64, K 128: half a [B, T, H, K] tensor) stored
+# and held until the backward. Not yet timed; False keeps the timed kernels
+SAVE_A = False
 FAST_DIAG_MAX_SPREAD = 60.0  # K-blocks of a chunk whose largest 16-token log-decay spread is below this take
 # the factorised (tensor-core) intra-chunk path, others the exact column loop
 FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/bf16x3 crash Triton 3.9's
@@ -108,9 +112,10 @@ def _state_dtype(o):
 @on_tensor_device
 def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
-           i_act: int, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested) and the
-    chunk-start states h [n_chunks, H, V, K] (for the backward)."""
+           i_act: int, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested), the
+    chunk-start states h [n_chunks, H, V, K] and, with SAVE_A, the intra-chunk A [n_chunks, H, BT, BT] (else
+    empty) for the backward."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
     bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
@@ -130,29 +135,40 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
         DT=dt, PREC=prec, num_warps=warps_seq,
     )
+    a_saved = _empty_a(o, i, n_chunks, H)
     cp_fwd_o_kernel[(n_chunks, triton.cdiv(V, bv), H)](
-        o, g, i, lower_bound, h, y, chunks, scale, T, NT,
+        o, g, i, lower_bound, h, y, a_saved, chunks, scale, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
-        VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec, num_warps=warps,
+        VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec,
+        STORE_A=a_saved.numel() > 0, num_warps=warps,
     )
-    return y, ht, h
+    return y, ht, h, a_saved
+
+
+def _empty_a(o, i, n_chunks, H):
+    """The tensor SAVE_A keeps A in (the dot operands' dtype), or an empty one."""
+    bt = _bt(o)
+    dtype = torch.bfloat16 if _dot_dtype(o, i)[0] == tl.bfloat16 else torch.float32
+    return o.new_empty((n_chunks, H, bt, bt) if SAVE_A else (0,), dtype=dtype)
 
 
 @cp_fwd.register_fake
 def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state):
     B, T, H, N = _layout(o, cu_seqlens)
     shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
-    h = o.new_empty(_num_chunks(o, cu_seqlens), H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o))
-    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h
+    n_chunks = _num_chunks(o, cu_seqlens)
+    h = o.new_empty(n_chunks, H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o))
+    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H)
 
 
 @torch.library.custom_op("hgrn2::cp_bwd", mutates_args=())
 @on_tensor_device
 def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, h: torch.Tensor,
-           dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
+           a_saved: torch.Tensor, dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
+    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty). a_saved: the forward's
+    A, or empty (then the backward rebuilds it)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
     bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
@@ -178,10 +194,10 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
         HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
         DT=dt, PREC=prec, num_warps=warps_seq,
     )
-    args = (o, g, i, lower_bound, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T)
+    args = (o, g, i, lower_bound, h, a_saved, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T)
     kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
               HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
-              DT=dt, PREC=prec, num_warps=warps)
+              DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps)
     for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if BWD_SPLIT else
                   (dict(DV=True, DQK=True),)):
         cp_bwd_kernel[(n_chunks, NV, H)](*args, **kw, **flags)
@@ -195,7 +211,7 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
 
 
 @cp_bwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, dy, dht, scale, o_act, i_act):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, dy, dht, scale, o_act, i_act):
     dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
@@ -203,16 +219,17 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, dy, dht, scale, o_act,
 
 def _setup_context(ctx, inputs, output):
     o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state = inputs
-    ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, output[2])
+    ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, output[2], output[3])
     ctx.args = (scale, o_act, i_act, output_final_state)
 
 
-def _backward(ctx, dy, dht, _dh):
-    o, g, i, lower_bound, initial_state, cu_seqlens, h = ctx.saved_tensors
+def _backward(ctx, dy, dht, _dh, _da):
+    o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved = ctx.saved_tensors
     scale, o_act, i_act, output_final_state = ctx.args
     dy = torch.zeros_like(i) if dy is None else dy.contiguous()
     dht = dht.contiguous() if output_final_state and dht is not None else None
-    do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, dy, dht, scale, o_act, i_act)
+    do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, dy, dht, scale,
+                                  o_act, i_act)
     return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
             None, None, None, None, None)
 
@@ -233,7 +250,7 @@ def hgrn2_cp_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=N
     in_dtype = i.dtype
     if torch.float64 in (o.dtype, g.dtype, i.dtype):
         o, g, i = o.float(), g.float(), i.float()
-    y, ht, _ = cp_fwd(
+    y, ht, _, _ = cp_fwd(
         o.contiguous(), g.contiguous(), i.contiguous(),
         None if lower_bound is None else lower_bound.contiguous(),
         None if initial_state is None else initial_state.contiguous(),

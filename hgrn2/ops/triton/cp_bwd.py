@@ -79,17 +79,19 @@ def cp_bwd_dh_kernel(
 
 @triton.jit
 def cp_bwd_kernel(
-    o, g, i, lb, h, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, NTOK,
+    o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
     MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr,
+    LOAD_A: tl.constexpr,
 ):
     """One program per (V-block, chunk, head), one loop over K-blocks of BK: dA = dy vᵀ comes first (it needs
     no gate), then per K-block the gates, A's share, dv's state share, dq, dk, d log f and the stores of do,
     dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
 
     DV / DQK select the outputs: both (one fused launch, the default) or one each (two launches that
-    recompute the gates and re-read o, g, dy, dh but hold far fewer registers; `cp.BWD_SPLIT`)."""
+    recompute the gates and re-read o, g, dy, dh but hold far fewer registers; `cp.BWD_SPLIT`). LOAD_A: A is
+    the forward's (`cp.SAVE_A`), read once instead of rebuilt from every K-block."""
     i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     rows = tl.arange(0, BT)
@@ -104,7 +106,8 @@ def cp_bwd_kernel(
         dA = tl.dot(b_do, tl.trans(v_c), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0).to(DT)
     if DV:
-        A = tl.zeros([BT, BT], dtype=tl.float32)
+        if not LOAD_A:
+            A = tl.zeros([BT, BT], dtype=tl.float32)
         dvT = tl.zeros([BV, BT], dtype=tl.float32)
     s_base = (i_c.to(tl.int64) * H + i_h) * V * K
     part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of the partial do / dg
@@ -124,7 +127,7 @@ def cp_bwd_kernel(
         k = tl.where(mtk, k, 0.0)
         c, r, R, b_last = _chunk_decay(a, BT, BK)
         spread = -tl.min(tl.min(c, 1), 0)
-        if DV:
+        if DV and not LOAD_A:
             A_k, ec, enc = _intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
             A += A_k
         else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
@@ -146,6 +149,9 @@ def cp_bwd_kernel(
                         H, K, BT, BK, O_ACT, HAS_LB, MAX_SPREAD, DT, PREC)
 
     if DV:
+        if LOAD_A:
+            a_pos = (i_c.to(tl.int64) * H + i_h) * BT * BT + rows[:, None] * BT + rows[None, :]
+            A = tl.load(a_in + a_pos)
         dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
         offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
         _, dv_act = _act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reloaded

@@ -154,13 +154,14 @@ def cp_fwd_h_kernel(
 
 @triton.jit
 def cp_fwd_o_kernel(
-    o, g, i, lb, h, y, chunks, scale, T, NT,
+    o, g, i, lb, h, y, a_out, chunks, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr,
 ):
     """One program per (V-block, chunk, head); loops over K-blocks of BK (A and y accumulate over them; the
-    fast/exact choice of the intra block is made per K-block)."""
+    fast/exact choice of the intra block is made per K-block). STORE_A: the first V-block also stores the
+    causal A [BT, BT] of its chunk and head (in a_out's dtype) for the backward's dv."""
     i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     cv = i_v * BV + tl.arange(0, BV)
@@ -191,3 +192,8 @@ def cp_fwd_o_kernel(
     v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0)
     out += tl.dot(A.to(DT), v.to(DT), input_precision=PREC)
     tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
+    if STORE_A:
+        if i_v == 0:
+            rows = tl.arange(0, BT)
+            a_pos = (i_c.to(tl.int64) * H + i_h) * BT * BT + rows[:, None] * BT + rows[None, :]
+            tl.store(a_out + a_pos, A.to(a_out.dtype.element_ty))
