@@ -10,6 +10,7 @@
 #   dispatch benchmarks/gpu_dispatch.py (chunk vs cp kernel)  -> $OUT/dispatch.{json,txt}
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar.tar (MQAR_MINUTES, default 6)
+#   mqar-bg the same sweep in the background, kept across calls; each call waits MQAR_WAIT_S -> $OUT/mqar.tar
 #   profile one MQAR training step: eager, CUDA graph, compiled -> $OUT/profile_mqar.txt
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 #   ddp    2 GPUs (nvidia-h200-x2): the NCCL tests, then benchmarks/gpu_ddp.py -> $OUT/ddp/, $OUT/ddp.txt
@@ -51,7 +52,8 @@ for step in $STEPS; do
       # the kernel tests (fla's model tests are left out here: its autotuning alone takes minutes). On an H100
       # (2026-11-23): test_triton_cp.py ~7 min, test_triton_chunk.py ~4 min (fused and split backward), the
       # others ~1 min together: pass TESTS to fit a call.
-      timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest -q ${TESTS:-tests/test_triton_norm_swiglu.py \
+      # SIGINT at the limit: pytest then still prints the failures so far (a plain kill loses them)
+      timeout -s INT -k 30 "${TESTS_TIMEOUT:-500}" python3 -m pytest -q ${TESTS:-tests/test_triton_norm_swiglu.py \
         tests/test_triton_recurrent.py tests/test_triton_hgrn1.py tests/test_triton_chunk.py \
         tests/test_triton_dispatch.py tests/test_cross_entropy.py tests/test_mqar_train.py} \
         -p no:cacheprovider -rf --durations=8 \
@@ -99,6 +101,26 @@ for step in $STEPS; do
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
       (cd .mqar-sweep && tar -cf "$OUT/mqar.tar" --exclude=checkpoints .)
       tr '\r' '\n' < "$OUT/mqar.txt" | grep -v -e "MQAR epochs" -e '^\s*$' | tail -n 25 ;;
+    mqar-bg)  # the sweep in a session of its own (setsid): it outlives the call while the machine stays warm, so
+      # its epoch checkpoints stay on the machine; later calls of this step start nothing new, wait up to
+      # MQAR_WAIT_S for it and return what has finished as $OUT/mqar.tar. Never carry .mqar-sweep into such a
+      # call: the carried copy would replace the folder the sweep writes to.
+      if [ ! -f /tmp/mqar.pid ]; then
+        mkdir -p .mqar-sweep
+        setsid nohup python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} --out .mqar-sweep \
+          --data-dir /tmp/mqar-data < /dev/null > /tmp/mqar.log 2>&1 &
+        echo $! > /tmp/mqar.pid
+        echo "mqar started (pid $(cat /tmp/mqar.pid))"
+      fi
+      start=$(date +%s)
+      while kill -0 "$(cat /tmp/mqar.pid)" 2>/dev/null && [ $(( $(date +%s) - start )) -lt "${MQAR_WAIT_S:-540}" ]; do
+        sleep 10
+      done
+      kill -0 "$(cat /tmp/mqar.pid)" 2>/dev/null && echo "mqar still running" || echo "mqar ended"
+      (cd .mqar-sweep && tar -cf "$OUT/mqar.tar" --exclude=checkpoints .)
+      tr '\r' '\n' < /tmp/mqar.log | grep -v -e "MQAR epochs" -e '^\s*$' > "$OUT/mqar.txt"
+      tail -n 30 "$OUT/mqar.txt"
+      tr '\r' '\n' < /tmp/mqar.log | grep "MQAR epochs" | tail -n 1 ;;
     profile)  # one MQAR training step alone: steps/s and where the time goes
       for m in "hgrn2" "attention" "hgrn2 --cuda-graph" "attention --cuda-graph" "hgrn2 --compile"; do
         timeout 120 python3 benchmarks/profile_mqar_step.py --mixer $m --d 128 --L 512 --batch 128 2>&1 | head -34

@@ -168,6 +168,19 @@ def test_cli_sweep_resumes(tmp_path, capsys):
     assert [f.stat().st_mtime_ns for f in files] == mtimes
 
 
+def test_cli_report_trains_nothing(tmp_path, capsys):
+    assert _cli(tmp_path) == 0
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert _cli(tmp_path, "--dims", "16,32", "--report") == 0  # d=32 was never run: reported missing, not trained
+    printed = capsys.readouterr().out
+    assert "1 of 2 runs are not complete: run the same command without --report" in printed
+    assert len(list((out / "runs").glob("*.json"))) == 1 and "MQAR epochs" not in printed
+    rows = (out / "table.txt").read_text().splitlines()[-2:]
+    assert rows[0].split()[1:3] != ["16", "-"] and rows[1].split()[1:] == ["32", "-"]
+    assert len(json.loads((out / "results.json").read_text())) == 1
+
+
 def test_cli_concurrent_workers(tmp_path):
     assert _cli(tmp_path, "--lrs", "1e-3,3e-3", "--concurrent", "2") == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())

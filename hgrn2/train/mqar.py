@@ -4,6 +4,7 @@
     hgrn2 mqar --preset full --concurrent 8      # the paper's grid
     hgrn2 mqar --cuda-graph                      # each step replayed as one CUDA graph (GPU)
     hgrn2 mqar --mixers hgrn2 --dims 64 --seq-lens 64 --epochs 2 --train-examples 2000   # a smoke run
+    hgrn2 mqar --report --out DIR                # table and figure of the runs finished in DIR, no training
 
 Protocol (zoology, as the paper ran it; `hgrn2/configs/mqar.yaml`): data from `hgrn2.data.mqar` (bit-for-bit
 zoology's), the model `hgrn2.models.zoology.ZoologyLM`, AdamW (weight decay 0.1), cosine over the epochs stepped
@@ -280,8 +281,10 @@ def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
 def _summary_line(r: dict) -> str:
     s = r["spec"]
     flags = "".join(f" [{k}]" for k in ("early_stopped", "diverged") if r[k]) + ("" if r["complete"] else " [cut]")
+    last = r["history"][-1]  # train loss far below test loss: the run memorised its examples
     return (f"{s['mixer']} d={s['d_model']} L={s['seq_len']} lr={s['lr']:g}: acc {r['final_accuracy']:.4f} "
-            f"after {r['epochs_run']} epochs, {r['seconds']:.0f}s ({r['steps_per_second']:.0f} steps/s){flags}")
+            f"after {r['epochs_run']} epochs, train/test loss {last['train_loss']:.2f}/{last['test_loss']:.2f}, "
+            f"{r['seconds']:.0f}s ({r['steps_per_second']:.0f} steps/s){flags}")
 
 
 def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data_dir=None,
@@ -406,15 +409,19 @@ def plot(results: list[dict], mixers, dims, seq_lens, path: Path) -> Path | None
     fig, axes = plt.subplots(1, len(seq_lens), figsize=(3.6 * len(seq_lens), 3.2), sharey=True, squeeze=False)
     for ax, L in zip(axes[0], seq_lens):
         for m in mixers:
-            pts = [(d, best[(m, d, L)]["final_accuracy"]) for d in dims if (m, d, L) in best]
+            pts = [(d, best[(m, d, L)]) for d in dims if (m, d, L) in best]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=m)
+                line, = ax.plot([d for d, _ in pts], [r["final_accuracy"] for _, r in pts], marker="o", label=m)
+                cut = [(d, r["final_accuracy"]) for d, r in pts if not r["complete"]]
+                if cut:  # open markers: runs cut by the budget (the table's *)
+                    ax.plot(*zip(*cut), "o", color=line.get_color(), markerfacecolor="white", zorder=3)
         kv = next((r["spec"]["kv_pairs"] for r in results if r["spec"]["seq_len"] == L), "?")
         ax.set(title=f"L={L}, kv={kv}", xlabel="model dimension", xscale="log", ylim=(-0.02, 1.02))
         ax.set_xticks(dims, [str(d) for d in dims])
         ax.minorticks_off()
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("accuracy")
+    axes[0][0].set_ylabel("accuracy" + (" (open: cut by the budget)" if any(not r["complete"] for r in best.values())
+                                        else ""))
     axes[0][-1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=150)
@@ -458,6 +465,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay each training step as one CUDA graph (these small models are launch-bound)")
     p.add_argument("--list", action="store_true", help="print the runs of the sweep and exit")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing: the table, figure and results.json from the runs already finished in --out "
+                        "(e.g. results gathered from several machines)")
 
 
 def _flat(values):
@@ -526,7 +536,13 @@ def run(args: argparse.Namespace) -> int:
     concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
     if args.cuda_graph and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graph: needs a CUDA device, got --device {device}")
-    results, errors = sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"], args.cuda_graph)
+    if args.report:
+        results = [res for r in runs if (res := _read_result(out / "runs" / f"{r.run_id}.json"))]
+        errors = 0
+        for r in results:
+            print(_summary_line(r))
+    else:
+        results, errors = sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"], args.cuda_graph)
     text = table(results, grid["mixers"], grid["dims"], grid["seq_lens"])
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
@@ -537,7 +553,8 @@ def run(args: argparse.Namespace) -> int:
           + (f"; figure: {figure}" if figure else ""))
     missing = len(runs) - sum(1 for r in results if r["complete"])
     if missing:
-        print(f"{missing} of {len(runs)} runs are not complete: run the same command again to continue")
+        again = "without --report" if args.report else "again"
+        print(f"{missing} of {len(runs)} runs are not complete: run the same command {again} to continue")
     return 1 if errors else 0
 
 
