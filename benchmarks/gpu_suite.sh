@@ -11,6 +11,7 @@
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar.tar (MQAR_MINUTES, default 6)
 #   mqar-bg the same sweep in the background, kept across calls; each call waits MQAR_WAIT_S -> $OUT/mqar.tar
+#          (both MQAR steps: MQAR_SEED=DIR copies finished runs' JSONs from DIR first, e.g. a committed results dir)
 #   profile one MQAR training step: eager, CUDA graph, compiled -> $OUT/profile_mqar.txt
 #   train  hgrn2 bench train (ours, fla, Llama)              -> $OUT/bench_train.{json,txt}
 #   ddp    2 GPUs (nvidia-h200-x2): the NCCL tests, then benchmarks/gpu_ddp.py -> $OUT/ddp/, $OUT/ddp.txt
@@ -95,7 +96,8 @@ for step in $STEPS; do
       # skips the finished runs. In-flight runs' epoch checkpoints stay behind (tens of MB each, more than a
       # call returns): a run cut by MQAR_MINUTES starts again.
       start=$(date +%s)
-      mkdir -p .mqar-sweep
+      mkdir -p .mqar-sweep/runs
+      [ -n "${MQAR_SEED:-}" ] && cp -n "$MQAR_SEED"/*.json .mqar-sweep/runs/  # finished runs: skipped
       timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} \
         --out .mqar-sweep --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
@@ -106,7 +108,8 @@ for step in $STEPS; do
       # MQAR_WAIT_S for it and return what has finished as $OUT/mqar.tar. Never carry .mqar-sweep into such a
       # call: the carried copy would replace the folder the sweep writes to.
       if [ ! -f /tmp/mqar.pid ]; then
-        mkdir -p .mqar-sweep
+        mkdir -p .mqar-sweep/runs
+        [ -n "${MQAR_SEED:-}" ] && cp -n "$MQAR_SEED"/*.json .mqar-sweep/runs/  # finished runs: skipped
         setsid nohup python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} --out .mqar-sweep \
           --data-dir /tmp/mqar-data < /dev/null > /tmp/mqar.log 2>&1 &
         echo $! > /tmp/mqar.pid
