@@ -33,7 +33,7 @@ os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 import torch  # noqa: E402
 
 from hgrn2.models import HGRN2ForCausalLM
-from hgrn2.models.convert import convert_fla_checkpoint
+from hgrn2.models.convert import convert_fla_checkpoint, greedy_decode
 
 
 def rel(x, ref):
@@ -125,8 +125,8 @@ def main():
         b = ours_m(ids).logits
         log(t0, f"{dtype}: our logits")
         mask = torch.ones_like(ids)
-        ga = fla_m.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False)
-        log(t0, f"{dtype}: fla generate")
+        ga = greedy_decode(fla_m, ids, args.new_tokens)  # fla's own cache, decoded by hand
+        log(t0, f"{dtype}: fla greedy")
         gb = ours_m.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False)
         log(t0, f"{dtype}: our generate")
         err_rms = max((a - want).pow(2).mean(), (b - want).pow(2).mean()).sqrt().item()

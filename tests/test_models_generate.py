@@ -3,6 +3,7 @@ import torch
 from conftest import rel_err
 
 from hgrn2.models import HGRN2Cache, HGRN2Config, HGRN2ForCausalLM
+from hgrn2.models.modeling_hgrn2 import CACHE_FIELD
 
 
 def model(**kw) -> HGRN2ForCausalLM:
@@ -25,11 +26,11 @@ def test_decode_equals_forward(conv, prefill):
     ids = torch.randint(1, 128, (2, 12))
     full = m(ids, use_cache=False).logits
     out = m(ids[:, :prefill], use_cache=True)
-    steps, cache = [out.logits], out.past_key_values
+    steps, cache = [out.logits], getattr(out, CACHE_FIELD)
     for t in range(prefill, 12):
-        out = m(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        out = m(ids[:, t:t + 1], **{CACHE_FIELD: cache}, use_cache=True)
         steps.append(out.logits)
-        cache = out.past_key_values
+        cache = getattr(out, CACHE_FIELD)
     assert cache.get_seq_length() == 12
     assert rel_err(torch.cat(steps, 1), full) < 1e-5
 
@@ -84,11 +85,11 @@ def test_sampling_is_seeded_and_in_vocab():
 def test_cache_memory_constant_and_not_croppable():
     m = model()
     out = m(torch.randint(1, 128, (1, 4)), use_cache=True)
-    cache = out.past_key_values
+    cache = getattr(out, CACHE_FIELD)
     assert isinstance(cache, HGRN2Cache)
     size = cache.memory_bytes()
     for _ in range(20):
-        cache = m(torch.randint(1, 128, (1, 1)), past_key_values=cache, use_cache=True).past_key_values
+        cache = getattr(m(torch.randint(1, 128, (1, 1)), **{CACHE_FIELD: cache}, use_cache=True), CACHE_FIELD)
     assert cache.memory_bytes() == size and cache.get_seq_length() == 24
     with pytest.raises(NotImplementedError):
         cache.crop(10)
@@ -97,7 +98,7 @@ def test_cache_memory_constant_and_not_croppable():
 @torch.no_grad()
 def test_cache_reorder_and_repeat():
     m = model()
-    cache = m(torch.randint(1, 128, (2, 4)), use_cache=True).past_key_values
+    cache = getattr(m(torch.randint(1, 128, (2, 4)), use_cache=True), CACHE_FIELD)
     s = cache[0].clone()
     cache.reorder_cache(torch.tensor([1, 0]))
     assert torch.equal(cache[0], s.flip(0))
@@ -116,8 +117,8 @@ def test_generate_from_embeddings_and_continue_with_cache():
     assert torch.equal(emb, ref[:, 5:])
     emb = m.generate(inputs_embeds=m.get_input_embeddings()(ids), max_new_tokens=4, do_sample=False)
     assert torch.equal(emb, ref[:, 5:])
-    cache = m(ids[:, :3], use_cache=True).past_key_values  # continue from a user-supplied cache
-    cont = m.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=4, do_sample=False)
+    cache = getattr(m(ids[:, :3], use_cache=True), CACHE_FIELD)  # continue from a user-supplied cache
+    cont = m.generate(ids, attention_mask=mask, **{CACHE_FIELD: cache}, max_new_tokens=4, do_sample=False)
     assert torch.equal(cont, ref)
 
 
@@ -127,3 +128,17 @@ def test_beam_search_with_cache_equals_without():
     ids = torch.randint(1, 128, (2, 5))
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=4, num_beams=3, do_sample=False)
     assert torch.equal(m.generate(ids, **kw), m.generate(ids, use_cache=False, **kw))
+
+
+@torch.no_grad()
+def test_cache_under_either_name():
+    """transformers ≥ 5.24 calls the cache `cache`, earlier versions `past_key_values`: both names are taken."""
+    m = model()
+    ids = torch.randint(1, 128, (2, 5))
+    ref = m(ids, use_cache=True)
+    for name in ("cache", "past_key_values"):
+        cache = getattr(m(ids[:, :4], use_cache=True), CACHE_FIELD)
+        out = m(ids[:, 4:], use_cache=True, **{name: cache})
+        assert rel_err(out.logits[:, -1], ref.logits[:, -1]) < 1e-5
+    with pytest.raises(ValueError, match="`cache` / `past_key_values`"):
+        m(ids, cache=cache, past_key_values=cache)

@@ -33,7 +33,7 @@ class HGRN2Config(PretrainedConfig):
     """
 
     model_type = "hgrn2_lm"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     def __init__(self, vocab_size: int = 32000, hidden_size: int = 2048, num_hidden_layers: int = 24,
                  expand_ratio: int | None = 128, num_heads: int | None = None, token_mixer: str = "hgrn2",

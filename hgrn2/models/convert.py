@@ -117,6 +117,20 @@ def convert_fla_checkpoint(src_dir: str | Path, dst_dir: str | Path):
     return model
 
 
+@torch.no_grad()
+def greedy_decode(model, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy continuation [B, T + new_tokens] of input_ids [B, T] (no padding), decoded by hand: the prompt once
+    with use_cache=True, then one token at a time with the cache the model returned. What `generate` does, without
+    `generate`, whose cache plumbing changes between transformers versions (fla 0.6.0's models lose their cache
+    in transformers ≥ 5.24's `generate`); so fla's and our greedy tokens compare in any version."""
+    out, ids = model(input_ids, use_cache=True), input_ids
+    for _ in range(new_tokens):
+        ids = torch.cat([ids, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        cache = out["cache"] if "cache" in out else out["past_key_values"]
+        out = model(ids[:, -1:], past_key_values=cache, use_cache=True)
+    return ids
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="local fla HGRN2 checkpoint directory (config.json + safetensors or .bin)")
     p.add_argument("dst", help="output directory for the hgrn2 checkpoint")

@@ -13,6 +13,8 @@ bound is 0. `attn` is any token mixer of `hgrn2.layers.TOKEN_MIXERS`, chosen by 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,6 +32,16 @@ from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.gates import lower_bounds_from_logits
 from .cache import HGRN2Cache
 from .configuration_hgrn2 import HGRN2Config
+
+# transformers ≥ 5.24 names the recurrent cache `cache` (model outputs, forward arguments, generate's model kwargs),
+# earlier versions `past_key_values`: the models take either and return it under the installed version's name.
+CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
+def _one_cache(cache, past_key_values):
+    if cache is not None and past_key_values is not None:
+        raise ValueError("`cache` / `past_key_values`: two names for one cache, pass only one")
+    return cache if cache is not None else past_key_values
 
 
 class HGRN2Block(nn.Module):
@@ -106,7 +118,8 @@ class HGRN2PreTrainedModel(PreTrainedModel):
 
 
 class HGRN2Model(HGRN2PreTrainedModel):
-    """Embeddings → L blocks → final RMSNorm. Returns BaseModelOutputWithPast (past_key_values: HGRN2Cache)."""
+    """Embeddings → L blocks → final RMSNorm. Returns BaseModelOutputWithPast with its HGRN2Cache under
+    `CACHE_FIELD` (`cache`, or `past_key_values` before transformers 5.24)."""
 
     def __init__(self, config: HGRN2Config):
         super().__init__(config)
@@ -125,11 +138,12 @@ class HGRN2Model(HGRN2PreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, use_cache=None,
-                output_hidden_states=None, return_dict=None, cu_seqlens=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, use_cache=None,
+                output_hidden_states=None, return_dict=None, cu_seqlens=None, past_key_values=None, **kwargs):
         """input_ids [B, T] (or inputs_embeds [B, T, hidden]); attention_mask [B, T_total ≥ T] 0/1 with left
         padding (generate passes the whole mask; its last T columns belong to this call); cu_seqlens [N + 1]
-        for packed sequences in a batch of one."""
+        for packed sequences in a batch of one; cache (or past_key_values): an HGRN2Cache."""
+        past_key_values = _one_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("`input_ids` / `inputs_embeds`: expected exactly one of them")
         x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -138,7 +152,7 @@ class HGRN2Model(HGRN2PreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         output_hidden_states = output_hidden_states or False
         if past_key_values is not None and not isinstance(past_key_values, HGRN2Cache):
-            raise ValueError("`past_key_values`: expected an HGRN2Cache (or None), got "
+            raise ValueError("`cache`: expected an HGRN2Cache (or None), got "
                              f"{type(past_key_values).__name__}")
         if use_cache and past_key_values is None:
             past_key_values = HGRN2Cache(self.config.num_hidden_layers)
@@ -167,8 +181,8 @@ class HGRN2Model(HGRN2PreTrainedModel):
         x = self.norm(x) if branch is None else self.norm.add_and_norm(x, branch)[1]
         if output_hidden_states:
             hidden_states.append(x)
-        out = BaseModelOutputWithPast(last_hidden_state=x, past_key_values=past_key_values if use_cache else None,
-                                      hidden_states=tuple(hidden_states) if output_hidden_states else None)
+        out = BaseModelOutputWithPast(last_hidden_state=x, hidden_states=tuple(hidden_states) if output_hidden_states
+                                      else None, **{CACHE_FIELD: past_key_values if use_cache else None})
         return out if return_dict else out.to_tuple()
 
 
@@ -199,14 +213,15 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
     def get_decoder(self):
         return self.model
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, labels=None,
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, labels=None,
                 use_cache=None, output_hidden_states=None, return_dict=None, logits_to_keep=0,
-                num_logits_to_keep=None, num_items_in_batch=None, shift_labels=None, cu_seqlens=None, **kwargs):
+                num_logits_to_keep=None, num_items_in_batch=None, shift_labels=None, cu_seqlens=None,
+                past_key_values=None, **kwargs):
         """labels [B, T] (shifted inside, −100 ignored) or shift_labels [B, T] (already aligned with the inputs).
         logits_to_keep: int k > 0 keeps the last k positions' logits (0 keeps all), or a tensor of indices."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                         past_key_values=past_key_values, use_cache=use_cache,
+                         cache=_one_cache(cache, past_key_values), use_cache=use_cache,
                          output_hidden_states=output_hidden_states, return_dict=True, cu_seqlens=cu_seqlens)
         h = out.last_hidden_state
         loss = logits = None
@@ -225,13 +240,17 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
             keep = num_logits_to_keep if num_logits_to_keep is not None else logits_to_keep
             sel = h[:, -keep:] if isinstance(keep, int) else h[:, keep]
             logits = self.lm_head(sel)
-        result = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                        hidden_states=out.hidden_states)
+        result = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
         return result if return_dict else result.to_tuple()
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None,
-                                      use_cache=True, logits_to_keep=None, **kwargs):
-        """Feed only the positions the cache has not consumed yet (the whole prompt first, then one token)."""
+                                      use_cache=True, logits_to_keep=None, cache=None, next_sequence_length=None,
+                                      is_first_iteration=None, **kwargs):
+        """Feed only the positions the cache has not consumed yet (the whole prompt first, then one token). The
+        count comes from the cache itself, so `next_sequence_length` and `is_first_iteration` (transformers ≥ 5.24)
+        are not needed."""
+        past_key_values = _one_cache(cache, past_key_values)
         seen = past_key_values.get_seq_length() if past_key_values is not None else 0
         if inputs_embeds is not None and seen == 0:
             inputs = {"inputs_embeds": inputs_embeds}
@@ -243,11 +262,11 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
                 total = input_ids.shape[1] + (inputs_embeds.shape[1] if inputs_embeds is not None else 0)
             new = total - seen
             if not 1 <= new <= input_ids.shape[1]:
-                raise ValueError(f"`past_key_values`: the cache has consumed {seen} of {total} positions; "
+                raise ValueError(f"`cache`: the cache has consumed {seen} of {total} positions; "
                                  f"cannot feed {new} new tokens from input_ids of length {input_ids.shape[1]}")
             inputs = {"input_ids": input_ids[:, input_ids.shape[1] - new:].contiguous()}
-        inputs.update(past_key_values=past_key_values, attention_mask=attention_mask, use_cache=use_cache,
-                      logits_to_keep=1 if logits_to_keep is None else logits_to_keep)
+        inputs.update(attention_mask=attention_mask, use_cache=use_cache,
+                      logits_to_keep=1 if logits_to_keep is None else logits_to_keep, **{CACHE_FIELD: past_key_values})
         return inputs
 
 
