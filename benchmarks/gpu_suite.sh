@@ -40,6 +40,15 @@ save_autotune() {  # one file: the device tool brings back only a few files per 
   (cd "$TRITON_CACHE_DIR" && find . -name "*.autotune.json" | tar -cf "$OUT/triton-autotune.tar" -T -)
 }
 trap save_autotune EXIT
+mqar_seed() {  # MQAR_SEED=DIR: finished runs' JSONs (e.g. a committed results dir), which the sweep skips
+  mkdir -p .mqar-sweep/runs
+  if [ -n "${MQAR_SEED:-}" ]; then cp -n "$MQAR_SEED"/*.json .mqar-sweep/runs/; fi
+}
+mqar_collect() {  # LOG: the sweep's results as one $OUT/mqar.tar (a call returns 8 files), its log without the bar
+  (cd .mqar-sweep && tar -cf "$OUT/mqar.tar" --exclude=checkpoints .)
+  tr '\r' '\n' < "$1" | grep -v -e "MQAR epochs" -e '^\s*$' > "$OUT/mqar.summary.txt"
+  tail -n 30 "$OUT/mqar.summary.txt"
+}
 
 echo "== environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -96,20 +105,17 @@ for step in $STEPS; do
       # skips the finished runs. In-flight runs' epoch checkpoints stay behind (tens of MB each, more than a
       # call returns): a run cut by MQAR_MINUTES starts again.
       start=$(date +%s)
-      mkdir -p .mqar-sweep/runs
-      [ -n "${MQAR_SEED:-}" ] && cp -n "$MQAR_SEED"/*.json .mqar-sweep/runs/  # finished runs: skipped
+      mqar_seed
       timeout $(( ${MQAR_MINUTES:-6} * 60 + 60 )) python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} \
         --out .mqar-sweep --data-dir /tmp/mqar-data --max-minutes "${MQAR_MINUTES:-6}" > "$OUT/mqar.txt" 2>&1
       echo "mqar exit code $? after $(( $(date +%s) - start )) s"
-      (cd .mqar-sweep && tar -cf "$OUT/mqar.tar" --exclude=checkpoints .)
-      tr '\r' '\n' < "$OUT/mqar.txt" | grep -v -e "MQAR epochs" -e '^\s*$' | tail -n 25 ;;
+      mqar_collect "$OUT/mqar.txt" ;;
     mqar-bg)  # the sweep in a session of its own (setsid): it outlives the call while the machine stays warm, so
       # its epoch checkpoints stay on the machine; later calls of this step start nothing new, wait up to
       # MQAR_WAIT_S for it and return what has finished as $OUT/mqar.tar. Never carry .mqar-sweep into such a
       # call: the carried copy would replace the folder the sweep writes to.
       if [ ! -f /tmp/mqar.pid ]; then
-        mkdir -p .mqar-sweep/runs
-        [ -n "${MQAR_SEED:-}" ] && cp -n "$MQAR_SEED"/*.json .mqar-sweep/runs/  # finished runs: skipped
+        mqar_seed
         setsid nohup python3 -m hgrn2.cli mqar ${MQAR_ARGS:---preset quick} --out .mqar-sweep \
           --data-dir /tmp/mqar-data < /dev/null > /tmp/mqar.log 2>&1 &
         echo $! > /tmp/mqar.pid
@@ -120,9 +126,7 @@ for step in $STEPS; do
         sleep 10
       done
       kill -0 "$(cat /tmp/mqar.pid)" 2>/dev/null && echo "mqar still running" || echo "mqar ended"
-      (cd .mqar-sweep && tar -cf "$OUT/mqar.tar" --exclude=checkpoints .)
-      tr '\r' '\n' < /tmp/mqar.log | grep -v -e "MQAR epochs" -e '^\s*$' > "$OUT/mqar.txt"
-      tail -n 30 "$OUT/mqar.txt"
+      mqar_collect /tmp/mqar.log
       tr '\r' '\n' < /tmp/mqar.log | grep "MQAR epochs" | tail -n 1 ;;
     profile)  # one MQAR training step alone: steps/s and where the time goes
       for m in "hgrn2" "attention" "hgrn2 --cuda-graph" "attention --cuda-graph" "hgrn2 --compile"; do

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .configuration_hgrn2 import HGRN2Config
+from .modeling_hgrn2 import CACHE_FIELD
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt")
@@ -126,8 +127,8 @@ def greedy_decode(model, input_ids: torch.Tensor, new_tokens: int) -> torch.Tens
     out, ids = model(input_ids, use_cache=True), input_ids
     for _ in range(new_tokens):
         ids = torch.cat([ids, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        cache = out["cache"] if "cache" in out else out["past_key_values"]
-        out = model(ids[:, -1:], past_key_values=cache, use_cache=True)
+        # outputs carry the cache under the installed transformers' name; both models' forwards take this one
+        out = model(ids[:, -1:], past_key_values=getattr(out, CACHE_FIELD), use_cache=True)
     return ids
 
 

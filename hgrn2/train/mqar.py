@@ -263,6 +263,11 @@ def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: flo
     return result
 
 
+def finished_results(runs: list[RunSpec], out: Path) -> list[dict]:
+    """The saved results (complete or cut) of those of `runs` that have one in `out`/runs, in the order of `runs`."""
+    return [res for r in runs if (res := _read_result(out / "runs" / f"{r.run_id}.json"))]
+
+
 def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
     """Draw (or find cached) every split the runs need, in parallel processes (the draws are sequential per split)."""
     jobs = sorted({(split, r.seq_len, r.kv_pairs, n, r.data_seed, r.vocab_size)
@@ -292,7 +297,7 @@ def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data
     """Run (or resume) the sweep; returns the results of the runs in `runs` (finished before or now) and the
     number of runs that failed. `cuda_graph`: see `train_run`."""
     deadline = time.time() + 60 * max_minutes if max_minutes else None
-    done = {r.run_id: res for r in runs if (res := _read_result(out / "runs" / f"{r.run_id}.json"))}
+    done = {res["run_id"]: res for res in finished_results(runs, out)}
     todo = [r for r in runs if not done.get(r.run_id, {}).get("complete")]
     # longest first (packs the workers better); mixers interleaved, so a budget cut leaves every mixer covered
     todo.sort(key=lambda r: (-r.seq_len * r.train_examples * r.epochs, r.d_model, r.lr))
@@ -537,8 +542,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cuda_graph and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graph: needs a CUDA device, got --device {device}")
     if args.report:
-        results = [res for r in runs if (res := _read_result(out / "runs" / f"{r.run_id}.json"))]
-        errors = 0
+        results, errors = finished_results(runs, out), 0
         for r in results:
             print(_summary_line(r))
     else:
