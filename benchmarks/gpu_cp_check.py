@@ -46,8 +46,8 @@ CP_CONFIGS = [
 ]
 
 
-def log(*a):
-    print(f"[{time.time() - T_START:6.1f}s]", *a, flush=True)
+def log(*a, sep=" "):
+    print(f"[{time.time() - T_START:6.1f}s]", *a, sep=sep, flush=True)
 
 
 def save(out):

@@ -174,6 +174,21 @@ def cp_variants():
                                 NT="i32", NTOK="i32"),
                            dict(common, BK=BK, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False,
                                 MAX_SPREAD=60.0, **flags), 8)
+        # the default backward (cp.SAVE_A): one fused launch that reads the forward's A, in both dot dtypes
+        BT_A, BK_A, BV_A, w_A = (64, 32, 128, 8) if dt == "bf16" else (32, 32, 32, 4)
+        yield (f"bwd fused from A {dt} K=V=128 BK={BK_A} BV={BV_A} w={w_A}", b.cp_bwd_kernel,
+               dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", a_in=f"*{dt}", dh=f"*{dt}",
+                    dy=f"*{dt}", do="*fp32", dg="*fp32", di=f"*{dt}", dlb="*fp32", scale="fp32", T="i32", NT="i32",
+                    NTOK="i32"),
+               dict(H=16, K=128, V=128, BT=BT_A, DT=DT, PREC=prec, BK=BK_A, BV=BV_A, O_ACT=1, I_ACT=0, HAS_LB=True,
+                    VARLEN=False, MAX_SPREAD=60.0, DV=True, DQK=True, LOAD_A=True), w_A)
+        if dt == "fp32":
+            yield ("fwd_o storing A fp32 K=V=128 BK=32 BV=32 w=4", f.cp_fwd_o_kernel,
+                   dict(o="*fp32", g="*fp32", i="*fp32", lb="*fp32", h="*fp32", y="*fp32", a_out="*fp32",
+                        scale="fp32", T="i32", NT="i32"),
+                   dict(H=16, K=128, V=128, BT=32, DT=DT, PREC=prec, BK=32, BV=32, O_ACT=1, I_ACT=0, HAS_LB=True,
+                        VARLEN=False, MAX_SPREAD=60.0, STORE_A=True), 4)
+        if dt == "bf16":
             yield ("fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", f.cp_fwd_o_kernel,
                    dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", y="*bf16", a_out="*bf16",
                         scale="fp32", T="i32", NT="i32"),
@@ -239,7 +254,8 @@ def cp_default_variants():
     the test suite)."""
     keep = ("fwd_h bf16 K=V=128 BK=64 BV=128 w=8", "bwd_dh bf16 K=V=128 BK=64 BV=128 w=8",
             "fwd_o bf16 K=V=128 BK=64 BV=128 w=8", "bwd bf16 K=V=128 BK=32 BV=128 w=8",
-            "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8")
+            "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8",
+            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8")
     return (v for v in cp_variants() if v[0] in keep)
 
 

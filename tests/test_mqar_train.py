@@ -121,6 +121,13 @@ def test_killed_run_resumes_exactly_from_its_last_epoch(tmp_path):
         train_run(tiny_spec(lr=1e-3), "cpu", data_dir=tmp_path, checkpoint_dir=ckpt)
 
 
+def sweep_runs(argv: list[str]) -> list[RunSpec]:
+    """The runs `hgrn2 mqar ARGV` would make."""
+    parser = __import__("argparse").ArgumentParser()
+    sweep_mod.add_arguments(parser)
+    return sweep_mod.build_runs(parser.parse_args(argv), sweep_mod.load_config())[0]
+
+
 def test_build_runs_presets_and_overrides():
     cfg = sweep_mod.load_config()
     parser = __import__("argparse").ArgumentParser()
@@ -284,7 +291,10 @@ def test_cuda_graph_training_learns_like_eager(tmp_path, mixer):
     """On a GPU: the graphed run (warm-up, capture, replays, padded last batches, the scheduler's in-place
     learning rate) trains as the eager one does, with every mixer of the sweep (a host sync in a forward breaks
     the capture); the stand-in learns the easy recall both ways."""
-    spec = tiny_spec(train_examples=500, mixer=mixer)  # 500 = 15 batches of 32 + one of 20: padded every epoch
+    # the mixer as the sweep builds it (HGRU2's default head dim 128 does not divide d = 32)
+    options = {} if mixer == STAND_IN else sweep_runs(["--mixers", mixer, "--dims", "32"])[0].mixer_options
+    # 500 = 15 batches of 32 + one of 20: padded every epoch
+    spec = tiny_spec(train_examples=500, mixer=mixer, mixer_options=options)
     eager = train_run(spec, "cuda", data_dir=tmp_path)
     graphed = train_run(spec, "cuda", data_dir=tmp_path, cuda_graph=True)
     if mixer == STAND_IN:

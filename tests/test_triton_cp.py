@@ -142,8 +142,10 @@ def test_exact_intra_path_everywhere(monkeypatch):
 
 @pytest.mark.parametrize("max_spread", [60.0, -1.0])
 def test_split_backward(monkeypatch, small_blocks, max_spread):
-    """BWD_SPLIT: dv and dq/dk/dg from two launches; fast and exact intra paths; split K and V blocks."""
-    monkeypatch.setattr(cp_mod, "BWD_SPLIT", True)
+    """A rebuilt in the backward (SAVE_A off), which then takes two launches (dv; dq/dk/dg) by default; fast and
+    exact intra paths; split K and V blocks."""
+    monkeypatch.setattr(cp_mod, "SAVE_A", False)
+    monkeypatch.setattr(cp_mod, "BWD_SPLIT", None)
     monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", max_spread)
     inputs = make_inputs(1, 40 if max_spread < 0 else 70, 1, 32, 32, n_states=1)
     check(*run_both(inputs, scale=0.3, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
@@ -159,6 +161,26 @@ def test_saved_A(monkeypatch, small_blocks, split, max_spread):
     monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", max_spread)
     inputs = make_inputs(1, 40 if max_spread < 0 else 70, 1, 32, 32, n_states=1)
     check(*run_both(inputs, scale=0.3, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
+
+
+def test_A_is_kept_only_for_a_backward(monkeypatch):
+    """The default keeps A when a gradient will be taken, and not in inference (no_grad or no leaf needing one)."""
+    assert cp_mod.SAVE_A and cp_mod.BWD_SPLIT is None
+    kept = []
+    fwd = cp_mod.cp_fwd
+
+    def spy(*args):
+        out = fwd(*args)
+        kept.append(out[3].numel() > 0)
+        return out
+
+    monkeypatch.setattr(cp_mod, "cp_fwd", spy)
+    o, g, i, lb, _ = make_inputs(1, 20, 1, 16, 16)
+    hgrn2_cp_triton(o, g, i.requires_grad_(), lb)
+    with torch.no_grad():
+        hgrn2_cp_triton(o, g, i, lb)
+    hgrn2_cp_triton(o, g, i.detach(), lb)
+    assert kept == [True, False, False]
 
 
 def test_saved_A_varlen_bf16(monkeypatch):
@@ -260,8 +282,9 @@ def test_custom_op_registration():
     """Schema, fake (meta) implementation and autograd registration: what torch.compile relies on."""
     o, g, i, beta, h0 = make_inputs(1, 20, 2, 16, 16, n_states=1)
     leaves = [x.requires_grad_() for x in (o, g, i, beta, h0)]
-    torch.library.opcheck(cp_mod.cp_fwd, (*leaves, None, 0.5, 1, 0, True),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    for save_a in (True, False):
+        torch.library.opcheck(cp_mod.cp_fwd, (*leaves, None, 0.5, 1, 0, True, save_a),
+                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
 def test_bad_activation_is_a_clear_error():

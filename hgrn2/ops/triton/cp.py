@@ -31,13 +31,17 @@ SEQ_SPLIT_BELOW = 0.5
 NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 4096 else 4: 4 warps spill KBs)
 NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
 STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
-# backward in two parallel launches (dv; dq/dk/dg) instead of one fused: fewer registers. True: the fused bf16
-# kernel fails Triton 3.6's RemoveLayoutConversions pass on an H100 (2026-11-23), the split one compiles
-BWD_SPLIT = True
-# the forward's intra-chunk A [n_chunks, H, BT, BT] (in the dot dtype) kept for the backward's dv instead of rebuilt
-# there from every K-block: BT² values per chunk and head (at BT 64, K 128: half a [B, T, H, K] tensor) stored
-# and held until the backward. Not yet timed; False keeps the timed kernels
-SAVE_A = False
+# the forward's intra-chunk A [n_chunks, H, BT, BT] (in the dot dtype) kept for the backward instead of rebuilt
+# there from every K-block: BT² values per chunk and head (at BT 64, K 128: half a [B, T, H, K] tensor; +0.4 GiB
+# of the 19.2 GiB peak of `hgrn2 bench train`) held until the backward. H200, bf16 K = V = 128, fwd+bwd
+# (BENCHMARKS.md eighth session): B8 T2048 H8 1.96 ms vs 2.38 rebuilt (split), H16 3.84 vs 4.66, B2 T8192 H16
+# 4.02 vs 4.82
+SAVE_A = True
+# backward in two parallel launches (dv; dq/dk/dg) instead of one fused. None: split exactly when A is rebuilt —
+# the fused kernel that rebuilds A fails Triton 3.6's RemoveLayoutConversions pass for bf16 (H100 2026-11-23,
+# H200 2026-11-24), the one that reads A compiles and is the fastest form (timings above; split with A: 2.09 ms
+# at H8, 4.08 at H16)
+BWD_SPLIT = None
 FAST_DIAG_MAX_SPREAD = 60.0  # K-blocks of a chunk whose largest 16-token log-decay spread is below this take
 # the factorised (tensor-core) intra-chunk path, others the exact column loop
 FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/bf16x3 crash Triton 3.9's
@@ -112,9 +116,10 @@ def _state_dtype(o):
 @on_tensor_device
 def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
-           i_act: int, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           i_act: int, output_final_state: bool, save_a: bool,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested), the
-    chunk-start states h [n_chunks, H, V, K] and, with SAVE_A, the intra-chunk A [n_chunks, H, BT, BT] (else
+    chunk-start states h [n_chunks, H, V, K] and, with save_a, the intra-chunk A [n_chunks, H, BT, BT] (else
     empty) for the backward."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
@@ -135,7 +140,7 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
         DT=dt, PREC=prec, num_warps=warps_seq,
     )
-    a_saved = _empty_a(o, i, n_chunks, H)
+    a_saved = _empty_a(o, i, n_chunks, H, save_a)
     cp_fwd_o_kernel[(n_chunks, triton.cdiv(V, bv), H)](
         o, g, i, lower_bound, h, y, a_saved, chunks, scale, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
@@ -145,20 +150,20 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     return y, ht, h, a_saved
 
 
-def _empty_a(o, i, n_chunks, H):
-    """The tensor SAVE_A keeps A in (the dot operands' dtype), or an empty one."""
+def _empty_a(o, i, n_chunks, H, save_a):
+    """The tensor the forward keeps A in (the dot operands' dtype), or an empty one."""
     bt = _bt(o)
     dtype = torch.bfloat16 if _dot_dtype(o, i)[0] == tl.bfloat16 else torch.float32
-    return o.new_empty((n_chunks, H, bt, bt) if SAVE_A else (0,), dtype=dtype)
+    return o.new_empty((n_chunks, H, bt, bt) if save_a else (0,), dtype=dtype)
 
 
 @cp_fwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, save_a):
     B, T, H, N = _layout(o, cu_seqlens)
     shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
     n_chunks = _num_chunks(o, cu_seqlens)
     h = o.new_empty(n_chunks, H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o))
-    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H)
+    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a)
 
 
 @torch.library.custom_op("hgrn2::cp_bwd", mutates_args=())
@@ -198,8 +203,8 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
               HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
               DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps)
-    for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if BWD_SPLIT else
-                  (dict(DV=True, DQK=True),)):
+    split = BWD_SPLIT if BWD_SPLIT is not None else a_saved.numel() == 0
+    for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if split else (dict(DV=True, DQK=True),)):
         cp_bwd_kernel[(n_chunks, NV, H)](*args, **kw, **flags)
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
@@ -218,7 +223,7 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, dy, dht, scal
 
 
 def _setup_context(ctx, inputs, output):
-    o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state = inputs
+    o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, _ = inputs
     ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, output[2], output[3])
     ctx.args = (scale, o_act, i_act, output_final_state)
 
@@ -231,7 +236,7 @@ def _backward(ctx, dy, dht, _dh, _da):
     do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, dy, dht, scale,
                                   o_act, i_act)
     return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
-            None, None, None, None, None)
+            None, None, None, None, None, None)
 
 
 cp_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -248,6 +253,9 @@ def hgrn2_cp_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=N
     if i_act not in ACTS:
         raise ValueError(f"i_act must be one of {list(ACTS)}, got {i_act!r}")
     in_dtype = i.dtype
+    # A is kept only for a backward (inference and evaluation do not pay its writes)
+    save_a = SAVE_A and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (o, g, i, lower_bound, initial_state))
     if torch.float64 in (o.dtype, g.dtype, i.dtype):
         o, g, i = o.float(), g.float(), i.float()
     y, ht, _, _ = cp_fwd(
@@ -255,6 +263,6 @@ def hgrn2_cp_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=N
         None if lower_bound is None else lower_bound.contiguous(),
         None if initial_state is None else initial_state.contiguous(),
         None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
-        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state),
+        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), save_a,
     )
     return y.to(in_dtype), (ht if output_final_state else None)
