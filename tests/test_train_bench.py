@@ -2,7 +2,9 @@
 
 import json
 import math
+import statistics
 
+import pytest
 import torch
 
 
@@ -17,6 +19,9 @@ def test_bench_train_quick(tmp_path, capsys):
     llama = rows["llama"]
     assert llama["status"] == "ok" and (llama["batch"], llama["seq_len"]) == (2, 64)
     assert llama["tok_per_s"] > 0 and math.isfinite(llama["loss"]) and llama["params"] > 0
+    # --quick: two rounds, the median of which is the reported rate (and ms/step its inverse)
+    assert len(llama["tok_per_s_rounds"]) == 2 and llama["tok_per_s"] == statistics.median(llama["tok_per_s_rounds"])
+    assert llama["step_ms"] == pytest.approx(1e3 * 2 * 64 / llama["tok_per_s"])
     try:
         from hgrn2.models import HGRN2ForCausalLM  # noqa: F401
 
@@ -25,7 +30,34 @@ def test_bench_train_quick(tmp_path, capsys):
         assert rows["hgrn2"]["status"].startswith("unavailable")
     if not torch.cuda.is_available():
         assert rows["fla"]["status"] == "unavailable: fla's Triton kernels need a GPU"
-    assert "tok/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tok/s" in out and "median of 2 interleaved round(s)" in out
+    if rows["hgrn2"]["status"] == "ok":
+        ratio = rows["hgrn2"]["tok_per_s"] / llama["tok_per_s"]
+        assert f"hgrn2 2x64: {ratio:.2f}x llama's tokens/s" in out
+
+
+def test_bench_train_moves_model_and_optimizer_state_between_rounds():
+    """Between rounds a model and its AdamW state wait off the GPU; the optimiser keeps the same parameters."""
+    from hgrn2.bench.train import _place
+
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    _place(model, opt, torch.device("meta"))  # a move that makes new Parameter objects
+    params = list(model.parameters())
+    assert all(p.is_meta for p in params)
+    assert [id(p) for g in opt.param_groups for p in g["params"]] == [id(p) for p in params]
+    assert [id(p) for p in opt.state] == [id(p) for p in params]
+    assert all(v.is_meta for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+
+
+def test_bench_train_rejects_zero_rounds():
+    from hgrn2.cli import main
+
+    with pytest.raises(SystemExit, match="--rounds: expected at least 1, got 0"):
+        main(["bench", "train", "--models", "hgrn2", "--rounds", "0"])
 
 
 def test_bench_train_profile_prints_the_costliest_operators(capsys):

@@ -3,7 +3,10 @@
 Models of the same width, depth and MLP size (default ~370M parameters: d=1024, 24 layers, expand 128, SwiGLU
 2816, vocab 32000): our HGRN2, fla's HGRN2ForCausalLM (when importable; its default fused settings) and
 transformers' LlamaForCausalLM with SDPA (head dim 64). Each step is forward + backward + AdamW on random tokens
-under bf16 autocast with fp32 weights; `--warmup` untimed steps, then `--steps` timed between CUDA synchronises.
+under bf16 autocast with fp32 weights; `--warmup` untimed steps, then `--rounds` rounds of `--steps` steps timed
+between CUDA synchronises, the rounds interleaved over the models (one process gave 102k–130k tokens/s for the
+same model from one run to the next on an H200: single short timings do not compare). Reported: the median
+round, the range of the rounds, and our HGRN2's ratio to each other model per shape.
 
     hgrn2 bench train --out bench_train.json
     hgrn2 bench train --quick            # tiny CPU smoke run of the same code path
@@ -26,7 +29,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--heads", type=int, default=0, help="Llama attention heads (0: hidden / 64)")
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timed rounds per model and shape, interleaved over the models; the median is reported")
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (all models)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, profile one step and print its N costliest kernels (GPU time)")
@@ -40,39 +45,95 @@ def run(args) -> int:
 
     if args.quick:
         args.hidden, args.layers, args.expand, args.intermediate, args.vocab = 64, 2, 16, 128, 256
-        args.shapes, args.warmup, args.steps = "2x64", 1, 2
+        args.shapes, args.warmup, args.steps, args.rounds = "2x64", 1, 2, 2
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds: expected at least 1, got {args.rounds}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     for name in names:
         if name not in BUILDERS:
             raise SystemExit(f"--models: unknown model {name!r}; choose from {sorted(BUILDERS)}")
-    rows = []
+    rows = {(name, b, t): {"model": name, "batch": b, "seq_len": t} for name in names for b, t in shapes}
+    models = {}
     for name in names:
         try:
-            model = build(name, args).to(device)
+            models[name] = [build(name, args), None]  # on the CPU until its first round; optimiser built there
         except Exception as e:  # noqa: BLE001 - a missing/broken optional model is a row, not a crash
-            rows += [{"model": name, "batch": b, "seq_len": t, "status": f"unavailable: {e}"} for b, t in shapes]
-            continue
-        params = sum(p.numel() for p in model.parameters())
-        if args.compile:
-            for block in model.model.layers:
-                block.compile()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=device.type == "cuda")
-        for b, t in shapes:
-            rows.append({"model": name, "batch": b, "seq_len": t, "params": params,
-                         **measure(model, opt, b, t, args.vocab, args.warmup, args.steps, device, args.seed,
-                                     args.profile)})
-            print(json.dumps(rows[-1]), flush=True)
-            save(args.out, device, args, rows)  # after every row: a run cut short keeps what it measured
-        del model, opt
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    print_table(rows)
+            for b, t in shapes:
+                rows[name, b, t]["status"] = f"unavailable: {e}"
+    # rounds interleave the models (A B C A B C ...), so a drift of the GPU's speed over the run (clocks,
+    # temperature) spreads over all of them; a model waits on the CPU while the others run
+    offload = device.type == "cuda" and len(models) > 1
+    for r in range(args.rounds):
+        for name, entry in models.items():
+            model, opt = entry
+            _place(model, opt, device)
+            if opt is None:
+                opt = entry[1] = _optimizer(model, args, device)
+            for b, t in shapes:
+                row = rows[name, b, t]
+                if row.get("status", "ok") != "ok":
+                    continue
+                warmup = args.warmup if r == 0 else min(args.warmup, 1)  # later rounds: caches back after the move
+                res = measure(model, opt, b, t, args.vocab, warmup, args.steps, device, args.seed,
+                              args.profile if r == args.rounds - 1 else 0)
+                _record(row, res, model, first=r == 0)
+                print(json.dumps({"round": r, **row}), flush=True)
+                save(args.out, device, args, list(rows.values()))  # a run cut short keeps what it measured
+            if offload:
+                _place(model, opt, torch.device("cpu"))
+                torch.cuda.empty_cache()
+    rows = list(rows.values())
+    print_table(rows, args.rounds)
     save(args.out, device, args, rows)
     if args.out:
         print(f"wrote {args.out}")
     return 0
+
+
+def _optimizer(model, args, device):
+    import torch
+
+    if args.compile:
+        for block in model.model.layers:
+            block.compile()
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=device.type == "cuda")
+
+
+def _place(model, opt, device) -> None:
+    """Move the model and its optimiser state there; the optimiser follows the model's parameters also where the
+    move made new Parameter objects (PyTorch keeps them between CPU and CUDA, not for every device)."""
+    from collections import defaultdict
+
+    import torch
+
+    before = list(model.parameters())
+    model.to(device)
+    if opt is None:
+        return
+    new = {id(a): b for a, b in zip(before, model.parameters())}
+    for group in opt.param_groups:
+        group["params"] = [new[id(p)] for p in group["params"]]
+    opt.state = defaultdict(dict, {new[id(p)]: {k: v.to(device) if torch.is_tensor(v) else v for k, v in st.items()}
+                                   for p, st in opt.state.items()})
+
+
+def _record(row: dict, res: dict, model, first: bool) -> None:
+    """Fold one round's measurement into the row: medians of tokens/s and ms/step over the rounds so far; peak
+    memory and warm-up time from the first round (the only one with this model alone on the GPU from its start)."""
+    import statistics
+
+    if res["status"] != "ok":
+        row.update(res)
+        return
+    rounds = row.setdefault("tok_per_s_rounds", [])
+    rounds.append(res["tok_per_s"])
+    row.update(status="ok", params=sum(p.numel() for p in model.parameters()),
+               tok_per_s=statistics.median(rounds),
+               step_ms=1e3 * row["batch"] * row["seq_len"] / statistics.median(rounds), loss=res["loss"])
+    if first:
+        row.update(peak_gib=res["peak_gib"], warmup_s=res["warmup_s"])
 
 
 def save(path, device, args, rows) -> None:
@@ -184,18 +245,40 @@ def print_profile(step, top: int, cuda: bool) -> None:
                                                              max_shapes_column_width=70), flush=True)
 
 
-def print_table(rows) -> None:
-    head = f"{'model':<8} {'shape':>10} {'params':>9} {'tok/s':>10} {'ms/step':>9} {'peak GiB':>9}  status"
+def print_table(rows, rounds: int = 1) -> None:
+    head = (f"{'model':<8} {'shape':>10} {'params':>9} {'tok/s':>10} {'range':>15} {'ms/step':>9} {'peak GiB':>9}"
+            "  status")
+    print(f"tokens/s: median of {rounds} interleaved round(s); range: the slowest and fastest round")
     print(head)
     print("-" * len(head))
     for r in rows:
         shape = f"{r['batch']}x{r['seq_len']}"
         params = f"{r['params'] / 1e6:.1f}M" if "params" in r else "-"
-        if r["status"] == "ok":
+        if r.get("status") == "ok":
             peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
-            print(f"{r['model']:<8} {shape:>10} {params:>9} {r['tok_per_s']:>10.0f} {r['step_ms']:>9.1f} {peak:>9}  ok")
+            spread = f"{min(r['tok_per_s_rounds']):.0f}-{max(r['tok_per_s_rounds']):.0f}"
+            print(f"{r['model']:<8} {shape:>10} {params:>9} {r['tok_per_s']:>10.0f} {spread:>15} {r['step_ms']:>9.1f}"
+                  f" {peak:>9}  ok")
         else:
-            print(f"{r['model']:<8} {shape:>10} {params:>9} {'-':>10} {'-':>9} {'-':>9}  {r['status'][:80]}")
+            print(f"{r['model']:<8} {shape:>10} {params:>9} {'-':>10} {'-':>15} {'-':>9} {'-':>9}"
+                  f"  {r.get('status', 'not run')[:80]}")
+    for line in ratios(rows):
+        print(line)
+
+
+def ratios(rows) -> list[str]:
+    """Per shape: our HGRN2's median tokens/s over each other model's, and its peak memory over theirs."""
+    ok = {(r["model"], r["batch"], r["seq_len"]): r for r in rows if r.get("status") == "ok"}
+    lines = []
+    for (name, b, t), ours in ok.items():
+        if name != "hgrn2":
+            continue
+        parts = [f"{ours['tok_per_s'] / r['tok_per_s']:.2f}x {other}'s tokens/s"
+                 + (f" at {ours['peak_gib'] / r['peak_gib']:.2f}x its peak memory" if r["peak_gib"] else "")
+                 for (other, b2, t2), r in ok.items() if (b2, t2) == (b, t) and other != "hgrn2"]
+        if parts:
+            lines.append(f"hgrn2 {b}x{t}: " + "; ".join(parts))
+    return lines
 
 
 def environment(device) -> dict:
