@@ -187,6 +187,27 @@ def test_attention_matches_explicit_softmax():
     assert_close(y[1, 3:], ref[1, 3:])
 
 
+def test_attention_dropout_drops_attention_weights_in_training_only():
+    """zoology's MHA (its MQAR runs: 0.1): dropout on the attention probabilities, rescaled by 1/(1 − p)."""
+    torch.manual_seed(0)
+    m = Attention(D, num_heads=1, rope=False, attention_dropout=0.5).double()
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    m.eval()
+    y_eval, _ = m(x)
+    plain = Attention(D, num_heads=1, rope=False).double()
+    plain.load_state_dict(m.state_dict())
+    assert_close(y_eval, plain.train()(x)[0])  # eval: no dropout at all
+    m.train()
+    draws = torch.stack([m(x)[0] for _ in range(400)])
+    assert not torch.allclose(draws[0], y_eval)  # weights dropped
+    # unbiased: the mean over draws approaches the eval output (the o_proj is linear), and spreads less than a draw
+    err_mean = (draws.mean(0) - y_eval).norm() / y_eval.norm()
+    err_draw = (draws[0] - y_eval).norm() / y_eval.norm()
+    assert err_mean < 0.25 * err_draw
+    with pytest.raises(ValueError, match="`attention_dropout`"):
+        Attention(D, attention_dropout=1.0)
+
+
 def test_rope_is_relative():
     """RoPE is a rotation (norms kept) and q·k depends only on the position difference."""
     from hgrn2.layers.attention import rope

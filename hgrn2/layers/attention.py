@@ -2,7 +2,7 @@
 
     q, k, v = split(qkv_proj x)            [B, T, H, e] each, e = hidden / H
     q, k ← RoPE(q, k) at each token's position (optional)
-    y = o_proj(softmax(q kᵀ / √e + causal and padding mask) v)
+    y = o_proj(dropout(softmax(q kᵀ / √e + causal and padding mask)) v)      dropout: training only
 
 Positions count real tokens only, so a left-padded row gets the same positions (and outputs) as the unpadded one.
 The decoding state is the KV cache `(k, v, valid)`: keys (after RoPE) and values [B, H, S, e] concatenated over
@@ -32,11 +32,12 @@ class Attention(nn.Module):
     """Multi-head causal softmax attention on x [B, T, hidden].
 
     Options: num_heads (default hidden / head_dim), head_dim (default 64, or hidden if smaller), rope (True),
-    rope_theta (10000), bias (False). `lower_bound` is accepted and ignored.
+    rope_theta (10000), bias (False), attention_dropout (0.0: the probability of dropping an attention weight
+    while training, as zoology's MHA; its MQAR runs use 0.1). `lower_bound` is accepted and ignored.
     """
 
     def __init__(self, hidden_size: int, *, layer_idx: int = 0, num_heads: int | None = None, head_dim: int = 64,
-                 rope: bool = True, rope_theta: float = 10000.0, bias: bool = False):
+                 rope: bool = True, rope_theta: float = 10000.0, bias: bool = False, attention_dropout: float = 0.0):
         super().__init__()
         check_positive_int("hidden_size", hidden_size)
         if num_heads is None:
@@ -49,7 +50,9 @@ class Attention(nn.Module):
         if rope and self.head_dim % 2:
             raise ValueError(f"`rope`: needs an even head dimension, got hidden_size / num_heads = {self.head_dim}")
         self.hidden_size, self.layer_idx, self.num_heads = hidden_size, layer_idx, num_heads
-        self.rope, self.rope_theta = rope, rope_theta
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"`attention_dropout`: expected a probability in [0, 1), got {attention_dropout!r}")
+        self.rope, self.rope_theta, self.attention_dropout = rope, rope_theta, float(attention_dropout)
         self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
         self.o_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
 
@@ -80,7 +83,8 @@ class Attention(nn.Module):
         # without a mask or a cache every token is real: no check on the device (a host sync, which also
         # rules out CUDA-graph capture)
         mask = _mask(valid, T, cu_seqlens, all_valid=attention_mask is None and state is None)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                           dropout_p=self.attention_dropout if self.training else 0.0)
         y = self.o_proj(y.transpose(1, 2).reshape(B, T, self.hidden_size))
         return y, ((k, v, valid) if use_cache else None)
 

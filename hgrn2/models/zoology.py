@@ -6,7 +6,8 @@
 
 The blocks are zoology's `TransformerBlock` with `state_mixer = Identity` (the paper's MQAR runs have no MLP):
 the block still ends in its second LayerNorm, whose output is what the next block adds to the residual. Dropout
-0.1 applies to the embeddings only (zoology's `embed_dropout`; `resid_dropout` is 0). Weights are initialised
+0.1 applies to the embeddings (zoology's `embed_dropout`; `resid_dropout` is 0), and inside the attention mixer to
+its attention weights (the MQAR preset's `attention_dropout`, zoology's MHA `dropout`). Weights are initialised
 as zoology's `_init_weights`: every Linear and Embedding N(0, 0.02), biases 0, output projections N(0,
 0.02/√(2·layers)). The LayerNorms are `hgrn2.layers.LayerNorm` (nn.LayerNorm's parameters and float32 result
 for float32 inputs; one Triton kernel per direction on CUDA, where PyTorch's narrow-row backward was a quarter of
