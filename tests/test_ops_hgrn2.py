@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import rel_err
 
-from hgrn2.ops import hgrn2, log_forget, lower_bounds_from_logits, one_minus_forget
+from hgrn2.ops import activate, clamp_forget_logits, hgrn2, log_forget, lower_bounds_from_logits, one_minus_forget
 
 
 def make(B=2, T=37, H=2, K=8, V=6, *, gscale=3.0, lb=0.5, dtype=torch.float64, state=True, seed=None):
@@ -157,3 +157,49 @@ def test_zero_lower_bound_has_finite_gradients():
     assert torch.isfinite(beta.grad).all()
     yr, _ = hgrn2(o, g, i, None, backend="reference")
     assert rel_err(y, yr) < 1e-12
+
+
+@pytest.mark.parametrize("with_bound", [False, True])
+def test_clamp_forget_logits(with_bound):
+    """log f ≥ m after the clamp; gates already above it unchanged; no gradient where it acts; β ≥ e^m: no-op."""
+    m = -3.0
+    g = (torch.randn(4, 9, 2, 8, dtype=torch.float64) * 6).requires_grad_()
+    beta = torch.rand(2, 8, dtype=torch.float64) * 0.1 if with_bound else None
+    if with_bound:
+        beta[0, :4] = 0.2  # above e^-3 ≈ 0.0498: these channels never need the clamp
+    gc = clamp_forget_logits(g, beta, m)
+    lf, lfc = log_forget(g, beta), log_forget(gc, beta)
+    assert (lfc >= m - 1e-9).all()
+    keep = lf >= m
+    assert torch.equal(gc[keep], g[keep]) and (~keep).any() and keep.any()
+    assert torch.allclose(lfc[~keep], torch.full_like(lfc[~keep], m), atol=1e-9)
+    gc.sum().backward()
+    assert torch.equal(g.grad[~keep], torch.zeros_like(g.grad[~keep])) and (g.grad[keep] == 1).all()
+    if with_bound:
+        assert torch.equal(gc[..., 0, :4], g[..., 0, :4])
+    with pytest.raises(ValueError, match="`min_log_forget`"):
+        clamp_forget_logits(g, beta, 0.0)
+
+
+def test_layer_min_log_forget_is_the_op_on_clamped_logits():
+    from hgrn2.layers.hgru2 import HGRU2
+
+    torch.manual_seed(0)
+    m = HGRU2(16, expand_ratio=8, min_log_forget=-3.0, backend="reference").double()
+    plain = HGRU2(16, expand_ratio=8, backend="reference").double()
+    plain.load_state_dict(m.state_dict())
+    x = torch.randn(2, 7, 16, dtype=torch.float64) * 4
+    beta = torch.rand(16, dtype=torch.float64) * 0.1
+    with torch.no_grad():  # the plain layer fed the clamped logits by hand
+        plain.f_proj.weight.zero_()
+        plain.f_proj.bias = torch.nn.Parameter(torch.zeros(16, dtype=torch.float64))
+    g = m.f_proj(x)
+    gc = clamp_forget_logits(g.view(2, 7, 2, 8), beta.view(2, 8), -3.0).view(2, 7, 16)
+    assert not torch.equal(g, gc)  # the clamp acts on this input
+    y, _ = m(x, lower_bound=beta)
+    o, i = activate(m.q_proj(x), m.o_act), m.i_proj(x)
+    y_ref, _ = hgrn2(o.view(2, 7, 2, 8), gc.view(2, 7, 2, 8), i.view(2, 7, 2, 8), beta.view(2, 8),
+                     scale=m.scale, o_act=None, i_act=m.i_act, backend="reference")
+    assert torch.allclose(y, m.o_proj(m.g_norm(y_ref.reshape(2, 7, 16))), atol=1e-12)
+    with pytest.raises(ValueError, match="`min_log_forget`"):
+        HGRU2(16, expand_ratio=8, min_log_forget=1.0)

@@ -7,6 +7,8 @@
 Projections are named as in fla (`q_proj` is the output gate, playing GLA's query). Both conventions load:
 fla's checkpoints use o_act="silu", i_act=None, scale=K**-0.5, RMSNorm; the paper uses o_act="sigmoid",
 i_act="silu", scale=1. The lower bound β is owned by the model (one row of Γ per layer) and passed in.
+`min_log_forget` (off by default) raises the logits so that log f ≥ it, as the authors' MQAR code clamps the
+log decay at −3 (`ops.gates.clamp_forget_logits`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class HGRU2(nn.Module):
     def __init__(self, hidden_size: int, *, layer_idx: int = 0, expand_ratio: int = 128, o_act: str | None = "silu",
                  i_act: str | None = None, scale: float | str = "auto", norm: str | None = "rmsnorm",
                  norm_eps: float = 1e-5, bias: bool = False, use_short_conv: bool = False, conv_size: int = 4,
-                 backend: str | None = None):
+                 min_log_forget: float | None = None, backend: str | None = None):
         super().__init__()
         if not isinstance(expand_ratio, int) or expand_ratio <= 0:
             raise ValueError(f"`expand_ratio`: expected a positive int, got {expand_ratio!r}")
@@ -47,6 +49,9 @@ class HGRU2(nn.Module):
         self.hidden_size, self.layer_idx = hidden_size, layer_idx
         self.num_heads, self.head_dim = hidden_size // expand_ratio, expand_ratio
         self.o_act, self.i_act, self.scale, self.backend = o_act, i_act, float(scale), backend
+        if min_log_forget is not None:
+            ops.clamp_forget_logits(torch.zeros(1), None, min_log_forget)  # checks the value
+        self.min_log_forget = min_log_forget
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.f_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.i_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
@@ -86,6 +91,8 @@ class HGRU2(nn.Module):
             # The input activation is applied here because act(0) need not be 0 (sigmoid).
             i, i_act = activate(i, i_act) * keep, None
         lb = None if lower_bound is None else lower_bound.view(H, K)
+        if self.min_log_forget is not None:
+            f = ops.clamp_forget_logits(f.view(B, T, H, K), lb, self.min_log_forget)
         y, new_rec = ops.hgrn2(q.view(B, T, H, K), f.view(B, T, H, K), i.view(B, T, H, K), lb, scale=self.scale,
                                o_act=self.o_act, i_act=i_act, initial_state=rec, output_final_state=use_cache,
                                cu_seqlens=cu_seqlens, backend=self.backend)

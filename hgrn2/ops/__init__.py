@@ -17,12 +17,12 @@ import importlib.util
 import torch
 
 from .checks import _fail, check_cu_seqlens, check_float, check_same, check_state
-from .gates import ACTIVATIONS, activate, log_forget, lower_bounds_from_logits, one_minus_forget
+from .gates import ACTIVATIONS, activate, clamp_forget_logits, log_forget, lower_bounds_from_logits, one_minus_forget
 from .reference import hgrn1_reference, hgrn2_reference
 
 __all__ = [
     "hgrn2", "hgrn1", "available_backends", "hgrn2_reference", "hgrn1_reference", "activate", "log_forget",
-    "one_minus_forget", "lower_bounds_from_logits", "ACTIVATIONS",
+    "one_minus_forget", "lower_bounds_from_logits", "clamp_forget_logits", "ACTIVATIONS",
 ]
 
 HGRN2_BACKENDS = ("reference", "chunk", "triton")

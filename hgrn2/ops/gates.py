@@ -10,6 +10,8 @@ Every torch backend goes through these two functions, so the gate is defined in 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -47,6 +49,27 @@ def one_minus_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch
     if lower_bound is None:
         return k
     return (1 - lower_bound.to(k.dtype)) * k
+
+
+def clamp_forget_logits(g: torch.Tensor, lower_bound: torch.Tensor | None, min_log_forget: float) -> torch.Tensor:
+    """Logits `g` [..., H, K] raised where needed so that log f ≥ `min_log_forget` (< 0) for bound [H, K] or None.
+
+    The HGRN2 authors' code (hgru's SHgruV44 over its GLA kernels, the paper's MQAR runs) clamps each token's log
+    decay at −3 and zeroes the decay's gradient there; their k = 1 − λ stays unclamped, which this clamp of the
+    logit cannot reproduce (their k is up to 1 − e^m larger where the clamp acts: 5% at m = −3). Below the clamp
+    the gradient of g is 0 (torch.clamp).
+    """
+    if not min_log_forget < 0:
+        raise ValueError(f"`min_log_forget`: expected a negative number, got {min_log_forget!r}")
+    floor = math.exp(min_log_forget)  # the smallest f allowed
+    if lower_bound is None:
+        g_min = torch.tensor(min_log_forget - math.log1p(-floor))  # logit(e^m)
+    else:
+        # f = β + (1 − β)σ(g) ≥ e^m  ⇔  σ(g) ≥ s = (e^m − β)/(1 − β); where β ≥ e^m every g passes
+        beta = lower_bound.to(torch.promote_types(lower_bound.dtype, torch.float32))
+        s = (floor - beta) / (1 - beta)
+        g_min = torch.where(s > 0, torch.logit(s.clamp(1e-30, 1 - 1e-7)), -torch.inf)
+    return torch.maximum(g, g_min.to(device=g.device, dtype=g.dtype))
 
 
 def lower_bounds_from_logits(gamma: torch.Tensor) -> torch.Tensor:
