@@ -62,14 +62,13 @@ def clamp_forget_logits(g: torch.Tensor, lower_bound: torch.Tensor | None, min_l
     if not min_log_forget < 0:
         raise ValueError(f"`min_log_forget`: expected a negative number, got {min_log_forget!r}")
     floor = math.exp(min_log_forget)  # the smallest f allowed
-    if lower_bound is None:
-        g_min = torch.tensor(min_log_forget - math.log1p(-floor))  # logit(e^m)
-    else:
-        # f = β + (1 − β)σ(g) ≥ e^m  ⇔  σ(g) ≥ s = (e^m − β)/(1 − β); where β ≥ e^m every g passes
-        beta = lower_bound.to(torch.promote_types(lower_bound.dtype, torch.float32))
-        s = (floor - beta) / (1 - beta)
-        g_min = torch.where(s > 0, torch.logit(s.clamp(1e-30, 1 - 1e-7)), -torch.inf)
-    return torch.maximum(g, g_min.to(device=g.device, dtype=g.dtype))
+    if lower_bound is None:  # a Python number: no host-to-device copy (CUDA-graph capture)
+        return g.clamp(min=min_log_forget - math.log1p(-floor))  # logit(e^m)
+    # f = β + (1 − β)σ(g) ≥ e^m  ⇔  σ(g) ≥ s = (e^m − β)/(1 − β); where β ≥ e^m every g passes
+    beta = lower_bound.to(torch.promote_types(lower_bound.dtype, torch.float32))
+    s = (floor - beta) / (1 - beta)
+    g_min = torch.where(s > 0, torch.logit(s.clamp(1e-30, 1 - 1e-7)), -torch.inf)
+    return torch.maximum(g, g_min.to(dtype=g.dtype))
 
 
 def lower_bounds_from_logits(gamma: torch.Tensor) -> torch.Tensor:
