@@ -62,15 +62,28 @@ def run(args) -> int:
         except Exception as e:  # noqa: BLE001 - a missing/broken optional model is a row, not a crash
             for b, t in shapes:
                 rows[name, b, t]["status"] = f"unavailable: {e}"
-    # rounds interleave the models (A B C A B C ...), so a drift of the GPU's speed over the run (clocks,
-    # temperature) spreads over all of them; a model waits on the CPU while the others run
+    timed_rounds(models, rows, shapes, args, device)
+    rows = list(rows.values())
+    print_table(rows, args.rounds)
+    save(args.out, device, args, rows)
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def timed_rounds(models: dict, rows: dict, shapes, args, device) -> None:
+    """`args.rounds` rounds over the models (A B C A B C ...), so a drift of the GPU's speed over the run (clocks,
+    temperature) spreads over all of them; a model and its optimiser wait on the CPU while the others run.
+    models: name -> [model, optimiser or None]; rows: (name, batch, seq_len) -> row, filled in place."""
+    import torch
+
     offload = device.type == "cuda" and len(models) > 1
     for r in range(args.rounds):
         for name, entry in models.items():
             model, opt = entry
             _place(model, opt, device)
             if opt is None:
-                opt = entry[1] = _optimizer(model, args, device)
+                opt = entry[1] = _prepare(model, args, device)
             for b, t in shapes:
                 row = rows[name, b, t]
                 if row.get("status", "ok") != "ok":
@@ -84,15 +97,10 @@ def run(args) -> int:
             if offload:
                 _place(model, opt, torch.device("cpu"))
                 torch.cuda.empty_cache()
-    rows = list(rows.values())
-    print_table(rows, args.rounds)
-    save(args.out, device, args, rows)
-    if args.out:
-        print(f"wrote {args.out}")
-    return 0
 
 
-def _optimizer(model, args, device):
+def _prepare(model, args, device):
+    """On the model's first round: its blocks compiled (--compile) and its AdamW."""
     import torch
 
     if args.compile:
