@@ -121,18 +121,15 @@ def test_killed_run_resumes_exactly_from_its_last_epoch(tmp_path):
         train_run(tiny_spec(lr=1e-3), "cpu", data_dir=tmp_path, checkpoint_dir=ckpt)
 
 
-def sweep_runs(argv: list[str]) -> list[RunSpec]:
-    """The runs `hgrn2 mqar ARGV` would make."""
+def sweep_build(argv: list[str]) -> tuple[list[RunSpec], dict]:
+    """The runs and grid `hgrn2 mqar ARGV` would make."""
     parser = __import__("argparse").ArgumentParser()
     sweep_mod.add_arguments(parser)
-    return sweep_mod.build_runs(parser.parse_args(argv), sweep_mod.load_config())[0]
+    return sweep_mod.build_runs(parser.parse_args(argv), sweep_mod.load_config())
 
 
 def test_build_runs_presets_and_overrides():
-    cfg = sweep_mod.load_config()
-    parser = __import__("argparse").ArgumentParser()
-    sweep_mod.add_arguments(parser)
-    runs, grid = sweep_mod.build_runs(parser.parse_args([]), cfg)
+    runs, grid = sweep_build([])
     # quick keeps the protocol's data (fewer examples are memorised, not learned) and has no time budget
     assert len(runs) == 18 and {r.epochs for r in runs} == {64} and grid["max_minutes"] is None
     assert grid["dims"] == [64, 128] and grid["lrs"] == [5e-4, 1e-3, 5e-3]
@@ -141,16 +138,15 @@ def test_build_runs_presets_and_overrides():
     assert hgrn2.mixer_options == dict(expand_ratio=64, o_act="sigmoid", i_act="silu", scale=1.0, norm="layernorm",
                                        bias=True)
     assert {(r.seq_len, r.kv_pairs, r.batch_size) for r in runs} == {(256, 16, 256)}
-    full, _ = sweep_mod.build_runs(parser.parse_args(["--preset", "full"]), cfg)
+    full, _ = sweep_build(["--preset", "full"])
     assert len(full) == 3 * 4 * 4 * 7 and {r.train_examples for r in full} == {100_000}
-    args = parser.parse_args(["--preset", "full", "--mixers", "hgrn2", "--dims", "64,128", "--lrs", "1e-3",
-                              "--seq-lens", "64", "32:2", "--epochs", "2"])
-    runs, _ = sweep_mod.build_runs(args, cfg)
+    runs, _ = sweep_build(["--preset", "full", "--mixers", "hgrn2", "--dims", "64,128", "--lrs", "1e-3",
+                           "--seq-lens", "64", "32:2", "--epochs", "2"])
     assert [(r.d_model, r.seq_len, r.kv_pairs, r.epochs) for r in runs] == \
         [(64, 64, 4, 2), (128, 64, 4, 2), (64, 32, 2, 2), (128, 32, 2, 2)]
     assert len({r.run_id for r in runs}) == 4
     with pytest.raises(ValueError, match="seq-lens"):
-        sweep_mod.build_runs(parser.parse_args(["--seq-lens", "100"]), cfg)
+        sweep_build(["--seq-lens", "100"])
 
 
 def _cli(tmp_path, *extra):
@@ -292,7 +288,7 @@ def test_cuda_graph_training_learns_like_eager(tmp_path, mixer):
     learning rate) trains as the eager one does, with every mixer of the sweep (a host sync in a forward breaks
     the capture); the stand-in learns the easy recall both ways."""
     # the mixer as the sweep builds it (HGRU2's default head dim 128 does not divide d = 32)
-    options = {} if mixer == STAND_IN else sweep_runs(["--mixers", mixer, "--dims", "32"])[0].mixer_options
+    options = {} if mixer == STAND_IN else sweep_build(["--mixers", mixer, "--dims", "32"])[0][0].mixer_options
     # 500 = 15 batches of 32 + one of 20: padded every epoch
     spec = tiny_spec(train_examples=500, mixer=mixer, mixer_options=options)
     eager = train_run(spec, "cuda", data_dir=tmp_path)

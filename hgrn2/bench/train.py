@@ -81,7 +81,8 @@ def timed_rounds(models: dict, rows: dict, shapes, args, device) -> None:
     for r in range(args.rounds):
         for name, entry in models.items():
             model, opt = entry
-            _place(model, opt, device)
+            if offload or r == 0:
+                _place(model, opt, device)
             if opt is None:
                 opt = entry[1] = _prepare(model, args, device)
             for b, t in shapes:
@@ -132,14 +133,15 @@ def _record(row: dict, res: dict, model, first: bool) -> None:
     memory and warm-up time from the first round (the only one with this model alone on the GPU from its start)."""
     import statistics
 
+    if first:
+        row["params"] = sum(p.numel() for p in model.parameters())
     if res["status"] != "ok":
         row.update(res)
         return
     rounds = row.setdefault("tok_per_s_rounds", [])
     rounds.append(res["tok_per_s"])
-    row.update(status="ok", params=sum(p.numel() for p in model.parameters()),
-               tok_per_s=statistics.median(rounds),
-               step_ms=1e3 * row["batch"] * row["seq_len"] / statistics.median(rounds), loss=res["loss"])
+    median = statistics.median(rounds)
+    row.update(status="ok", tok_per_s=median, step_ms=1e3 * row["batch"] * row["seq_len"] / median, loss=res["loss"])
     if first:
         row.update(peak_gib=res["peak_gib"], warmup_s=res["warmup_s"])
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from ..ops.gates import ACTIVATIONS, activate
+from ..ops.gates import ACTIVATIONS, activate, check_min_log_forget
 from .conv import ShortConv
 from .norm import build_norm
 
@@ -49,8 +49,8 @@ class HGRU2(nn.Module):
         self.hidden_size, self.layer_idx = hidden_size, layer_idx
         self.num_heads, self.head_dim = hidden_size // expand_ratio, expand_ratio
         self.o_act, self.i_act, self.scale, self.backend = o_act, i_act, float(scale), backend
-        if min_log_forget is not None and not min_log_forget < 0:
-            raise ValueError(f"`min_log_forget`: expected a negative number or None, got {min_log_forget!r}")
+        if min_log_forget is not None:
+            check_min_log_forget(min_log_forget)
         self.min_log_forget = min_log_forget
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.f_proj = nn.Linear(hidden_size, hidden_size, bias=bias)

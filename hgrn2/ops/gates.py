@@ -51,6 +51,11 @@ def one_minus_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch
     return (1 - lower_bound.to(k.dtype)) * k
 
 
+def check_min_log_forget(min_log_forget: float) -> None:
+    if not min_log_forget < 0:
+        raise ValueError(f"`min_log_forget`: expected a negative number, got {min_log_forget!r}")
+
+
 def clamp_forget_logits(g: torch.Tensor, lower_bound: torch.Tensor | None, min_log_forget: float) -> torch.Tensor:
     """Logits `g` [..., H, K] raised where needed so that log f ≥ `min_log_forget` (< 0) for bound [H, K] or None.
 
@@ -59,8 +64,7 @@ def clamp_forget_logits(g: torch.Tensor, lower_bound: torch.Tensor | None, min_l
     logit cannot reproduce (their k is up to 1 − e^m larger where the clamp acts: 5% at m = −3). Below the clamp
     the gradient of g is 0 (torch.clamp).
     """
-    if not min_log_forget < 0:
-        raise ValueError(f"`min_log_forget`: expected a negative number, got {min_log_forget!r}")
+    check_min_log_forget(min_log_forget)
     floor = math.exp(min_log_forget)  # the smallest f allowed
     if lower_bound is None:  # a Python number: no host-to-device copy (CUDA-graph capture)
         return g.clamp(min=min_log_forget - math.log1p(-floor))  # logit(e^m)
