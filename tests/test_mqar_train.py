@@ -131,8 +131,8 @@ def sweep_build(argv: list[str]) -> tuple[list[RunSpec], dict]:
 def test_build_runs_presets_and_overrides():
     runs, grid = sweep_build([])
     # quick keeps the protocol's data (fewer examples are memorised, not learned) and has no time budget
-    assert len(runs) == 18 and {r.epochs for r in runs} == {64} and grid["max_minutes"] is None
-    assert grid["dims"] == [64, 128] and grid["lrs"] == [5e-4, 1e-3, 5e-3]
+    assert len(runs) == 24 and {r.epochs for r in runs} == {64} and grid["max_minutes"] is None
+    assert grid["dims"] == [64, 128] and grid["lrs"] == [5e-4, 1e-3, 5e-3, 1e-2]
     assert {r.train_examples for r in runs} == {100_000}
     hgrn2 = [r for r in runs if r.mixer == "hgrn2" and r.d_model == 64][0]
     assert hgrn2.mixer_options == dict(expand_ratio=64, o_act="sigmoid", i_act="silu", scale=1.0, norm="layernorm",
