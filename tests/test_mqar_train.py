@@ -3,6 +3,8 @@
 import json
 import math
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,8 +234,6 @@ def test_profile_script_runs_on_cpu():
     import os
     import subprocess
     import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "benchmarks/profile_mqar_step.py", "--device", "cpu", "--d", "16", "--L",
                           "32", "--batch", "2", "--queries", "4", "--steps", "2"], cwd=root, check=True,
@@ -302,3 +302,16 @@ def test_cuda_graph_training_learns_like_eager(tmp_path, mixer):
     # the graphed schedule steps a float32 tensor in place: the eager floats to float32 rounding
     lrs = [h["lr"] for h in eager["history"]][: len(graphed["history"])]
     assert [h["lr"] for h in graphed["history"]] == pytest.approx(lrs, rel=1e-6)
+
+
+def test_recorded_quick_runs_are_the_presets_runs():
+    """README's MQAR table comes from the per-run JSONs committed under benchmarks/results/: each of the quick
+    preset's runs (ids hash the whole spec) has a complete result there, so a change of protocol or preset that
+    makes those results stale fails here."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    recorded = {p.stem: p for p in root.glob("h200-*/mqar/runs/*.json")}
+    runs, _ = sweep_build([])
+    missing = [r.run_id for r in runs if r.run_id not in recorded]
+    assert not missing, f"quick-preset runs without a recorded result: {missing}"
+    results = [json.loads(recorded[r.run_id].read_text()) for r in runs]
+    assert all(res["complete"] and res["spec"] == asdict(r) for res, r in zip(results, runs))
