@@ -6,8 +6,9 @@ shape, on one GPU.
 
 Per shape (B × T × H, K = V = 128, bf16, β and silu as in `hgrn2 bench ops`): forward and forward+backward
 medians (`triton.testing.do_bench`) of `hgrn2_chunk_triton` and `hgrn2_cp_triton` with their shipped
-settings, the two outputs' relative difference, and the kernel `hgrn2_triton` picks (`CP_MAX_PROGRAMS`,
-`CP_MIN_T` in hgrn2/ops/triton/__init__.py, `takes_cp`). The default shapes hold 16K tokens at 16 to 128 sequence·heads.
+settings, the two outputs' relative difference, and the kernel `hgrn2_triton` picks for training
+(`CP_MAX_PROGRAMS`, `CP_MIN_T`, `CP_TRAIN_MIN_WORK` in hgrn2/ops/triton/__init__.py, `takes_cp`). The default
+shapes hold 16K tokens at 16 to 128 sequence·heads.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ KERNELS = {"chunk": tri.hgrn2_chunk_triton, "cp": tri.hgrn2_cp_triton}
 
 def time_shape(B: int, T: int, H: int, K: int, device) -> dict:
     o, g, i, lb, dy = inputs(B, T, H, K, device)
-    row = {"shape": f"{B}x{T}x{H}", "picks": "cp" if tri.takes_cp(B, H, B * T) else "chunk"}
+    row = {"shape": f"{B}x{T}x{H}", "picks": "cp" if tri.takes_cp(B, H, B * T, grad=True) else "chunk"}
     outs = {}
     for name, kernel in KERNELS.items():
         def fwd(kernel=kernel):

@@ -117,7 +117,18 @@ def chunk_variants():
 
 def cp_variants():
     """Every chunk-parallel kernel, bf16 (K = V = 64, 128, 256; BT = 64) and fp32 (K = V = 128; BT = 32, ieee
-    dots), typical flags: the sequential kernels and the parallel ones at the (BK, BV, warps) listed."""
+    dots), typical flags: the sequential kernels and the parallel ones at the (BK, BV, warps) listed, the
+    parallel ones in both launches (the chunk tier, then the fallback)."""
+    for name, kernel, types, consts, *w in _cp_variants():
+        types = {**types, "bb": "*fp32"}
+        if "FALLBACK" not in kernel.arg_names:
+            yield (name, kernel, types, consts, *w)
+            continue
+        for fallback in (False, True):
+            yield (name + " fallback" * fallback, kernel, types, {**consts, "FALLBACK": fallback}, *w)
+
+
+def _cp_variants():
     import triton.language as tl
 
     from hgrn2.ops.triton import cp_bwd as b
@@ -137,7 +148,7 @@ def cp_variants():
             for BK, BV, warps in seq_cfgs[KV] if dt == "bf16" else [(32, 64, 4)]:
                 sfx = f"{dt} K=V={KV} BK={BK} BV={BV} w={warps}"
                 yield (f"fwd_h {sfx}", f.cp_fwd_h_kernel,
-                       dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{dt}", ht="*fp32", T="i32",
+                       dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{dt}", ht="*fp32", bb="*fp32", T="i32",
                             NT="i32"),
                        dict(common, BK=BK, BV=BV, NV=KV // BV, I_ACT=0, HAS_LB=True, HAS_H0=True, STORE_HT=True,
                             VARLEN=False), warps)
@@ -152,7 +163,7 @@ def cp_variants():
                        dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", y=f"*{dt}", scale="fp32",
                             T="i32", NT="i32"),
                        dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                            STORE_A=False),
+                            CHUNK_SPREAD=120.0, STORE_A=False),
                        warps)
                 pdt = dt if BV == KV else "fp32"
                 yield (f"bwd {sfx}", b.cp_bwd_kernel,
@@ -160,7 +171,7 @@ def cp_variants():
                             dy=f"*{dt}", do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", dlb="*fp32", scale="fp32",
                             T="i32", NT="i32", NTOK="i32"),
                        dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                            DV=True, DQK=True, LOAD_A=False), warps)
+                            CHUNK_SPREAD=120.0, DV=True, DQK=True, LOAD_A=False), warps)
         # the split backward (cp.BWD_SPLIT): dv alone (also from the forward's A: cp.SAVE_A), dq/dk/dg alone
         if dt == "bf16":
             common = dict(H=16, K=128, V=128, BT=64, DT=DT, PREC=prec)
@@ -173,7 +184,7 @@ def cp_variants():
                                 dy="*bf16", do="*bf16", dg="*bf16", di="*bf16", dlb="*fp32", scale="fp32", T="i32",
                                 NT="i32", NTOK="i32"),
                            dict(common, BK=BK, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False,
-                                MAX_SPREAD=60.0, **flags), 8)
+                                MAX_SPREAD=60.0, CHUNK_SPREAD=120.0, **flags), 8)
         # the default backward (cp.SAVE_A): one fused launch that reads the forward's A, in both dot dtypes
         BT_A, BK_A, BV_A, w_A = (64, 32, 128, 8) if dt == "bf16" else (32, 32, 32, 4)
         yield (f"bwd fused from A {dt} K=V=128 BK={BK_A} BV={BV_A} w={w_A}", b.cp_bwd_kernel,
@@ -181,21 +192,25 @@ def cp_variants():
                     dy=f"*{dt}", do="*fp32", dg="*fp32", di=f"*{dt}", dlb="*fp32", scale="fp32", T="i32", NT="i32",
                     NTOK="i32"),
                dict(H=16, K=128, V=128, BT=BT_A, DT=DT, PREC=prec, BK=BK_A, BV=BV_A, O_ACT=1, I_ACT=0, HAS_LB=True,
-                    VARLEN=False, MAX_SPREAD=60.0, DV=True, DQK=True, LOAD_A=True), w_A)
+                    VARLEN=False, MAX_SPREAD=60.0, CHUNK_SPREAD=120.0, DV=True, DQK=True, LOAD_A=True), w_A)
         if dt == "fp32":
             yield ("fwd_o storing A fp32 K=V=128 BK=32 BV=32 w=4", f.cp_fwd_o_kernel,
                    dict(o="*fp32", g="*fp32", i="*fp32", lb="*fp32", h="*fp32", y="*fp32", a_out="*fp32",
                         scale="fp32", T="i32", NT="i32"),
                    dict(H=16, K=128, V=128, BT=32, DT=DT, PREC=prec, BK=32, BV=32, O_ACT=1, I_ACT=0, HAS_LB=True,
-                        VARLEN=False, MAX_SPREAD=60.0, STORE_A=True), 4)
+                        VARLEN=False, MAX_SPREAD=60.0, CHUNK_SPREAD=120.0, STORE_A=True), 4)
         if dt == "bf16":
             yield ("fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", f.cp_fwd_o_kernel,
                    dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", y="*bf16", a_out="*bf16",
                         scale="fp32", T="i32", NT="i32"),
                    dict(common, BK=64, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                        STORE_A=True), 8)
+                        CHUNK_SPREAD=120.0, STORE_A=True), 8)
         # varlen and the other flags once per dtype
         common = dict(H=16, K=128, V=128, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
+        for varlen in (False, True):
+            yield (f"decay {dt} varlen={varlen}", f.cp_decay_kernel,
+                   dict(g=f"*{dt}", lb="*fp32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
+                   dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen), 4)
         yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),
@@ -205,7 +220,7 @@ def cp_variants():
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
                     T="i32", NT="i32"),
                dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
-                    STORE_A=False), 8 if dt == "bf16" else 4)
+                    CHUNK_SPREAD=120.0, STORE_A=False), 8 if dt == "bf16" else 4)
         yield (f"bwd_dh varlen {dt}", b.cp_bwd_dh_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", dy=f"*{dt}", dh=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32",
                     scale="fp32", T="i32", NT="i32"),
@@ -215,7 +230,7 @@ def cp_variants():
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}", do="*fp32",
                     dg="*fp32", di=f"*{dt}", chunks="*i32", scale="fp32", T="i32", NT="i32", NTOK="i32"),
                dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
-                    DV=True, DQK=True, LOAD_A=False), 8 if dt == "bf16" else 4)
+                    CHUNK_SPREAD=120.0, DV=True, DQK=True, LOAD_A=False), 8 if dt == "bf16" else 4)
 
 
 def chunk_grid_variants():
@@ -252,10 +267,12 @@ def chunk_default_variants():
 def cp_default_variants():
     """The cp kernels at cp.py's defaults for bf16, K = V = 128, the backward fused and split (a quick check for
     the test suite)."""
-    keep = ("fwd_h bf16 K=V=128 BK=64 BV=128 w=8", "bwd_dh bf16 K=V=128 BK=64 BV=128 w=8",
+    keep = ("decay bf16 varlen=False", "fwd_h bf16 K=V=128 BK=64 BV=128 w=8", "bwd_dh bf16 K=V=128 BK=64 BV=128 w=8",
             "fwd_o bf16 K=V=128 BK=64 BV=128 w=8", "bwd bf16 K=V=128 BK=32 BV=128 w=8",
             "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8",
-            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8")
+            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8",
+            "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 fallback",
+            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8 fallback")
     return (v for v in cp_variants() if v[0] in keep)
 
 

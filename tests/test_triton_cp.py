@@ -133,33 +133,59 @@ def test_float64_inputs_and_initial_state_without_final():
     check(got, ref, tol=1e-4)
 
 
-def test_exact_intra_path_everywhere(monkeypatch):
-    """The exact (column-loop) intra-chunk block, normally only for fast-forgetting chunks, on ordinary inputs."""
-    monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", -1.0)
+# the intra-chunk tiers (cp_fwd.py), forced by the thresholds: (CHUNK_MAX_SPREAD, FAST_DIAG_MAX_SPREAD)
+TIERS = {"chunk": (120.0, 60.0), "sub-block": (-1.0, 60.0), "exact": (-1.0, -1.0)}
+
+
+def force_tier(monkeypatch, tier):
+    chunk, sub = TIERS[tier]
+    monkeypatch.setattr(cp_mod, "CHUNK_MAX_SPREAD", chunk)
+    monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", sub)
+
+
+@pytest.mark.parametrize("tier", ["sub-block", "exact"])
+def test_fallback_tiers_everywhere(monkeypatch, tier):
+    """The second launch's tiers, normally only for chunks that decay by more than e^-120, on ordinary inputs."""
+    force_tier(monkeypatch, tier)
     inputs = make_inputs(1, 70, 1, 16, 16, n_states=1)
     check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
-@pytest.mark.parametrize("max_spread", [60.0, -1.0])
-def test_split_backward(monkeypatch, small_blocks, max_spread):
-    """A rebuilt in the backward (SAVE_A off), which then takes two launches (dv; dq/dk/dg) by default; fast and
-    exact intra paths; split K and V blocks."""
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy overflows, on purpose
+def test_fallback_takes_exactly_the_chunks_past_the_chunk_tier(monkeypatch):
+    """A chunk that decays by e^-1920 (g = −30 at β = 0 on every token) is the second launch's: forced into the
+    chunk tier it overflows, and every other chunk's output is unchanged, bit for bit."""
+    o, g, i, beta, _ = make_inputs(1, 192, 1, 16, 16)
+    g[:, 64:128] = -30.0
+    beta = torch.zeros_like(beta)
+    y_ref, _ = hgrn2_cp_triton(o, g, i, beta)
+    assert torch.isfinite(y_ref).all()
+    monkeypatch.setattr(cp_mod, "CHUNK_MAX_SPREAD", 1e9)
+    y, _ = hgrn2_cp_triton(o, g, i, beta)
+    assert not torch.isfinite(y[:, 64:128]).all()
+    assert torch.equal(y[:, :64], y_ref[:, :64]) and torch.equal(y[:, 128:], y_ref[:, 128:])
+
+
+@pytest.mark.parametrize("tier", list(TIERS))
+def test_split_backward(monkeypatch, small_blocks, tier):
+    """A rebuilt in the backward (SAVE_A off), which then takes two launches (dv; dq/dk/dg) by default; every
+    intra tier; split K and V blocks."""
     monkeypatch.setattr(cp_mod, "SAVE_A", False)
     monkeypatch.setattr(cp_mod, "BWD_SPLIT", None)
-    monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", max_spread)
-    inputs = make_inputs(1, 40 if max_spread < 0 else 70, 1, 32, 32, n_states=1)
+    force_tier(monkeypatch, tier)
+    inputs = make_inputs(1, 40 if tier == "exact" else 70, 1, 32, 32, n_states=1)
     check(*run_both(inputs, scale=0.3, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
 @pytest.mark.parametrize("split", [True, False])
-@pytest.mark.parametrize("max_spread", [60.0, -1.0])
-def test_saved_A(monkeypatch, small_blocks, split, max_spread):
-    """SAVE_A: the forward keeps A and the backward's dv reads it (split and fused backward; fast and exact
-    intra paths; V split in two blocks, of which only the first stores A)."""
+@pytest.mark.parametrize("tier", list(TIERS))
+def test_saved_A(monkeypatch, small_blocks, split, tier):
+    """SAVE_A: the forward keeps A and the backward's dv reads it (split and fused backward; every intra tier;
+    V split in two blocks, of which only the first stores A)."""
     monkeypatch.setattr(cp_mod, "SAVE_A", True)
     monkeypatch.setattr(cp_mod, "BWD_SPLIT", split)
-    monkeypatch.setattr(cp_mod, "FAST_DIAG_MAX_SPREAD", max_spread)
-    inputs = make_inputs(1, 40 if max_spread < 0 else 70, 1, 32, 32, n_states=1)
+    force_tier(monkeypatch, tier)
+    inputs = make_inputs(1, 40 if tier == "exact" else 70, 1, 32, 32, n_states=1)
     check(*run_both(inputs, scale=0.3, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 

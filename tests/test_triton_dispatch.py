@@ -1,5 +1,6 @@
 """`hgrn2_triton` picks its kernel: decode for a few tokens without autograd, chunk-parallel for few long
-sequences, the sequential chunk kernel otherwise; each choice gives the reference's result."""
+sequences and for training on large inputs, the sequential chunk kernel otherwise; each choice gives the
+reference's result."""
 
 import os
 
@@ -18,7 +19,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("B,T,grad,cu_seqlens,expected", [
     (2, 8, False, None, "recurrent"),
     (2, 8, True, None, "chunk"),          # autograd needs a chunk kernel, even for a few tokens
-    (3, 80, True, None, "chunk"),         # 3 x 2 = 6 programs > CP_MAX_PROGRAMS (4 here)
+    (3, 80, True, None, "chunk"),         # 3 x 2 = 6 programs > CP_MAX_PROGRAMS (4 here), 480 token·heads
+    (4, 80, True, None, "cp"),            # training on 640 ≥ CP_TRAIN_MIN_WORK (600 here) token·heads
+    (4, 80, False, None, "chunk"),        # the same in inference: 8 programs
     (1, 80, True, None, "cp"),
     (1, 80, False, None, "cp"),           # inference, 1 sequence x 2 heads, long: chunk-parallel
     (3, 80, False, None, "chunk"),
@@ -29,6 +32,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 def test_dispatch_choice_and_result(monkeypatch, B, T, grad, cu_seqlens, expected):
     monkeypatch.setattr(tri, "CP_MAX_PROGRAMS", 4)
     monkeypatch.setattr(tri, "CP_MIN_T", 64)
+    monkeypatch.setattr(tri, "CP_TRAIN_MIN_WORK", 600)
     called = []
     for name in ("recurrent", "cp", "chunk"):
         attr = f"hgrn2_{name}_triton"

@@ -14,7 +14,7 @@ import triton.language as tl
 from ._device import on_tensor_device
 from .chunk import ACTS, _layout, _sm_count
 from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
-from .cp_fwd import cp_fwd_h_kernel, cp_fwd_o_kernel
+from .cp_fwd import cp_decay_kernel, cp_fwd_h_kernel, cp_fwd_o_kernel
 
 # --- tuning knobs (module globals) ------------------------------------------------------------------------
 BT = 64  # tokens per chunk (multiple of 16) for bf16 inputs; the intra block works in 16-token sub-blocks
@@ -42,8 +42,11 @@ SAVE_A = True
 # H200 2026-11-24), the one that reads A compiles and is the fastest form (timings above; split with A: 2.09 ms
 # at H8, 4.08 at H16)
 BWD_SPLIT = None
-FAST_DIAG_MAX_SPREAD = 60.0  # K-blocks of a chunk whose largest 16-token log-decay spread is below this take
-# the factorised (tensor-core) intra-chunk path, others the exact column loop
+# tiers of the intra-chunk block per K-block (`cp_fwd.py`): the chunk tier (one product about the reference
+# b_last / 2) when the chunk's largest log-decay (max over channels of −b_last) is below CHUNK_MAX_SPREAD, else the
+# sub-block tier when the largest 16-token spread is below FAST_DIAG_MAX_SPREAD, else the exact column loop
+CHUNK_MAX_SPREAD = 120.0
+FAST_DIAG_MAX_SPREAD = 60.0
 FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/bf16x3 crash Triton 3.9's
 # layout pass in the backward kernel)
 
@@ -141,13 +144,27 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
         DT=dt, PREC=prec, num_warps=warps_seq,
     )
     a_saved = _empty_a(o, i, n_chunks, H, save_a)
-    cp_fwd_o_kernel[(n_chunks, triton.cdiv(V, bv), H)](
-        o, g, i, lower_bound, h, y, a_saved, chunks, scale, T, NT,
-        H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
-        VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec,
-        STORE_A=a_saved.numel() > 0, num_warps=warps,
-    )
+    bb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
+    for fallback in (False, True):  # the chunk tier everywhere, then the chunks that leave it
+        cp_fwd_o_kernel[(n_chunks, triton.cdiv(V, bv), H)](
+            o, g, i, lower_bound, h, y, a_saved, bb, chunks, scale, T, NT,
+            H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
+            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, CHUNK_SPREAD=CHUNK_MAX_SPREAD, DT=dt,
+            PREC=prec, STORE_A=a_saved.numel() > 0, FALLBACK=fallback, num_warps=warps,
+        )
     return y, ht, h, a_saved
+
+
+def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt):
+    """b [B, T, H, K] fp32, the within-chunk cumsum of log f (`cp_decay_kernel`), for the parallel kernels."""
+    H, K = g.shape[-2], g.shape[-1]
+    bb = torch.empty_like(g, dtype=torch.float32)
+    bk = min(64, max(16, triton.next_power_of_2(K)))
+    cp_decay_kernel[(n_chunks, H, triton.cdiv(K, bk))](
+        g, lower_bound, bb, chunks, T, NT, H=H, K=K, BT=bt, BK=bk, HAS_LB=lower_bound is not None,
+        VARLEN=chunks is not None, num_warps=4,
+    )
+    return bb
 
 
 def _empty_a(o, i, n_chunks, H, save_a):
@@ -199,13 +216,15 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
         HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
         DT=dt, PREC=prec, num_warps=warps_seq,
     )
-    args = (o, g, i, lower_bound, h, a_saved, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, B * T)
+    bb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
+    args = (o, g, i, lower_bound, h, a_saved, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, B * T)
     kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
               HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
-              DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps)
+              CHUNK_SPREAD=CHUNK_MAX_SPREAD, DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps)
     split = BWD_SPLIT if BWD_SPLIT is not None else a_saved.numel() == 0
     for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if split else (dict(DV=True, DQK=True),)):
-        cp_bwd_kernel[(n_chunks, NV, H)](*args, **kw, **flags)
+        for fallback in (False, True):  # as in the forward
+            cp_bwd_kernel[(n_chunks, NV, H)](*args, **kw, **flags, FALLBACK=fallback)
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:

@@ -24,7 +24,17 @@ import triton
 import triton.language as tl
 
 from ._common import _act, _act_and_grad, _col, _gates, _load_beta, _row, _seq_bounds, _tile
-from .cp_fwd import _chunk_bounds, _chunk_decay, _chunk_offset, _expand_rows, _intra_A, _sub_decay
+from .cp_fwd import (
+    _chunk_bounds,
+    _chunk_decay,
+    _chunk_offset,
+    _chunk_tile,
+    _expand_rows,
+    _intra_A,
+    _needs_fallback,
+    _ref_decay,
+    _sub_decay,
+)
 
 
 @triton.jit
@@ -79,95 +89,138 @@ def cp_bwd_dh_kernel(
 
 @triton.jit
 def cp_bwd_kernel(
-    o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, chunks, scale, T, NT, NTOK,
+    o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr,
-    LOAD_A: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, CHUNK_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr, FALLBACK: tl.constexpr,
 ):
     """One program per (V-block, chunk, head), one loop over K-blocks of BK: dA = dy vᵀ comes first (it needs
-    no gate), then per K-block the gates, A's share, dv's state share, dq, dk, d log f and the stores of do,
-    dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
+    no gate), then per K-block the gates, the intra-chunk terms, dv's state share, dq, dk, d log f and the
+    stores of do, dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
 
+    Two launches, as the forward's (`cp_fwd_o_kernel`): the chunk tier everywhere from the b that
+    `cp_fwd.cp_decay_kernel` stored in bb, then (FALLBACK) the chunks that leave it, in the sub-block or exact tier.
     DV / DQK select the outputs: both (one fused launch, the default) or one each (two launches that
     recompute the gates and re-read o, g, dy, dh but hold far fewer registers; `cp.BWD_SPLIT`). LOAD_A: A is
     the forward's (`cp.SAVE_A`), read once instead of rebuilt from every K-block."""
     i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+    n = (t1 - t0).to(tl.int32)
+    # the chunk's rows and head as one int64 offset per pointer; the tiles' offsets from there are int32
+    base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
+    part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of the partial do / dg
+    o, g, bb, do, dg = o + base_k, g + base_k, bb + base_k, do + part + base_k, dg + part + base_k
+    i, dy, di = i + base_v, dy + base_v, di + base_v
+    h, dh = h + (i_c.to(tl.int64) * H + i_h) * V * K, dh + (i_c.to(tl.int64) * H + i_h) * V * K
+    # each chunk runs in exactly one of the two launches (padding chunks, n = 0, in neither)
+    fallback = _needs_fallback(bb, n, H, K, BK, CHUNK_SPREAD)
+    if FALLBACK:
+        run = fallback
+    else:
+        run = (n > 0) & (fallback == 0)
+    if run:
+        _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_c, i_v, i_h, H, K, V, BT, BK,
+                      BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
+
+
+@triton.jit
+def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_c, i_v, i_h, H: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr,
+                  DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr,
+                  FALLBACK: tl.constexpr):
+    """`cp_bwd_kernel`'s work on one chunk of n rows (every pointer at the chunk's first row and head)."""
     rows = tl.arange(0, BT)
-    blk = rows // 16
+    causal = rows[:, None] >= rows[None, :]
     cv = i_v * BV + tl.arange(0, BV)
-    offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
+    offv, mtv = _chunk_tile(n, cv, H, V, BV, BT)
     i_t = tl.load(i + offv, mask=mtv, other=0.0)
     dy_t = tl.load(dy + offv, mask=mtv, other=0.0)
     b_do = dy_t.to(DT)
     if DQK:
         v_c = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
         dA = tl.dot(b_do, tl.trans(v_c), input_precision=PREC)
-        dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0).to(DT)
+        dA = tl.where(causal, dA, 0.0).to(DT)
     if DV:
         if not LOAD_A:
             A = tl.zeros([BT, BT], dtype=tl.float32)
         dvT = tl.zeros([BV, BT], dtype=tl.float32)
-    s_base = (i_c.to(tl.int64) * H + i_h) * V * K
-    part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of the partial do / dg
 
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
-        offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, ck, cv, BK, BV, BT)
+        offk, mtk = _chunk_tile(n, ck, H, K, BK, BT)
         o_t = tl.load(o + offk, mask=mtk, other=0.0)
         g_t = tl.load(g + offk, mask=mtk, other=0.0)
-        s_mask = (cv < tl.where(t0 < t1, V, 0))[:, None] & (ck < K)[None, :]  # none for padding chunks
-        dh_t = tl.load(dh + s_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
+        s_off = cv[:, None] * K + ck[None, :]
+        s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+        dh_t = tl.load(dh + s_off, mask=s_mask, other=0.0)
         beta = _load_beta(lb, i_h, K, ck, HAS_LB)
 
         q = _act(o_t.to(tl.float32), O_ACT) * scale
         a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
-        a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
-        c, r, R, b_last = _chunk_decay(a, BT, BK)
-        spread = -tl.min(tl.min(c, 1), 0)
-        if DV and not LOAD_A:
-            A_k, ec, enc = _intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
-            A += A_k
-        else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
-            ec = tl.exp(c)
-            enc = tl.exp(tl.minimum(-c, 80.0))
-        # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
-        if spread < MAX_SPREAD:
-            w_end = enc * _expand_rows(tl.exp(b_last[None, :] - r), BT, BK)
+        # intra-chunk terms of dq, dk and their share of d log f's sum, q ⊙ dq − k ⊙ dk: its pairs cancel (the
+        # sum over the chunk is 0), so the share is formed from the rounded dot operands that carry each pair
+        # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)
+        if FALLBACK:
+            a = tl.where(mtk, a, 0.0)
+            c, r, R, b_last = _chunk_decay(a, BT, BK)
+            spread = -tl.min(tl.min(c, 1), 0)
+            if DV and not LOAD_A:
+                A_k, ec, enc = _intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
+                A += A_k
+            else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
+                ec = tl.exp(c)
+                enc = tl.exp(tl.minimum(-c, 80.0))
+            eb = ec * _expand_rows(tl.exp(r), BT, BK)
+            # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
+            if spread < MAX_SPREAD:
+                w_end = enc * _expand_rows(tl.exp(b_last[None, :] - r), BT, BK)
+            else:
+                w_end = tl.exp(b_last[None, :] - R - c)
+            if DQK:
+                dq_i, dk_i, db_i = _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
+                                                  DT, PREC)
         else:
-            w_end = tl.exp(b_last[None, :] - R - c)
+            e_q, e_k, m = _ref_decay(bb, n, offk, mtk, ck, H, K)
+            b_last = 2.0 * m
+            qt = (q * e_q).to(DT)
+            kt = (k * e_k).to(DT)
+            eb = e_q * tl.exp(m)[None, :]
+            w_end = e_k * tl.exp(m)[None, :]  # e^{b_last − b} = e^{m − b}·e^{b_last − m}, b_last − m = m
+            if DV and not LOAD_A:
+                A += tl.where(causal, tl.dot(qt, tl.trans(kt), input_precision=PREC), 0.0)
+            if DQK:
+                dq_raw = tl.dot(dA, kt, input_precision=PREC)
+                dk_raw = tl.dot(tl.trans(dA), qt, input_precision=PREC)
+                db_i = qt.to(tl.float32) * dq_raw - kt.to(tl.float32) * dk_raw
+                dq_i = e_q * dq_raw
+                dk_i = e_k * dk_raw
         dh_c = dh_t.to(DT)
         if DV:
             # dv's state share, accumulated transposed: dh_c (k e^{b_last − b})ᵀ. The untransposed form
             # (k e^{b_last − b}) dh_cᵀ breaks Triton 3.6's layout pass for fp32 inputs (k as the left operand).
             dvT += tl.dot(dh_c, tl.trans((k * w_end).to(DT)), input_precision=PREC)
         if DQK:
-            _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_end, dA, b_do, v_c,
-                        dh_t, dh_c, beta, offk, mtk, s_base, s_mask, cv, ck, rows, blk, part, i_v, i_c, i_h, scale,
-                        H, K, BT, BK, O_ACT, HAS_LB, MAX_SPREAD, DT, PREC)
+            _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c,
+                        beta, offk, mtk, s_off, s_mask, ck, i_v, i_c, i_h, scale, H, K, O_ACT, HAS_LB, DT, PREC)
 
     if DV:
         if LOAD_A:
-            a_pos = (i_c.to(tl.int64) * H + i_h) * BT * BT + rows[:, None] * BT + rows[None, :]
-            A = tl.load(a_in + a_pos)
+            a_in += (i_c.to(tl.int64) * H + i_h) * BT * BT
+            A = tl.load(a_in + (rows[:, None] * BT + rows[None, :]))
         dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
-        offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
         _, dv_act = _act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reloaded
         tl.store(di + offv, (dv * dv_act).to(di.dtype.element_ty), mask=mtv)
 
 
 @triton.jit
-def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_end, dA, b_do, v_c, dh_t, dh_c,
-                beta, offk, mtk, s_base, s_mask, cv, ck, rows, blk, part, i_v, i_c, i_h, scale,
-                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, O_ACT: tl.constexpr,
-                HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """One K-block of `cp_bwd_kernel`'s dq, dk, d log f and the stores of do, dg and the β partial sums."""
+def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, BK: tl.constexpr,
+                   MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """The sub-block and exact tiers of the intra-chunk dq, dk and q ⊙ dq − k ⊙ dk [BT, BK] from dA."""
     NB: tl.constexpr = BT // 16
-    # intra-chunk dq, dk from dA, and their share of d log f's sum, q ⊙ dq − k ⊙ dk: its pairs cancel (the
-    # sum over the chunk is 0), so the share is formed from the rounded dot operands that carry each pair
-    # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)
+    blk = rows // 16
     if spread < MAX_SPREAD:
         qt = q * ec
         kt = (k * enc).to(DT)
@@ -200,26 +253,33 @@ def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, c, r, R, b_last, spread, ec, enc, w_
             wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
             dk_i += _row(dAf, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
         db_i = q * dq_i - k * dk_i
+    return dq_i, dk_i, db_i
 
+
+@triton.jit
+def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c, beta, offk,
+                mtk, s_off, s_mask, ck, i_v, i_c, i_h, scale, H: tl.constexpr, K: tl.constexpr,
+                O_ACT: tl.constexpr, HAS_LB: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """One K-block of `cp_bwd_kernel`'s dq, dk (the intra terms given), d log f and the stores of do, dg and the
+    β partial sums (pointers at the chunk's first row and head)."""
     # state terms (operands in the dot dtype: h and dh are stored in it anyway)
-    h_t = tl.load(h + s_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
-    eb = ec * _expand_rows(tl.exp(r), BT, BK)
+    h_t = tl.load(h + s_off, mask=s_mask, other=0.0)
     dq_s = eb * tl.dot(b_do, h_t.to(DT), input_precision=PREC)
     b_dq = dq_s + dq_i
     dk_s = w_end * tl.dot(v_c, dh_c, input_precision=PREC)
     b_dk = dk_s + dk_i
     _, dq_act = _act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
-    tl.store(do + part + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
+    tl.store(do + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
 
     # d log f: reverse cumsum within the chunk + the end state's share
     tail = tl.exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(k * dk_s, 0)
     db = q * dq_s - k * dk_s + db_i
-    b_dlogf = (tail + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
+    b_dlogf = tail[None, :] + tl.cumsum(db, 0, reverse=True)
     # σ(±g), f recomputed from a reloaded tile (fewer live registers)
     g_2 = tl.load(g + offk, mask=mtk, other=0.0)
     _, _, s_pos, s_neg, f = _gates(g_2.to(tl.float32), beta, HAS_LB)
     d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
-    tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+    tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
     if HAS_LB:
         dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
         tl.store(dlb + ((i_v * tl.num_programs(0) + i_c) * H + i_h) * K + ck, dlb_p, mask=ck < K)

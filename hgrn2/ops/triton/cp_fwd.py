@@ -10,9 +10,15 @@ e^{−c} (bounded by the largest 16-token decay spread, checked against MAX_SPRE
    h_c [V, K] (STATE_DTYPE) and updates S ← S ⊙ e^{b_last} + vᵀ (k ⊙ e^{b_last − b}); final state in fp32.
    K may be split (the state's columns are independent).
 2. `cp_fwd_o_kernel`, grid (NT_total, NV, H): y = (q ⊙ e^b) h_cᵀ + A v with the causal BT×BT block
-   A[t, s] = Σ_k q_t k_s e^{b_t − b_s}. Fast path (spread < MAX_SPREAD): A = Σ_j (q e^{c} ⊙ E_j)(k e^{−c} on
-   sub-block j)ᵀ with E_j[t] = e^{r_{i(t)} − r_j} (i(t) ≥ j, else 0): every factor bounded. Otherwise an exact
-   column loop with the exponent masked before exp.
+   A[t, s] = Σ_k q_t k_s e^{b_t − b_s}, in one of three tiers per K-block:
+   - chunk tier (the chunk's largest decay, max over channels of −b_last, below CHUNK_SPREAD = 120):
+     A = (q e^{b − m})(k e^{m − b})ᵀ, one product, with the reference m = b_last / 2 per channel, so that every
+     factor lies in [e^{−60}, e^{60}];
+   - sub-block tier (the largest 16-token spread below MAX_SPREAD = 60): A = Σ_j (q e^{c} ⊙ E_j)(k e^{−c} on
+     sub-block j)ᵀ with E_j[t] = e^{r_{i(t)} − r_j} (i(t) ≥ j, else 0): every factor bounded;
+   - otherwise an exact column loop with the exponent masked before exp.
+   The chunk tier reads b from `cp_decay_kernel` and holds no code of the other two; a second launch
+   (FALLBACK) takes the chunks that leave it (`_needs_fallback`), in the sub-block or exact tier per K-block.
 """
 
 import triton
@@ -32,6 +38,19 @@ def _chunk_bounds(chunks, i_c, T, NT, BT: tl.constexpr, VARLEN: tl.constexpr):
         t0 = i_n.to(tl.int64) * T + (i_c % NT) * BT
         t1 = tl.minimum(t0 + BT, i_n.to(tl.int64) * T + T)
     return t0, t1
+
+
+@triton.jit
+def _chunk_tile(n, cols, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
+    """In-chunk int32 offsets [BT, BD] of a [B·T, H, D] tensor's columns `cols` (a block of BD) from the
+    chunk's first token and head — the caller adds that base to the pointer as one int64 scalar (per-element
+    int64 index math cost more instructions than the gates) — and the mask of the chunk's n rows and D columns."""
+    rows = tl.arange(0, BT)
+    off = rows[:, None] * (H * D) + cols[None, :]
+    mask = (rows < n)[:, None]
+    if D % BD != 0:
+        mask = mask & (cols < D)[None, :]
+    return off, tl.broadcast_to(mask, off.shape)
 
 
 @triton.jit
@@ -74,6 +93,17 @@ def _sub_decay(r, j, BT: tl.constexpr, BK: tl.constexpr):
     r_j = tl.sum(tl.where(ib[:, None] == j, r, 0.0), 0)
     e = tl.where(ib[:, None] >= j, tl.exp(tl.minimum(r - r_j[None, :], 0.0)), 0.0)
     return _expand_rows(e, BT, BK)
+
+
+@triton.jit
+def _ref_decay(bb, n, offk, mtk, ck, H: tl.constexpr, K: tl.constexpr):
+    """Chunk tier: from b (the within-chunk cumsum of log f, bb at the chunk's first row and head) and the
+    reference m = b_last / 2 per channel, returns (e^{b − m}, e^{m − b}) [BT, BK] and m [BK]. |b − m| ≤
+    (−b_last) / 2, so both factors stay within e^{±60} while the chunk's decay is below CHUNK_SPREAD = 120 (a
+    reference at the chunk's start would allow only 60)."""
+    m = 0.5 * tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < K, other=0.0)
+    d = tl.load(bb + offk, mask=mtk, other=0.0) - m[None, :]
+    return tl.exp(d), tl.exp(-d), m
 
 
 @triton.jit
@@ -153,47 +183,97 @@ def cp_fwd_h_kernel(
 
 
 @triton.jit
+def cp_decay_kernel(g, lb, bb, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr):
+    """b, the within-chunk cumsum of log f, into bb [B·T, H, K] fp32: one program per (chunk, head, K-block).
+    The parallel kernels' chunk tier reads it (a log and a scan per element fewer there); storing it from the
+    sequential kernels instead slowed their latency-bound steps (H200: 146 → 257 µs per layer at H 8)."""
+    i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
+    t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+    n = (t1 - t0).to(tl.int32)
+    ck = i_k * BK + tl.arange(0, BK)
+    offk, mtk = _chunk_tile(n, ck, H, K, BK, BT)
+    g, bb = g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
+    a, _, _, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), _load_beta(lb, i_h, K, ck, HAS_LB),
+                           HAS_LB)
+    tl.store(bb + offk, tl.cumsum(tl.where(mtk, a, 0.0), 0), mask=mtk)
+
+
+@triton.jit
+def _needs_fallback(bb, n, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, CHUNK_SPREAD: tl.constexpr):
+    """Whether a chunk (n rows, bb at its first row and head) leaves the chunk tier: some channel decays by
+    e^{-CHUNK_SPREAD} or more over the chunk (its b at the last row)."""
+    worst = tl.zeros([BK], dtype=tl.float32)
+    for kb in tl.static_range(0, (K + BK - 1) // BK):
+        ck = kb * BK + tl.arange(0, BK)
+        b_end = tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < tl.where(n > 0, K, 0), other=0.0)
+        worst = tl.minimum(worst, b_end)
+    return -tl.min(worst, 0) >= CHUNK_SPREAD
+
+
+@triton.jit
 def cp_fwd_o_kernel(
-    o, g, i, lb, h, y, a_out, chunks, scale, T, NT,
+    o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, CHUNK_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    STORE_A: tl.constexpr, FALLBACK: tl.constexpr,
 ):
-    """One program per (V-block, chunk, head); loops over K-blocks of BK (A and y accumulate over them; the
-    fast/exact choice of the intra block is made per K-block). STORE_A: the first V-block also stores the
-    causal A [BT, BT] of its chunk and head (in a_out's dtype) for the backward's dv."""
+    """One program per (V-block, chunk, head); loops over K-blocks of BK (A and y accumulate over them).
+
+    Two launches: the first (FALLBACK off) takes the chunk tier everywhere, from the within-chunk cumsum b that
+    `cp_fwd_h_kernel` stored in bb (no log, no scan here); the second (FALLBACK on) redoes, in the sub-block or
+    exact tier per K-block, the chunks that leave the chunk tier (`_needs_fallback`; its other programs return
+    at once). STORE_A: the first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's
+    dtype) for the backward's dv."""
     i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
-    cv = i_v * BV + tl.arange(0, BV)
-    h_base = h + (i_c.to(tl.int64) * H + i_h) * V * K
-    out = tl.zeros([BT, BV], dtype=tl.float32)
-    A = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        ck = kb * BK + tl.arange(0, BK)
-        offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, ck, cv, BK, BV, BT)
-        o_t = tl.load(o + offk, mask=mtk, other=0.0)
-        g_t = tl.load(g + offk, mask=mtk, other=0.0)
-        s_mask = (cv < tl.where(t0 < t1, V, 0))[:, None] & (ck < K)[None, :]  # none for padding chunks
-        h_t = tl.load(h_base + cv[:, None] * K + ck[None, :], mask=s_mask, other=0.0)
-        beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+    n = (t1 - t0).to(tl.int32)
+    # the chunk's rows and head as one int64 offset per pointer; the tiles' offsets from there are int32
+    o, g, bb = o + (t0 * H + i_h) * K, g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
+    i, y = i + (t0 * H + i_h) * V, y + (t0 * H + i_h) * V
+    h += (i_c.to(tl.int64) * H + i_h) * V * K
+    # each chunk runs in exactly one of the two launches (padding chunks, n = 0, in neither)
+    fallback = _needs_fallback(bb, n, H, K, BK, CHUNK_SPREAD)
+    if FALLBACK:
+        run = fallback
+    else:
+        run = (n > 0) & (fallback == 0)
+    if run:
+        cv = i_v * BV + tl.arange(0, BV)
+        rows = tl.arange(0, BT)
+        out = tl.zeros([BT, BV], dtype=tl.float32)
+        A = tl.zeros([BT, BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            ck = kb * BK + tl.arange(0, BK)
+            offk, mtk = _chunk_tile(n, ck, H, K, BK, BT)
+            o_t = tl.load(o + offk, mask=mtk, other=0.0)
+            g_t = tl.load(g + offk, mask=mtk, other=0.0)
+            h_t = tl.load(h + (cv[:, None] * K + ck[None, :]), mask=(cv < V)[:, None] & (ck < K)[None, :], other=0.0)
+            beta = _load_beta(lb, i_h, K, ck, HAS_LB)
 
-        q = _act(o_t.to(tl.float32), O_ACT) * scale
-        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
-        a = tl.where(mtk, a, 0.0)
-        k = tl.where(mtk, k, 0.0)
-        c, r, R, b_last = _chunk_decay(a, BT, BK)
-        A_k, ec, _ = _intra_A(q, k, c, r, R, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
-        A += A_k
-        eb = ec * _expand_rows(tl.exp(r), BT, BK)
-        out += tl.dot((q * eb).to(DT), tl.trans(h_t.to(DT)), input_precision=PREC)
+            q = _act(o_t.to(tl.float32), O_ACT) * scale
+            a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+            k = tl.where(mtk, k, 0.0)
+            if FALLBACK:
+                a = tl.where(mtk, a, 0.0)
+                c, r, R, b_last = _chunk_decay(a, BT, BK)
+                A_k, ec, enc = _intra_A(q, k, c, r, R, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
+                A += A_k
+                eb = ec * _expand_rows(tl.exp(r), BT, BK)
+            else:
+                e_q, e_k, m = _ref_decay(bb, n, offk, mtk, ck, H, K)
+                A_k = tl.dot((q * e_q).to(DT), tl.trans((k * e_k).to(DT)), input_precision=PREC)
+                A += tl.where(rows[:, None] >= rows[None, :], A_k, 0.0)
+                eb = e_q * tl.exp(m)[None, :]
+            out += tl.dot((q * eb).to(DT), tl.trans(h_t.to(DT)), input_precision=PREC)
 
-    offk, offv, mtk, mtv = _tile(t0, t0, t1, i_h, H, K, V, tl.arange(0, BK), cv, BK, BV, BT)
-    i_t = tl.load(i + offv, mask=mtv, other=0.0)
-    v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0)
-    out += tl.dot(A.to(DT), v.to(DT), input_precision=PREC)
-    tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
-    if STORE_A:
-        if i_v == 0:
-            rows = tl.arange(0, BT)
-            a_pos = (i_c.to(tl.int64) * H + i_h) * BT * BT + rows[:, None] * BT + rows[None, :]
-            tl.store(a_out + a_pos, A.to(a_out.dtype.element_ty))
+        offv, mtv = _chunk_tile(n, cv, H, V, BV, BT)
+        i_t = tl.load(i + offv, mask=mtv, other=0.0)
+        v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0)
+        out += tl.dot(A.to(DT), v.to(DT), input_precision=PREC)
+        tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
+        if STORE_A:
+            if i_v == 0:
+                a_out += (i_c.to(tl.int64) * H + i_h) * BT * BT
+                tl.store(a_out + (rows[:, None] * BT + rows[None, :]), A.to(a_out.dtype.element_ty))
