@@ -31,8 +31,9 @@ from .cp_fwd import (
     _chunk_tile,
     _expand_rows,
     _intra_A,
-    _needs_fallback,
+    _load_gates,
     _ref_decay,
+    _runs_here,
     _sub_decay,
 )
 
@@ -113,13 +114,7 @@ def cp_bwd_kernel(
     o, g, bb, do, dg = o + base_k, g + base_k, bb + base_k, do + part + base_k, dg + part + base_k
     i, dy, di = i + base_v, dy + base_v, di + base_v
     h, dh = h + (i_c.to(tl.int64) * H + i_h) * V * K, dh + (i_c.to(tl.int64) * H + i_h) * V * K
-    # each chunk runs in exactly one of the two launches (padding chunks, n = 0, in neither)
-    fallback = _needs_fallback(bb, n, H, K, BK, CHUNK_SPREAD)
-    if FALLBACK:
-        run = fallback
-    else:
-        run = (n > 0) & (fallback == 0)
-    if run:
+    if _runs_here(bb, n, H, K, BK, CHUNK_SPREAD, FALLBACK):  # padding chunks: their β partial sums stay 0
         _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_c, i_v, i_h, H, K, V, BT, BK,
                       BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
 
@@ -149,17 +144,10 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
 
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
-        offk, mtk = _chunk_tile(n, ck, H, K, BK, BT)
-        o_t = tl.load(o + offk, mask=mtk, other=0.0)
-        g_t = tl.load(g + offk, mask=mtk, other=0.0)
+        offk, mtk, beta, q, a, k = _load_gates(o, g, lb, n, ck, i_h, scale, H, K, BK, BT, O_ACT, HAS_LB)
         s_off = cv[:, None] * K + ck[None, :]
         s_mask = (cv < V)[:, None] & (ck < K)[None, :]
         dh_t = tl.load(dh + s_off, mask=s_mask, other=0.0)
-        beta = _load_beta(lb, i_h, K, ck, HAS_LB)
-
-        q = _act(o_t.to(tl.float32), O_ACT) * scale
-        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
-        k = tl.where(mtk, k, 0.0)
         # intra-chunk terms of dq, dk and their share of d log f's sum, q ⊙ dq − k ⊙ dk: its pairs cancel (the
         # sum over the chunk is 0), so the share is formed from the rounded dot operands that carry each pair
         # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)

@@ -212,6 +212,32 @@ def _needs_fallback(bb, n, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, C
 
 
 @triton.jit
+def _runs_here(bb, n, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, CHUNK_SPREAD: tl.constexpr,
+               FALLBACK: tl.constexpr):
+    """Whether this launch (the chunk tier, or FALLBACK) takes the chunk: each chunk runs in exactly one of the
+    two (padding chunks, n = 0, in neither)."""
+    fallback = _needs_fallback(bb, n, H, K, BK, CHUNK_SPREAD)
+    if FALLBACK:
+        run = fallback
+    else:
+        run = (n > 0) & (fallback == 0)
+    return run
+
+
+@triton.jit
+def _load_gates(o, g, lb, n, ck, i_h, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                BT: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr):
+    """One K-block of a chunk (o, g at its first row and head): (offsets, mask, β, q = act(o)·scale, log f, k)."""
+    offk, mtk = _chunk_tile(n, ck, H, K, BK, BT)
+    o_t = tl.load(o + offk, mask=mtk, other=0.0)
+    g_t = tl.load(g + offk, mask=mtk, other=0.0)
+    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+    q = _act(o_t.to(tl.float32), O_ACT) * scale
+    a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+    return offk, mtk, beta, q, a, tl.where(mtk, k, 0.0)
+
+
+@triton.jit
 def cp_fwd_o_kernel(
     o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -233,28 +259,15 @@ def cp_fwd_o_kernel(
     o, g, bb = o + (t0 * H + i_h) * K, g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
     i, y = i + (t0 * H + i_h) * V, y + (t0 * H + i_h) * V
     h += (i_c.to(tl.int64) * H + i_h) * V * K
-    # each chunk runs in exactly one of the two launches (padding chunks, n = 0, in neither)
-    fallback = _needs_fallback(bb, n, H, K, BK, CHUNK_SPREAD)
-    if FALLBACK:
-        run = fallback
-    else:
-        run = (n > 0) & (fallback == 0)
-    if run:
+    if _runs_here(bb, n, H, K, BK, CHUNK_SPREAD, FALLBACK):
         cv = i_v * BV + tl.arange(0, BV)
         rows = tl.arange(0, BT)
         out = tl.zeros([BT, BV], dtype=tl.float32)
         A = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
             ck = kb * BK + tl.arange(0, BK)
-            offk, mtk = _chunk_tile(n, ck, H, K, BK, BT)
-            o_t = tl.load(o + offk, mask=mtk, other=0.0)
-            g_t = tl.load(g + offk, mask=mtk, other=0.0)
+            offk, mtk, beta, q, a, k = _load_gates(o, g, lb, n, ck, i_h, scale, H, K, BK, BT, O_ACT, HAS_LB)
             h_t = tl.load(h + (cv[:, None] * K + ck[None, :]), mask=(cv < V)[:, None] & (ck < K)[None, :], other=0.0)
-            beta = _load_beta(lb, i_h, K, ck, HAS_LB)
-
-            q = _act(o_t.to(tl.float32), O_ACT) * scale
-            a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
-            k = tl.where(mtk, k, 0.0)
             if FALLBACK:
                 a = tl.where(mtk, a, 0.0)
                 c, r, R, b_last = _chunk_decay(a, BT, BK)
