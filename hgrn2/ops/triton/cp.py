@@ -156,7 +156,9 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
 
 
 def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt):
-    """b [B, T, H, K] fp32, the within-chunk cumsum of log f (`cp_decay_kernel`), for the parallel kernels."""
+    """b [B, T, H, K] fp32, the within-chunk cumsum of log f (`cp_decay_kernel`), for the parallel kernels. The
+    backward computes it again rather than keep the forward's: 2U of fp32 per layer held until the backward
+    (1.6 GB at `hgrn2 bench train`'s shape) against 54 µs per layer (H200, H 8)."""
     H, K = g.shape[-2], g.shape[-1]
     bb = torch.empty_like(g, dtype=torch.float32)
     bk = min(64, max(16, triton.next_power_of_2(K)))

@@ -175,8 +175,9 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
             b_last = 2.0 * m
             qt = (q * e_q).to(DT)
             kt = (k * e_k).to(DT)
-            eb = e_q * tl.exp(m)[None, :]
-            w_end = e_k * tl.exp(m)[None, :]  # e^{b_last − b} = e^{m − b}·e^{b_last − m}, b_last − m = m
+            em = tl.exp(m)[None, :]
+            eb = e_q * em
+            w_end = e_k * em  # e^{b_last − b} = e^{m − b}·e^{b_last − m}, and b_last − m = m
             if DV and not LOAD_A:
                 A += tl.where(causal, tl.dot(qt, tl.trans(kt), input_precision=PREC), 0.0)
             if DQK:

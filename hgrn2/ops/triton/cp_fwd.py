@@ -227,7 +227,8 @@ def _runs_here(bb, n, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, CHUNK_
 @triton.jit
 def _load_gates(o, g, lb, n, ck, i_h, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
                 BT: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr):
-    """One K-block of a chunk (o, g at its first row and head): (offsets, mask, β, q = act(o)·scale, log f, k)."""
+    """One K-block of a chunk (o, g at its first row and head): (offsets, mask, β, q = act(o)·scale, log f, k).
+    The chunk tier does not use log f, and the compiler drops its computation there."""
     offk, mtk = _chunk_tile(n, ck, H, K, BK, BT)
     o_t = tl.load(o + offk, mask=mtk, other=0.0)
     g_t = tl.load(g + offk, mask=mtk, other=0.0)
@@ -248,7 +249,7 @@ def cp_fwd_o_kernel(
     """One program per (V-block, chunk, head); loops over K-blocks of BK (A and y accumulate over them).
 
     Two launches: the first (FALLBACK off) takes the chunk tier everywhere, from the within-chunk cumsum b that
-    `cp_fwd_h_kernel` stored in bb (no log, no scan here); the second (FALLBACK on) redoes, in the sub-block or
+    `cp_decay_kernel` stored in bb (no log, no scan here); the second (FALLBACK on) redoes, in the sub-block or
     exact tier per K-block, the chunks that leave the chunk tier (`_needs_fallback`; its other programs return
     at once). STORE_A: the first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's
     dtype) for the backward's dv."""
