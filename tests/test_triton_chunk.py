@@ -228,10 +228,11 @@ def test_dispatch_and_float64_inputs():
 
 
 def test_custom_op_registration():
-    """Schema, fake (meta) implementation and autograd registration: what torch.compile relies on."""
+    """Schema and fake (meta) implementation: what torch.compile relies on (autograd is `_Chunk`'s)."""
     o, g, i, beta, h0 = make_inputs(2, 20, 2, 16, 16, n_states=2)
-    leaves = [x.requires_grad_() for x in (o, g, i, beta, h0)]
-    torch.library.opcheck(chunk_mod.chunk_fwd, (*leaves, None, 0.5, 1, 0, True))
+    torch.library.opcheck(chunk_mod.chunk_fwd.op, (o, g, i, beta, h0, None, 0.5, 1, 0, True))
+    dy = torch.randn_like(i)
+    torch.library.opcheck(chunk_mod.chunk_bwd.op, (o, g, i, beta, h0, None, dy, None, 0.5, 1, 0))
 
 
 def test_bad_activation_is_a_clear_error():

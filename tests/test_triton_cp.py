@@ -168,9 +168,10 @@ def test_fallback_takes_exactly_the_chunks_past_the_chunk_tier(monkeypatch):
 
 @pytest.mark.parametrize("tier", list(TIERS))
 def test_split_backward(monkeypatch, small_blocks, tier):
-    """A rebuilt in the backward (SAVE_A off), which then takes two launches (dv; dq/dk/dg) by default; every
-    intra tier; split K and V blocks."""
+    """A rebuilt in the backward (SAVE_A off), which then takes two launches (dv; dq/dk/dg) by default, and b
+    computed there again (SAVE_B off); every intra tier; split K and V blocks."""
     monkeypatch.setattr(cp_mod, "SAVE_A", False)
+    monkeypatch.setattr(cp_mod, "SAVE_B", False)
     monkeypatch.setattr(cp_mod, "BWD_SPLIT", None)
     force_tier(monkeypatch, tier)
     inputs = make_inputs(1, 40 if tier == "exact" else 70, 1, 32, 32, n_states=1)
@@ -189,15 +190,16 @@ def test_saved_A(monkeypatch, small_blocks, split, tier):
     check(*run_both(inputs, scale=0.3, o_act="silu", i_act="sigmoid", output_final_state=True), tol=1e-4)
 
 
-def test_A_is_kept_only_for_a_backward(monkeypatch):
-    """The default keeps A when a gradient will be taken, and not in inference (no_grad or no leaf needing one)."""
-    assert cp_mod.SAVE_A and cp_mod.BWD_SPLIT is None
+def test_A_and_b_are_kept_only_for_a_backward(monkeypatch):
+    """The default keeps A and b when a gradient will be taken, and not in inference (no_grad or no leaf needing
+    one)."""
+    assert cp_mod.SAVE_A and cp_mod.SAVE_B and cp_mod.BWD_SPLIT is None
     kept = []
     fwd = cp_mod.cp_fwd
 
     def spy(*args):
         out = fwd(*args)
-        kept.append(out[3].numel() > 0)
+        kept.append((out[3].numel() > 0, out[4].numel() > 0))
         return out
 
     monkeypatch.setattr(cp_mod, "cp_fwd", spy)
@@ -206,12 +208,14 @@ def test_A_is_kept_only_for_a_backward(monkeypatch):
     with torch.no_grad():
         hgrn2_cp_triton(o, g, i, lb)
     hgrn2_cp_triton(o, g, i.detach(), lb)
-    assert kept == [True, False, False]
+    assert kept == [(True, True), (False, False), (False, False)]
 
 
-def test_saved_A_varlen_bf16(monkeypatch):
-    """SAVE_A with packed sequences (padding chunks) and bf16 operands (A kept in bf16)."""
+@pytest.mark.parametrize("save_b", [True, False])
+def test_saved_A_varlen_bf16(monkeypatch, save_b):
+    """SAVE_A with packed sequences (padding chunks) and bf16 operands (A kept in bf16), b kept or not."""
     monkeypatch.setattr(cp_mod, "SAVE_A", True)
+    monkeypatch.setattr(cp_mod, "SAVE_B", save_b)
     lens = [5, 70, 17]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
     inputs = make_inputs(1, sum(lens), 2, 32, 32, n_states=len(lens), dtype=torch.bfloat16)
@@ -305,12 +309,42 @@ def test_same_as_sequential_kernel():
 
 
 def test_custom_op_registration():
-    """Schema, fake (meta) implementation and autograd registration: what torch.compile relies on."""
+    """Schema and fake (meta) implementation: what torch.compile relies on (autograd is `_CP`'s)."""
     o, g, i, beta, h0 = make_inputs(1, 20, 2, 16, 16, n_states=1)
-    leaves = [x.requires_grad_() for x in (o, g, i, beta, h0)]
-    for save_a in (True, False):
-        torch.library.opcheck(cp_mod.cp_fwd, (*leaves, None, 0.5, 1, 0, True, save_a),
-                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    for save in (True, False):
+        torch.library.opcheck(cp_mod.cp_fwd.op, (o, g, i, beta, h0, None, 0.5, 1, 0, True, save, save))
+    _, _, h, a, b = cp_mod.cp_fwd(o, g, i, beta, h0, None, 0.5, 1, 0, True, True, True)
+    dy, dht = torch.randn_like(i), torch.randn_like(h0)
+    torch.library.opcheck(cp_mod.cp_bwd.op, (o, g, i, beta, h0, None, h, a, b, dy, dht, 0.5, 1, 0))
+
+
+def test_compiled_graph_calls_the_custom_ops():
+    """Under torch.compile (AOTAutograd, run eagerly) forward and backward go through hgrn2::cp_fwd / cp_bwd, with
+    the eager path's gradients."""
+    inputs = make_inputs(1, 70, 2, 16, 16, n_states=1)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from functorch.compile import make_boxed_func
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def keep(g, _):
+            graphs.append(str(g.graph))
+            return make_boxed_func(g)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
+
+    def f(o, g, i, lb, h0):
+        y, ht = hgrn2_cp_triton(o, g, i, lb, scale=0.5, o_act="silu", initial_state=h0, output_final_state=True)
+        return y.square().sum() + ht.sum()
+
+    grads = []
+    for fn in (f, torch.compile(f, backend=backend, fullgraph=True)):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        fn(*leaves).backward()
+        grads.append([x.grad for x in leaves])
+    assert any("hgrn2.cp_fwd" in g for g in graphs) and any("hgrn2.cp_bwd" in g for g in graphs)
+    for a, b in zip(*grads):
+        assert rel_err(a, b) <= 1e-5
 
 
 def test_bad_activation_is_a_clear_error():

@@ -174,9 +174,11 @@ def test_gpu_bf16_many_channels():
 
 @pytest.mark.parametrize("complex_", [False, True])
 def test_custom_op_registration(complex_):
-    from hgrn2.ops.triton.hgrn1 import _hgrn1_fwd_op
-    x, g, lb, theta, h0 = inputs(2, 6, 8, complex_=complex_)
-    torch.library.opcheck(_hgrn1_fwd_op, (x, g, lb, theta, h0, None, True, 3))
+    from hgrn2.ops.triton.hgrn1 import _bwd, _fwd
+    x, g, lb, theta, h0 = [None if t is None else t.detach() for t in inputs(2, 6, 8, complex_=complex_)]
+    torch.library.opcheck(_fwd.op, (x, g, lb, theta, h0, None, True, 3))
+    out, final = _fwd(x, g, lb, theta, h0, None, True, 3)
+    torch.library.opcheck(_bwd.op, (torch.randn_like(out), torch.randn_like(final), x, g, lb, theta, h0, out, None, 3))
 
 
 @pytest.mark.parametrize("complex_", [False, True])

@@ -199,18 +199,18 @@ def test_custom_ops_pass_opcheck():
 
     x, w, dy = torch.randn(5, 24, device=DEV), torch.randn(24, device=DEV), torch.randn(5, 24, device=DEV)
     rstd = rms_norm_fwd(x, w, 1e-6, x.dtype)[1]
-    torch.library.opcheck(rms_norm_fwd, (x, w, 1e-6, torch.bfloat16))
-    torch.library.opcheck(rms_norm_bwd, (dy, x, w, rstd))
+    torch.library.opcheck(rms_norm_fwd.op, (x, w, 1e-6, torch.bfloat16))
+    torch.library.opcheck(rms_norm_bwd.op, (dy, x, w, rstd))
     _, mean, rstd = layer_norm_fwd(x, w, dy[0], 1e-6)
-    torch.library.opcheck(layer_norm_fwd, (x, w, dy[0], 1e-6))
-    torch.library.opcheck(layer_norm_fwd, (x, None, None, 1e-6))
-    torch.library.opcheck(layer_norm_bwd, (dy, x, w, mean, rstd, True))
-    torch.library.opcheck(layer_norm_bwd, (dy, x, None, mean, rstd, False))
+    torch.library.opcheck(layer_norm_fwd.op, (x, w, dy[0], 1e-6))
+    torch.library.opcheck(layer_norm_fwd.op, (x, None, None, 1e-6))
+    torch.library.opcheck(layer_norm_bwd.op, (dy, x, w, mean, rstd, True))
+    torch.library.opcheck(layer_norm_bwd.op, (dy, x, None, mean, rstd, False))
     r, _, rstd = add_rms_norm_fwd(x, dy.bfloat16(), w, 1e-6, torch.bfloat16)
-    torch.library.opcheck(add_rms_norm_fwd, (x, dy.bfloat16(), w, 1e-6, torch.bfloat16))
-    torch.library.opcheck(add_rms_norm_bwd, (dy.bfloat16(), dy, r, w, rstd, torch.float32, torch.bfloat16))
-    torch.library.opcheck(swiglu_fwd, (x, dy))
-    torch.library.opcheck(swiglu_bwd, (x, dy, w.expand(5, 24).contiguous()))
+    torch.library.opcheck(add_rms_norm_fwd.op, (x, dy.bfloat16(), w, 1e-6, torch.bfloat16))
+    torch.library.opcheck(add_rms_norm_bwd.op, (dy.bfloat16(), dy, r, w, rstd, torch.float32, torch.bfloat16))
+    torch.library.opcheck(swiglu_fwd.op, (x, dy))
+    torch.library.opcheck(swiglu_bwd.op, (x, dy, w.expand(5, 24).contiguous()))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -132,10 +132,10 @@ def test_gpu_long_fp32():
 
 
 def test_custom_op_registration():
-    from hgrn2.ops.triton.recurrent import _hgrn2_recurrent_op
+    from hgrn2.ops.triton.recurrent import _launch
     o, g, i, lb, h0 = inputs(1, 3, 2, 16, 16)
     ht = torch.empty_like(h0)
-    torch.library.opcheck(_hgrn2_recurrent_op, (o, g, i, lb, h0, ht, None, 0.5, 1, 0))
+    torch.library.opcheck(_launch.op, (o, g, i, lb, h0, ht, None, 0.5, 1, 0))
 
 
 def test_under_torch_compile():

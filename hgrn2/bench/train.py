@@ -204,13 +204,7 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed, prof
     x = torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
 
     def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            # no KV cache (transformers' Llama builds one by default, training or not)
-            loss = model(input_ids=x, labels=x, use_cache=False).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return train_step(model, opt, x)
 
     cuda = device.type == "cuda"
     try:
@@ -238,6 +232,20 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed, prof
     return {"status": "ok", "tok_per_s": batch * seq_len * steps / dt, "step_ms": 1e3 * dt / steps,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": loss.item(),
             "warmup_s": round(warmup_s, 1)}
+
+
+def train_step(model, opt, x):
+    """One timed step: forward and backward under bf16 autocast on tokens x [B, T] (also the labels), AdamW.
+    Returns the loss."""
+    import torch
+
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        # no KV cache (transformers' Llama builds one by default, training or not)
+        loss = model(input_ids=x, labels=x, use_cache=False).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def print_profile(step, top: int, cuda: bool) -> None:

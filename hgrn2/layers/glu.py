@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..ops.projection import linears
 from ..ops.swiglu import swiglu_linear
 
 
@@ -33,5 +34,7 @@ class GLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # down_proj's weights through swiglu_linear: the backward recomputes silu(g) · u instead of keeping it
-        return swiglu_linear(self.gate_proj(x), self.up_proj(x), self.down_proj.weight, self.down_proj.bias)
+        # gate and up as one node (`linears`); down_proj's weights through swiglu_linear, whose backward recomputes
+        # silu(g) · u instead of keeping it
+        g, u = linears(x, (self.gate_proj.weight, self.up_proj.weight), (self.gate_proj.bias, self.up_proj.bias))
+        return swiglu_linear(g, u, self.down_proj.weight, self.down_proj.bias)

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from .. import ops
 from ..ops.gates import ACTIVATIONS, activate, check_min_log_forget
+from ..ops.projection import linears
 from .conv import ShortConv
 from .norm import build_norm
 
@@ -72,7 +73,8 @@ class HGRU2(nn.Module):
         B, T, D = x.shape
         H, K = self.num_heads, self.head_dim
         rec, convs = (state, (None,) * 3) if not isinstance(state, tuple) else (state[0], state[1:])
-        q, f, i = self.q_proj(x), self.f_proj(x), self.i_proj(x)
+        projs = (self.q_proj, self.f_proj, self.i_proj)
+        q, f, i = linears(x, (p.weight for p in projs), (p.bias for p in projs))
         i_act = self.i_act
         keep = _padding_keep(attention_mask, x, state, cu_seqlens, use_cache)
         if keep is not None and self.use_short_conv:

@@ -164,7 +164,9 @@ class HGRN2Model(HGRN2PreTrainedModel):
             if bool(attention_mask.all()):  # one check here instead of one per layer
                 attention_mask = None
         gckpt = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        betas = lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None
+        # unbind, not betas[i]: its backward stacks the rows in one kernel, where indexing takes a zero-filled
+        # [L, hidden] tensor, a copy and an add per layer
+        betas = lower_bounds_from_logits(self.lower_bounds).unbind(0) if self.lower_bounds is not None else None
         hidden_states, branch = [], None
         for i, layer in enumerate(self.layers):
             if output_hidden_states:

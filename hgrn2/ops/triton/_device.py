@@ -1,5 +1,14 @@
-"""Launch on the tensors' own GPU: Triton launches on the *current* CUDA device, so a kernel given tensors on
-another device (a DDP rank ≠ 0 that did not call `torch.cuda.set_device`) would read foreign pointers."""
+"""How our Triton launchers are called: on the tensors' own GPU, and as torch custom ops only when compiling.
+
+Triton launches on the *current* CUDA device, so a kernel given tensors on another device (a DDP rank ≠ 0 that
+did not call `torch.cuda.set_device`) would read foreign pointers: `on_tensor_device` switches to it.
+
+`triton_op` registers a launcher as a torch custom op, which torch.compile treats as one opaque node with a fake
+(meta) implementation. In eager mode the launcher is called directly: the custom op's dispatch (schema checks,
+alias checks, the dispatcher's Python round trip) costs tens of µs of CPU per call, and an eager training step
+of `hgrn2 bench train`'s model makes about 250 such calls, while a step of that size is bound by the CPU that
+launches its kernels (BENCHMARKS.md, eleventh session).
+"""
 
 from __future__ import annotations
 
@@ -20,3 +29,32 @@ def on_tensor_device(fn):
         return fn(*args, **kwargs)
 
     return wrapper
+
+
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for launch grids: `triton.cdiv` is a constexpr function in Triton 3.x, whose host-side calls go
+    through argument unwrapping (µs each, a thousand calls per training step)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two ≥ n (1 for n ≤ 1), as `triton.next_power_of_2` without its host-side cost."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def triton_op(name: str, mutates_args=()):
+    """Decorator: `fn` as the custom op `name` (see the module docstring) while torch.compile traces, a direct
+    call (on the tensors' device) otherwise. The result has the op's `register_fake` and the op as `.op`."""
+
+    def wrap(fn):
+        impl = on_tensor_device(fn)
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(impl)
+
+        @functools.wraps(fn)
+        def call(*args):
+            return op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+        call.op, call.register_fake = op, op.register_fake
+        return call
+
+    return wrap

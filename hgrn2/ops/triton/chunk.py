@@ -1,8 +1,8 @@
-"""HGRN2 on the Triton kernels of `chunk_fwd.py` / `chunk_bwd.py`, as torch custom ops with autograd.
+"""HGRN2 on the Triton kernels of `chunk_fwd.py` / `chunk_bwd.py`, with autograd.
 
-`hgrn2_chunk_triton` has the contract of `hgrn2.ops.hgrn2`. The two ops `hgrn2::chunk_fwd` and
-`hgrn2::chunk_bwd` are opaque to torch.compile (fake implementations give the shapes), so compiled models
-call the kernels as they are.
+`hgrn2_chunk_triton` has the contract of `hgrn2.ops.hgrn2`. Under torch.compile the launchers are the custom ops
+`hgrn2::chunk_fwd` and `hgrn2::chunk_bwd` (`_device.triton_op`: opaque nodes whose fake implementations give the
+shapes), so compiled models call the kernels as they are.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 import triton.language as tl
 
-from ._device import on_tensor_device
+from ._device import cdiv, next_pow2, triton_op
 from .chunk_bwd import hgrn2_bwd_diag_kernel, hgrn2_bwd_dq_kernel, hgrn2_bwd_kernel, hgrn2_bwd_state_kernel
 from .chunk_fwd import hgrn2_fwd_kernel
 
@@ -71,15 +70,15 @@ def _config(o: torch.Tensor, i: torch.Tensor, n_seq_heads: int, direction: str):
         # 3 tf32 passes, not 1: d log f's pairs cancel only if each factor enters both sides as the same value,
         # and a single tf32 pass truncates inside the MMA (dβ was off by 5e-2 on an H100)
         dt, prec = tl.float32, "tf32x3"
-    BK = max(16, triton.next_power_of_2(K))
+    BK = max(16, next_pow2(K))
     # fp32 dot operands take twice the registers: half the V-block
-    BV = max(16, min(triton.next_power_of_2(V), tune["max_bv"], (16384 if dt == tl.bfloat16 else 8192) // BK))
-    while BV > 32 and n_seq_heads * triton.cdiv(V, BV) <= SPLIT_BELOW[direction] * _sm_count(o.device):
+    BV = max(16, min(next_pow2(V), tune["max_bv"], (16384 if dt == tl.bfloat16 else 8192) // BK))
+    while BV > 32 and n_seq_heads * cdiv(V, BV) <= SPLIT_BELOW[direction] * _sm_count(o.device):
         BV //= 2
     launch = {"num_warps": tune["num_warps"] or (8 if BK * BV >= 8192 else 4)}
     if tune["num_stages"]:
         launch["num_stages"] = tune["num_stages"]
-    return BK, BV, triton.cdiv(V, BV), launch, dt, prec
+    return BK, BV, cdiv(V, BV), launch, dt, prec
 
 
 def _bwd_form(NV: int, dt) -> tuple[bool, int]:
@@ -95,8 +94,7 @@ def _layout(o, cu_seqlens):
     return B, T, H, N
 
 
-@torch.library.custom_op("hgrn2::chunk_fwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::chunk_fwd")
 def chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
               i_act: int, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,8 +120,7 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
     return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("hgrn2::chunk_bwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::chunk_bwd")
 def chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
               dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
@@ -196,9 +193,9 @@ def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
     # varlen: one host sync for the grid (T would launch N times the programs needed)
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     diag = {k: common[k] for k in ("H", "K", "V", "BT", "BK", "HAS_LB", "VARLEN", "MAX_SPREAD", "DT", "PREC")}
-    bv = max(16, triton.next_power_of_2(V))  # all of V: dA sums over it
+    bv = max(16, next_pow2(V))  # all of V: dA sums over it
     # 8 warps at K = V = 128 (offline sm_90 compile, bf16: ~0.5 KB of spills per thread; 4 warps 1.5, 16 warps 1)
-    hgrn2_bwd_diag_kernel[(triton.cdiv(longest, BT), N * H)](
+    hgrn2_bwd_diag_kernel[(cdiv(longest, BT), N * H)](
         o, g, i, lower_bound, dy, dys, vds, dvs, carry, do, dg, di, dlb, cu_seqlens, scale, T,
         BV=bv, O_ACT=flags["O_ACT"], I_ACT=flags["I_ACT"], num_warps=8 if common["BK"] * bv >= 8192 else 4, **diag,
     )
@@ -214,24 +211,27 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
 
 
-def _setup_context(ctx, inputs, output):
-    o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state = inputs
-    ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens)
-    ctx.args = (scale, o_act, i_act, output_final_state)
+class _Chunk(torch.autograd.Function):
+    """`chunk_fwd` with autograd: (y, final state)."""
 
+    @staticmethod
+    def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state):
+        y, ht = chunk_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state)
+        ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens)
+        ctx.args = (scale, o_act, i_act, output_final_state)
+        ctx.set_materialize_grads(False)
+        return y, ht
 
-def _backward(ctx, dy, dht):
-    o, g, i, lower_bound, initial_state, cu_seqlens = ctx.saved_tensors
-    scale, o_act, i_act, output_final_state = ctx.args
-    dy = torch.zeros_like(i) if dy is None else dy.contiguous()
-    dht = dht.contiguous() if output_final_state and dht is not None else None
-    do, dg, di, dlb, dh0 = chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act,
-                                     i_act)
-    return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
-            None, None, None, None, None)
-
-
-chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
+    @staticmethod
+    def backward(ctx, dy, dht):
+        o, g, i, lower_bound, initial_state, cu_seqlens = ctx.saved_tensors
+        scale, o_act, i_act, output_final_state = ctx.args
+        dy = torch.zeros_like(i) if dy is None else dy.contiguous()
+        dht = dht.contiguous() if output_final_state and dht is not None else None
+        do, dg, di, dlb, dh0 = chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act,
+                                         i_act)
+        return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
+                None, None, None, None, None)
 
 
 def hgrn2_chunk_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
@@ -243,7 +243,7 @@ def hgrn2_chunk_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_ac
     in_dtype = i.dtype
     if torch.float64 in (o.dtype, g.dtype, i.dtype):
         o, g, i = o.float(), g.float(), i.float()
-    y, ht = chunk_fwd(
+    y, ht = _Chunk.apply(
         o.contiguous(), g.contiguous(), i.contiguous(),
         None if lower_bound is None else lower_bound.contiguous(),
         None if initial_state is None else initial_state.contiguous(),

@@ -1,17 +1,17 @@
-"""HGRN2 on the chunk-parallel Triton kernels of `cp_fwd.py` / `cp_bwd.py`, as torch custom ops with autograd.
+"""HGRN2 on the chunk-parallel Triton kernels of `cp_fwd.py` / `cp_bwd.py`, with autograd.
 
-`hgrn2_cp_triton` has exactly the contract of `hgrn2_chunk_triton` (and `hgrn2.ops.hgrn2`). The custom ops
-`hgrn2::cp_fwd` / `hgrn2::cp_bwd` are opaque to torch.compile; the chunk-start states h are an extra output
-of the forward op (saved for the backward, not recomputed), with a static upper-bound shape in varlen mode.
+`hgrn2_cp_triton` has exactly the contract of `hgrn2_chunk_triton` (and `hgrn2.ops.hgrn2`). The launchers
+`cp_fwd` / `cp_bwd` are the custom ops `hgrn2::cp_fwd` / `hgrn2::cp_bwd` under torch.compile (opaque nodes;
+`_device.triton_op`); the chunk-start states h are an extra output of the forward (saved for the backward, not
+recomputed), with a static upper-bound shape in varlen mode.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from ._device import on_tensor_device
+from ._device import cdiv, next_pow2, triton_op
 from .chunk import ACTS, _layout, _sm_count
 from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
 from .cp_fwd import cp_decay_kernel, cp_fwd_h_kernel, cp_fwd_o_kernel
@@ -37,6 +37,10 @@ STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input
 # (BENCHMARKS.md eighth session): B8 T2048 H8 1.96 ms vs 2.38 rebuilt (split), H16 3.84 vs 4.66, B2 T8192 H16
 # 4.02 vs 4.82
 SAVE_A = True
+# the forward's b (within-chunk cumsum of log f, fp32 [B, T, H, K] from `cp_decay_kernel`) kept for the backward
+# instead of computed again there: 2U per layer held until the backward (+1.5 GiB at `hgrn2 bench train`'s shape,
+# 24 layers of 16K tokens × 1024) for one launch fewer per layer each way (H200: 54 µs per layer, H 8)
+SAVE_B = True
 # backward in two parallel launches (dv; dq/dk/dg) instead of one fused. None: split exactly when A is rebuilt —
 # the fused kernel that rebuilds A fails Triton 3.6's RemoveLayoutConversions pass for bf16 (H100 2026-11-23,
 # H200 2026-11-24), the one that reads A compiles and is the fastest form (timings above; split with A: 2.09 ms
@@ -67,14 +71,14 @@ def _config(o, i, n_seq_heads: int):
     """(BK fwd, BK bwd, BV, BK seq, BV seq, warps, warps seq) for inputs of n_seq_heads (sequence, head) pairs."""
     K, V = o.shape[-1], i.shape[-1]
     fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
-    kp, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    kp, vp = max(16, next_pow2(K)), max(16, next_pow2(V))
     cap = 32 if fp32 else kp  # fp32 (ieee dots): at most 32-wide K-blocks
     bk = max(16, min(kp, cap, BK))
     bk_bwd = max(16, min(kp, cap, BK_BWD))
     bv = max(16, min(vp, BV or (32 if fp32 else 128)))
     bk_seq = max(16, min(kp, cap, BK_SEQ or kp))
     bv_seq = max(16, min(vp, BV_SEQ or (64 if fp32 else 128)))
-    while (bk_seq > 32 or bv_seq > 32) and (n_seq_heads * triton.cdiv(K, bk_seq) * triton.cdiv(V, bv_seq)
+    while (bk_seq > 32 or bv_seq > 32) and (n_seq_heads * cdiv(K, bk_seq) * cdiv(V, bv_seq)
                                              < SEQ_SPLIT_BELOW * _sm_count(o.device)):
         if bk_seq > 32:
             bk_seq //= 2
@@ -91,7 +95,7 @@ def _num_chunks(o, cu_seqlens):
     """Upper bound of the number of chunks (the h tensors' first dimension): exact without cu_seqlens."""
     B, T, H, N = _layout(o, cu_seqlens)
     bt = _bt(o)
-    return B * triton.cdiv(T, bt) if cu_seqlens is None else triton.cdiv(T, bt) + N
+    return B * cdiv(T, bt) if cu_seqlens is None else cdiv(T, bt) + N
 
 
 def _chunk_tables(cu_seqlens, T, n_chunks, BT):
@@ -115,29 +119,28 @@ def _state_dtype(o):
     return STATE_DTYPE or (o.dtype if o.dtype != torch.float16 else torch.float32)
 
 
-@torch.library.custom_op("hgrn2::cp_fwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::cp_fwd")
 def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
-           i_act: int, output_final_state: bool, save_a: bool,
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           i_act: int, output_final_state: bool, save_a: bool, save_b: bool,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested), the
-    chunk-start states h [n_chunks, H, V, K] and, with save_a, the intra-chunk A [n_chunks, H, BT, BT] (else
-    empty) for the backward."""
+    chunk-start states h [n_chunks, H, V, K], with save_a the intra-chunk A [n_chunks, H, BT, BT] and with save_b
+    b [B, T, H, K] fp32 (else empty), for the backward."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
     bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
     bt = _bt(o)
     dt, prec = _dot_dtype(o, i)
-    NT = triton.cdiv(T, bt)
+    NT = cdiv(T, bt)
     n_chunks = _num_chunks(o, cu_seqlens)
     chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
     # varlen: the padding slots past the real chunks are never read (their programs are fully masked)
     h = o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o))
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
-    nv_seq = triton.cdiv(V, bv_seq)
-    cp_fwd_h_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
+    nv_seq = cdiv(V, bv_seq)
+    cp_fwd_h_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
         g, i, lower_bound, initial_state, h, ht, cu_seqlens, offs, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
@@ -146,23 +149,22 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     a_saved = _empty_a(o, i, n_chunks, H, save_a)
     bb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
     for fallback in (False, True):  # the chunk tier everywhere, then the chunks that leave it
-        cp_fwd_o_kernel[(n_chunks, triton.cdiv(V, bv), H)](
+        cp_fwd_o_kernel[(n_chunks, cdiv(V, bv), H)](
             o, g, i, lower_bound, h, y, a_saved, bb, chunks, scale, T, NT,
             H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, CHUNK_SPREAD=CHUNK_MAX_SPREAD, DT=dt,
             PREC=prec, STORE_A=a_saved.numel() > 0, FALLBACK=fallback, num_warps=warps,
         )
-    return y, ht, h, a_saved
+    return y, ht, h, a_saved, bb if save_b else bb.new_empty(0)
 
 
 def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt):
-    """b [B, T, H, K] fp32, the within-chunk cumsum of log f (`cp_decay_kernel`), for the parallel kernels. The
-    backward computes it again rather than keep the forward's: 2U of fp32 per layer held until the backward
-    (1.6 GB at `hgrn2 bench train`'s shape) against 54 µs per layer (H200, H 8)."""
+    """b [B, T, H, K] fp32, the within-chunk cumsum of log f (`cp_decay_kernel`), for the parallel kernels (the
+    backward's too, unless SAVE_B kept the forward's)."""
     H, K = g.shape[-2], g.shape[-1]
     bb = torch.empty_like(g, dtype=torch.float32)
-    bk = min(64, max(16, triton.next_power_of_2(K)))
-    cp_decay_kernel[(n_chunks, H, triton.cdiv(K, bk))](
+    bk = min(64, max(16, next_pow2(K)))
+    cp_decay_kernel[(n_chunks, H, cdiv(K, bk))](
         g, lower_bound, bb, chunks, T, NT, H=H, K=K, BT=bt, BK=bk, HAS_LB=lower_bound is not None,
         VARLEN=chunks is not None, num_warps=4,
     )
@@ -177,31 +179,32 @@ def _empty_a(o, i, n_chunks, H, save_a):
 
 
 @cp_fwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, save_a):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, save_a, save_b):
     B, T, H, N = _layout(o, cu_seqlens)
     shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
     n_chunks = _num_chunks(o, cu_seqlens)
     h = o.new_empty(n_chunks, H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o))
-    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a)
+    b_saved = torch.empty_like(g, dtype=torch.float32) if save_b else o.new_empty(0, dtype=torch.float32)
+    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a), b_saved
 
 
-@torch.library.custom_op("hgrn2::cp_bwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::cp_bwd")
 def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, h: torch.Tensor,
-           a_saved: torch.Tensor, dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
+           a_saved: torch.Tensor, b_saved: torch.Tensor, dy: torch.Tensor, dht: torch.Tensor | None, scale: float,
+           o_act: int, i_act: int,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty). a_saved: the forward's
-    A, or empty (then the backward rebuilds it)."""
+    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty). a_saved, b_saved: the
+    forward's A and b, or empty (then the backward rebuilds A / computes b again)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
     bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
     bt = _bt(o)
     dt, prec = _dot_dtype(o, i)
-    NT = triton.cdiv(T, bt)
+    NT = cdiv(T, bt)
     n_chunks = h.shape[0]
     chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
-    NV = triton.cdiv(V, bv)
+    NV = cdiv(V, bv)
     dh = torch.empty_like(h)
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
     if NV == 1:
@@ -210,15 +213,17 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
         do = o.new_empty(NV, *o.shape, dtype=torch.float32)
         dg = torch.empty_like(do)
     di = torch.empty_like(i)
-    dlb = o.new_zeros(NV, n_chunks, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
-    nv_seq = triton.cdiv(V, bv_seq)
-    cp_bwd_dh_kernel[(triton.cdiv(K, bk_seq) * nv_seq, N * H)](
+    dlb = o.new_empty(0)
+    if lower_bound is not None:  # every real chunk writes its row: only varlen's padding chunks need the zeros
+        dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(NV, n_chunks, H, K, dtype=torch.float32)
+    nv_seq = cdiv(V, bv_seq)
+    cp_bwd_dh_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
         o, g, lower_bound, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_LB=lower_bound is not None,
         HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
         DT=dt, PREC=prec, num_warps=warps_seq,
     )
-    bb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
+    bb = b_saved if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
     args = (o, g, i, lower_bound, h, a_saved, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, B * T)
     kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
               HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
@@ -237,30 +242,35 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
 
 
 @cp_bwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, dy, dht, scale, o_act, i_act):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, dy, dht, scale, o_act, i_act):
     dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
 
 
-def _setup_context(ctx, inputs, output):
-    o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, _ = inputs
-    ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, output[2], output[3])
-    ctx.args = (scale, o_act, i_act, output_final_state)
+class _CP(torch.autograd.Function):
+    """`cp_fwd` with autograd: (y, final state); h and A are kept for `cp_bwd`, not returned."""
 
+    @staticmethod
+    def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
+                save_a, save_b):
+        y, ht, h, a_saved, b_saved = cp_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act,
+                                            output_final_state, save_a, save_b)
+        ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved)
+        ctx.args = (scale, o_act, i_act, output_final_state)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensors are made
+        return y, ht
 
-def _backward(ctx, dy, dht, _dh, _da):
-    o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved = ctx.saved_tensors
-    scale, o_act, i_act, output_final_state = ctx.args
-    dy = torch.zeros_like(i) if dy is None else dy.contiguous()
-    dht = dht.contiguous() if output_final_state and dht is not None else None
-    do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, dy, dht, scale,
-                                  o_act, i_act)
-    return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
-            None, None, None, None, None, None)
-
-
-cp_fwd.register_autograd(_backward, setup_context=_setup_context)
+    @staticmethod
+    def backward(ctx, dy, dht):
+        o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved = ctx.saved_tensors
+        scale, o_act, i_act, output_final_state = ctx.args
+        dy = torch.zeros_like(i) if dy is None else dy.contiguous()
+        dht = dht.contiguous() if output_final_state and dht is not None else None
+        do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, dy, dht,
+                                      scale, o_act, i_act)
+        return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
+                None, None, None, None, None, None, None)
 
 
 def hgrn2_cp_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
@@ -274,16 +284,16 @@ def hgrn2_cp_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=N
     if i_act not in ACTS:
         raise ValueError(f"i_act must be one of {list(ACTS)}, got {i_act!r}")
     in_dtype = i.dtype
-    # A is kept only for a backward (inference and evaluation do not pay its writes)
-    save_a = SAVE_A and torch.is_grad_enabled() and any(
+    # A and b are kept only for a backward (inference and evaluation hold neither)
+    grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (o, g, i, lower_bound, initial_state))
     if torch.float64 in (o.dtype, g.dtype, i.dtype):
         o, g, i = o.float(), g.float(), i.float()
-    y, ht, _, _ = cp_fwd(
+    y, ht = _CP.apply(
         o.contiguous(), g.contiguous(), i.contiguous(),
         None if lower_bound is None else lower_bound.contiguous(),
         None if initial_state is None else initial_state.contiguous(),
         None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
-        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), save_a,
+        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), SAVE_A and grad, SAVE_B and grad,
     )
     return y.to(in_dtype), (ht if output_final_state else None)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import on_tensor_device
+from ._device import triton_op
 
 BLOCK_V = 2048  # vocabulary columns per loop step
 
@@ -56,8 +56,7 @@ def _ce_bwd_kernel(logits, labels, lse, coef, V, BLOCK_V: tl.constexpr):
 
 
 
-@torch.library.custom_op("hgrn2::ce_fwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::ce_fwd")
 def ce_fwd(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [C, V] contiguous, labels [C] int in [0, V) → (log-sum-exp [C], the labels' logits [C]), float32."""
     C, V = logits.shape
@@ -74,8 +73,7 @@ def _(logits, labels):
     return logits.new_empty(C, dtype=torch.float32), logits.new_empty(C, dtype=torch.float32)
 
 
-@torch.library.custom_op("hgrn2::ce_bwd_", mutates_args=("logits",))
-@on_tensor_device
+@triton_op("hgrn2::ce_bwd_", mutates_args=("logits",))
 def ce_bwd_(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, coef: torch.Tensor) -> None:
     """In place: logits [C, V] ← coef[:, None] · (softmax(logits) − onehot(labels)), given lse [C] (float32)."""
     C, V = logits.shape

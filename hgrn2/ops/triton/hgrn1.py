@@ -15,8 +15,8 @@ The backward pass is the same recurrence run in reverse with conj(a): d_t = do_t
     dx_t = k_t d_t,   dk_t = Re(d_t·conj(x_t)),   df_t = Re(d_t·conj(h_{t-1})·e^{-iθ}),
     dθ  += f_t·Im(d_t·conj(h_{t-1})·e^{-iθ}),     dg_t = (1 − β)σ(g)σ(−g)(df_t − dk_t),   dβ += σ(−g)(df_t − dk_t)
 
-with h_{t-1} read back from the forward output. Both directions are `torch.library` custom ops with autograd,
-so they trace under torch.compile.
+with h_{t-1} read back from the forward output. Both directions are custom ops under torch.compile
+(`_device.triton_op`), differentiable through `_HGRN1`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import on_tensor_device
+from ._device import cdiv, next_pow2, triton_op
 
 MIN_CHUNK = 64  # shortest time chunk worth a second pass over the inputs
 TARGET_PROGRAMS = 1024  # enough programs to keep every SM of a large GPU busy
@@ -239,16 +239,16 @@ def _layout(x: torch.Tensor, cu_seqlens, chunk: int):
     """(N, T, D, BD, NC, CHUNK, grid over (N·NC, channel blocks)) for a launch."""
     B, T, D = x.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BD = min(128, max(16, triton.next_power_of_2(D)))
-    nd = triton.cdiv(D, BD)
+    BD = min(128, max(16, next_pow2(D)))
+    nd = cdiv(D, BD)
     if cu_seqlens is not None:
         NC = 1  # packed sequences of unequal lengths: one chunk per sequence
     elif chunk > 0:
-        NC = triton.cdiv(T, chunk)
+        NC = cdiv(T, chunk)
     else:
-        NC = max(1, min(T // MIN_CHUNK, triton.cdiv(TARGET_PROGRAMS, N * nd)))
-    CHUNK = triton.cdiv(T, NC)
-    NC = triton.cdiv(T, CHUNK)
+        NC = max(1, min(T // MIN_CHUNK, cdiv(TARGET_PROGRAMS, N * nd)))
+    CHUNK = cdiv(T, NC)
+    NC = cdiv(T, CHUNK)
     return N, T, D, BD, NC, CHUNK, (N * NC, nd)
 
 
@@ -265,8 +265,10 @@ def _state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-@on_tensor_device
-def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
+@triton_op("hgrn2::hgrn1_fwd")
+def _fwd(x: torch.Tensor, g: torch.Tensor, lb: torch.Tensor | None, theta: torch.Tensor | None,
+         h0: torch.Tensor | None, cu_seqlens: torch.Tensor | None, want_final: bool,
+         chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     N, T, D, BD, NC, CHUNK, grid = _layout(x, cu_seqlens, chunk)
     CPLX = 2 if x.is_complex() else 1
     x, g, lb, theta = _contiguous(x, g, lb, theta)
@@ -292,8 +294,11 @@ def _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
     return out, (final if want_final else final.new_empty(0))
 
 
-@on_tensor_device
-def _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk):
+@triton_op("hgrn2::hgrn1_bwd")
+def _bwd(dout: torch.Tensor, dfinal: torch.Tensor | None, x: torch.Tensor, g: torch.Tensor,
+         lb: torch.Tensor | None, theta: torch.Tensor | None, h0: torch.Tensor | None, out: torch.Tensor,
+         cu_seqlens: torch.Tensor | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                              torch.Tensor, torch.Tensor]:
     N, T, D, BD, NC, CHUNK, grid = _layout(x, cu_seqlens, chunk)
     CPLX = 2 if x.is_complex() else 1
     x, g, lb, theta = _contiguous(x, g, lb, theta)
@@ -327,56 +332,41 @@ def _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk):
     return dx, dg, dlb, dth, dh0
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# custom ops (opaque to torch.compile, differentiable)
-
-T_ = torch.Tensor
-
-
-@torch.library.custom_op("hgrn2::hgrn1_fwd", mutates_args=())
-def _hgrn1_fwd_op(x: T_, g: T_, lb: T_ | None, theta: T_ | None, h0: T_ | None, cu_seqlens: T_ | None,
-                  want_final: bool, chunk: int) -> tuple[T_, T_]:
-    return _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk)
-
-
-@_hgrn1_fwd_op.register_fake
+@_fwd.register_fake
 def _(x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
     N = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     final = x.new_empty(N, x.shape[-1], dtype=_state_dtype(x)) if want_final else x.new_empty(0, dtype=_state_dtype(x))
     return torch.empty_like(x), final
 
 
-@torch.library.custom_op("hgrn2::hgrn1_bwd", mutates_args=())
-def _hgrn1_bwd_op(dout: T_, dfinal: T_ | None, x: T_, g: T_, lb: T_ | None, theta: T_ | None, h0: T_ | None,
-                  out: T_, cu_seqlens: T_ | None, chunk: int) -> tuple[T_, T_, T_, T_, T_]:
-    return _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk)
-
-
-@_hgrn1_bwd_op.register_fake
+@_bwd.register_fake
 def _(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, chunk):
     def like(t):
         return x.new_empty(0, dtype=torch.float32) if t is None else torch.empty_like(t)
     return torch.empty_like(x), torch.empty_like(g), like(lb), like(theta), like(h0)
 
 
-def _setup_context(ctx, inputs, output):
-    x, g, lb, theta, h0, cu_seqlens, want_final, chunk = inputs
-    ctx.save_for_backward(x, g, lb, theta, h0, output[0], cu_seqlens)
-    ctx.chunk = chunk
+class _HGRN1(torch.autograd.Function):
+    """`_fwd` with autograd: (h, final state)."""
 
+    @staticmethod
+    def forward(ctx, x, g, lb, theta, h0, cu_seqlens, want_final, chunk):
+        out, final = _fwd(x, g, lb, theta, h0, cu_seqlens, want_final, chunk)
+        ctx.save_for_backward(x, g, lb, theta, h0, out, cu_seqlens)
+        ctx.chunk = chunk
+        ctx.set_materialize_grads(False)
+        return out, final
 
-def _backward(ctx, dout, dfinal):
-    x, g, lb, theta, h0, out, cu_seqlens = ctx.saved_tensors
-    if dfinal is not None and dfinal.numel() == 0:
-        dfinal = None
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dx, dg, dlb, dth, dh0 = _hgrn1_bwd_op(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, ctx.chunk)
-    return (dx, dg, None if lb is None else dlb, None if theta is None else dth, None if h0 is None else dh0,
-            None, None, None)
-
-
-_hgrn1_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+    @staticmethod
+    def backward(ctx, dout, dfinal):
+        x, g, lb, theta, h0, out, cu_seqlens = ctx.saved_tensors
+        if dfinal is not None and dfinal.numel() == 0:
+            dfinal = None
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dx, dg, dlb, dth, dh0 = _bwd(dout, dfinal, x, g, lb, theta, h0, out, cu_seqlens, ctx.chunk)
+        return (dx, dg, None if lb is None else dlb, None if theta is None else dth, None if h0 is None else dh0,
+                None, None, None)
 
 
 def hgrn1_triton(i, g, lower_bound=None, *, theta=None, initial_state=None, output_final_state=False,
@@ -392,6 +382,6 @@ def hgrn1_triton(i, g, lower_bound=None, *, theta=None, initial_state=None, outp
         if not i.is_complex():
             raise ValueError(f"`initial_state`: expected a real tensor for real `i`, got {initial_state.dtype}")
         initial_state = initial_state.to(i.dtype)  # a real start for the complex recurrence (differentiable)
-    h, final = _hgrn1_fwd_op(i, g, lower_bound, theta, initial_state, cu_seqlens, bool(output_final_state),
+    h, final = _HGRN1.apply(i, g, lower_bound, theta, initial_state, cu_seqlens, bool(output_final_state),
                              int(chunk_size or 0))
     return h, (final if output_final_state else None)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import on_tensor_device
+from ._device import cdiv, next_pow2, triton_op
 
 MAX_D = 16384  # a row per program in registers at most; wider rows take the composite
 
@@ -105,7 +105,7 @@ def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dr, dres, dw_part, db_part, N, D,
 def _launch_shape(D: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_D, warps): rows of up to 1024 elements go several to a program (narrow rows alone
     would leave each program a few hundred bytes to move)."""
-    block = triton.next_power_of_2(D)
+    block = next_pow2(D)
     rows = max(1, 1024 // block)
     return rows, block, min(16, max(1, rows * block // 256))
 
@@ -127,33 +127,34 @@ def _norm_fwd(x, weight, bias, eps, out_dtype, center, res=None, r=None):
     rstd = torch.empty(N, device=x.device, dtype=torch.float32)
     if N:
         rows, block, warps = _launch_shape(D)
-        _norm_fwd_kernel[(triton.cdiv(N, rows),)](
+        _norm_fwd_kernel[(cdiv(N, rows),)](
             x, res, r, weight, bias, y, mean, rstd, eps, N, D, BLOCK_N=rows, BLOCK_D=block, CENTER=center,
             HAS_W=weight is not None, HAS_B=bias is not None, HAS_RES=res is not None, num_warps=warps)
     return y, mean, rstd
 
 
 def _norm_bwd(dy, x, weight, mean, rstd, center, has_bias, dr=None, dres=None, dx=None):
-    """→ dx [N, D] (in x's dtype unless given), and the float32 [D] sums of dw and db (zeros for a missing
-    parameter). With dr: dx + dr, also written to dres."""
+    """→ dx [N, D] (in x's dtype unless given), and the float32 [D] sums of dw and db (empty for a missing
+    parameter: summing an empty partial would launch two kernels for nothing). With dr: dx + dr, also written
+    to dres."""
     N, D = x.shape
     dx = torch.empty_like(x) if dx is None else dx
     rows, block, warps = _launch_shape(D)
-    tiles = triton.cdiv(N, rows)
+    tiles = cdiv(N, rows)
     programs = _bwd_programs(x, tiles) if N else 0
     # every program writes its row of each partial sum there is (a missing one sums to zeros)
     dw_part = torch.empty(programs if weight is not None else 0, D, device=x.device, dtype=torch.float32)
     db_part = torch.empty(programs if has_bias else 0, D, device=x.device, dtype=torch.float32)
     if N:
         _norm_bwd_kernel[(programs,)](
-            dy, x, weight, mean, rstd, dx, dr, dres, dw_part, db_part, N, D, triton.cdiv(tiles, programs),
+            dy, x, weight, mean, rstd, dx, dr, dres, dw_part, db_part, N, D, cdiv(tiles, programs),
             BLOCK_N=rows, BLOCK_D=block, CENTER=center, HAS_W=weight is not None, HAS_B=has_bias,
             HAS_RES=dr is not None, num_warps=warps)
-    return dx, dw_part.sum(0), db_part.sum(0)
+    dw = dw_part.sum(0) if weight is not None else dw_part.new_empty(0)
+    return dx, dw, db_part.sum(0) if has_bias else db_part.new_empty(0)
 
 
-@torch.library.custom_op("hgrn2::rms_norm_fwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::rms_norm_fwd")
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, D] contiguous, weight [D] → (y [N, D] in out_dtype, rstd [N] float32)."""
@@ -166,8 +167,7 @@ def _(x, weight, eps, out_dtype):
     return torch.empty_like(x, dtype=out_dtype), x.new_empty(x.shape[0], dtype=torch.float32)
 
 
-@torch.library.custom_op("hgrn2::rms_norm_bwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::rms_norm_bwd")
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                  rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """dy, x [N, D] contiguous, weight [D], rstd [N] → (dx [N, D] in x's dtype, dw [D] in weight's dtype)."""
@@ -180,8 +180,7 @@ def _(dy, x, weight, rstd):
     return torch.empty_like(x), torch.empty_like(weight)
 
 
-@torch.library.custom_op("hgrn2::add_rms_norm_fwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::add_rms_norm_fwd")
 def add_rms_norm_fwd(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float,
                      out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, res [N, D] contiguous, weight [D] → (r = x + res [N, D] in their promoted dtype, rms_norm(r) [N, D]
@@ -197,8 +196,7 @@ def _(x, res, weight, eps, out_dtype):
     return r, torch.empty_like(x, dtype=out_dtype), x.new_empty(x.shape[0], dtype=torch.float32)
 
 
-@torch.library.custom_op("hgrn2::add_rms_norm_bwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::add_rms_norm_bwd")
 def add_rms_norm_bwd(dy: torch.Tensor, dr: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
                      x_dtype: torch.dtype, res_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy (the norm's output gradient), dr (r's from its other uses), r [N, D] contiguous, weight [D], rstd [N]
@@ -215,8 +213,7 @@ def _(dy, dr, r, weight, rstd, x_dtype, res_dtype):
     return torch.empty_like(r, dtype=x_dtype), torch.empty_like(r, dtype=res_dtype), torch.empty_like(weight)
 
 
-@torch.library.custom_op("hgrn2::layer_norm_fwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::layer_norm_fwd")
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [N, D] contiguous, weight, bias [D] or None → (y [N, D] in x's dtype, mean [N], rstd [N] float32)."""
@@ -229,16 +226,16 @@ def _(x, weight, bias, eps):
     return torch.empty_like(x), stat, torch.empty_like(stat)
 
 
-@torch.library.custom_op("hgrn2::layer_norm_bwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::layer_norm_bwd")
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
                    rstd: torch.Tensor, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy, x [N, D] contiguous, weight [D] or None, mean, rstd [N] → (dx [N, D] in x's dtype, dw [D], db [D]
-    float32 sums; zeros where there is no weight / bias)."""
+    float32 sums; empty where there is no weight / bias)."""
     return _norm_bwd(dy, x, weight, mean, rstd, center=True, has_bias=has_bias)
 
 
 @layer_norm_bwd.register_fake
 def _(dy, x, weight, mean, rstd, has_bias):
-    part = x.new_empty(x.shape[1], dtype=torch.float32)
-    return torch.empty_like(x), part, torch.empty_like(part)
+    D = x.shape[1]
+    return (torch.empty_like(x), x.new_empty(D if weight is not None else 0, dtype=torch.float32),
+            x.new_empty(D if has_bias else 0, dtype=torch.float32))

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..checks import _fail
-from ._device import on_tensor_device
+from ._device import cdiv, next_pow2, triton_op
 
 ACT_CODES = {None: 0, "silu": 1, "sigmoid": 2}
 
@@ -105,14 +105,13 @@ def hgrn2_recurrent_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, 
     if output_final_state:
         ht = final_state_out if final_state_out is not None else o.new_empty(N, H, V, K, dtype=torch.float32)
     args = (o, g, i, lower_bound, initial_state, ht, cu_seqlens, float(scale), ACT_CODES[o_act], ACT_CODES[i_act])
-    # The custom op is what torch.compile sees; eagerly, launching directly saves its dispatch overhead, which
-    # is larger than the whole kernel for a small decode step.
-    y = _hgrn2_recurrent_op(*args) if torch.compiler.is_compiling() else _launch(*args)
-    return y, ht
+    return _launch(*args), ht
 
 
-@on_tensor_device
-def _launch(o, g, i, lb, h0, ht, cu_seqlens, scale: float, o_act: int, i_act: int) -> torch.Tensor:
+@triton_op("hgrn2::hgrn2_recurrent", mutates_args=("ht",))
+def _launch(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lb: torch.Tensor | None, h0: torch.Tensor | None,
+            ht: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
+            i_act: int) -> torch.Tensor:
     """y [B, T, H, V]; writes the final state into `ht` when given."""
     B, T, H, K = o.shape
     V = i.shape[-1]
@@ -121,10 +120,10 @@ def _launch(o, g, i, lb, h0, ht, cu_seqlens, scale: float, o_act: int, i_act: in
     h0 = None if h0 is None else h0.contiguous()
     lb = None if lb is None else lb.contiguous()
     y = torch.empty_like(i)
-    BK = triton.next_power_of_2(K)
+    BK = next_pow2(K)
     # Enough programs to fill the GPU at B = 1 (16 heads → 256 programs), larger blocks once there are many heads.
-    BV = min(triton.next_power_of_2(V), 8 if N * H < 64 else 16 if N * H < 512 else 32)
-    _hgrn2_recurrent_kernel[(N * H, triton.cdiv(V, BV))](
+    BV = min(next_pow2(V), 8 if N * H < 64 else 16 if N * H < 512 else 32)
+    _hgrn2_recurrent_kernel[(N * H, cdiv(V, BV))](
         o, g, i, lb, h0, y, ht, cu_seqlens, scale, T,
         H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lb is not None,
         HAS_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=cu_seqlens is not None,
@@ -133,14 +132,6 @@ def _launch(o, g, i, lb, h0, ht, cu_seqlens, scale: float, o_act: int, i_act: in
     return y
 
 
-@torch.library.custom_op("hgrn2::hgrn2_recurrent", mutates_args=("ht",))
-def _hgrn2_recurrent_op(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lb: torch.Tensor | None,
-                        h0: torch.Tensor | None, ht: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                        scale: float, o_act: int, i_act: int) -> torch.Tensor:
-    """`_launch` as an opaque op for torch.compile."""
-    return _launch(o, g, i, lb, h0, ht, cu_seqlens, scale, o_act, i_act)
-
-
-@_hgrn2_recurrent_op.register_fake
+@_launch.register_fake
 def _(o, g, i, lb, h0, ht, cu_seqlens, scale, o_act, i_act):
     return torch.empty_like(i)

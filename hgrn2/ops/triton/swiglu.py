@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import on_tensor_device
+from ._device import cdiv, triton_op
 
 BLOCK = 2048  # elements per program
 
@@ -42,13 +42,12 @@ def _swiglu_bwd_kernel(g, u, dp, dg, du, p, n, BLOCK: tl.constexpr):
 
 
 def _grid(n: int) -> tuple[int]:
-    return (triton.cdiv(n, BLOCK),)
+    return (cdiv(n, BLOCK),)
 
 
 
 
-@torch.library.custom_op("hgrn2::swiglu_fwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::swiglu_fwd")
 def swiglu_fwd(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """g, u contiguous, one shape and dtype → silu(g)·u in their dtype."""
     p = torch.empty_like(g)
@@ -62,8 +61,7 @@ def _(g, u):
     return torch.empty_like(g)
 
 
-@torch.library.custom_op("hgrn2::swiglu_bwd", mutates_args=())
-@on_tensor_device
+@triton_op("hgrn2::swiglu_bwd")
 def swiglu_bwd(g: torch.Tensor, u: torch.Tensor, dp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """g, u, dp contiguous, one shape → (dg, du, p = silu(g)·u), in g's dtype."""
     dg, du, p = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
