@@ -44,7 +44,8 @@ def next_pow2(n: int) -> int:
 
 def triton_op(name: str, mutates_args=()):
     """Decorator: `fn` as the custom op `name` (see the module docstring) while torch.compile traces, a direct
-    call (on the tensors' device) otherwise. The result has the op's `register_fake` and the op as `.op`."""
+    call (on the tensors' device) otherwise. The result has the op's `register_fake` and the op as `.op`. The
+    schema is inferred from fn's annotations, resolved in this module: spell them `torch.Tensor`, not aliases."""
 
     def wrap(fn):
         impl = on_tensor_device(fn)
