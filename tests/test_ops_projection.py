@@ -62,6 +62,14 @@ def test_autocast_computes_as_nn_linear():
         assert (a - b).norm() <= 1e-2 * b.norm()
 
 
+def test_without_autograd_equals_separate_linears():
+    x = torch.randn(4, 8)
+    ws, bs = _params((8, 4), 8, (True, False), dtype=torch.float32)
+    with torch.no_grad():
+        for y, w, b in zip(linears(x, ws, bs), ws, bs):
+            assert torch.equal(y, F.linear(x, w, b))
+
+
 def test_bad_shapes_are_clear_errors():
     x = torch.randn(2, 8)
     with pytest.raises(ValueError, match=r"weights\[1\]"):

@@ -33,6 +33,10 @@ def linears(x: torch.Tensor, weights, biases=None) -> tuple[torch.Tensor, ...]:
             raise ValueError(f"`weights[{j}]`: expected weights[0]'s dtype {weights[0].dtype}, got {w.dtype}")
         if b is not None and b.shape != w.shape[:1]:
             raise ValueError(f"`biases[{j}]`: expected shape ({w.shape[0]},), got {tuple(b.shape)}")
+    params = (*weights, *(b for b in biases if b is not None))
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params))):
+        # no backward (decoding, evaluation): plain matmuls read each weight once, with no concatenated copy
+        return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
     return _Linears.apply(x, len(weights), *weights, *biases)
 
 
