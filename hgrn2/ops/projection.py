@@ -4,9 +4,9 @@ Written as separate `nn.Linear` calls (HGRU2's q/f/i projections, the MLP's gate
 per projection and per weight cast, and the backward sums the projections' dx with full-size adds. Here the
 backward accumulates dx in place (one addmm per further projection), the weights are cast once together (and
 their gradients back), and the forward's casts are reused: fewer kernels, and fewer launches for a training step
-that the CPU launching its kernels can bound. One matmul over the
-concatenated weights would do the forward in one launch, but gives each output as a strided column slice, which
-the recurrence kernels would copy (three copies and a cat of the gradients per layer: more than the adds).
+that the CPU launching its kernels can bound. One matmul over the concatenated weights would do the forward in
+one launch, but gives each output as a strided column slice, which the recurrence kernels would copy (three
+copies and a cat of the gradients per layer: more than the adds).
 
 Arithmetic as `F.linear` under the caller's autocast: operands in the autocast dtype (else as given), each
 product rounded to it; dx accumulates in the matmuls' fp32 accumulators and is rounded once per projection.
@@ -68,7 +68,8 @@ class _Linears(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         dx, dbs = None, [None] * n
         dw = w.new_empty(w.shape) if any(need[2:2 + n]) else None  # every weight's gradient, then one cast
-        for j, (dy, wj, dwj) in enumerate(zip(dys, w.split(sizes), dw.split(sizes) if dw is not None else sizes)):
+        dw_rows = dw.split(sizes) if dw is not None else (None,) * n
+        for j, (dy, wj, dwj) in enumerate(zip(dys, w.split(sizes), dw_rows)):
             if dy is None:
                 continue
             dy2 = dy.reshape(-1, dy.shape[-1])
