@@ -22,14 +22,17 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 
-def compile_variant(kernel, types: dict, consts: dict, num_warps: int = 4):
-    """Arguments absent from `types` and `consts` are None pointers (constexpr None)."""
+def compile_variant(kernel, types: dict, consts: dict, num_warps: int = 4, **options):
+    """Arguments absent from `types` and `consts` are None pointers (constexpr None). Pointers and integers are
+    marked 16-divisible, as Triton's launcher specialises them for aligned tensors and lengths that are multiples
+    of 16 (without it the compiler cannot vectorise a load, and registers and spills come out far too high)."""
     names = kernel.arg_names
     consts = {**{n: None for n in names if n not in types and n not in consts}, **consts}
     signature = {n: "constexpr" if n in consts else types[n] for n in names}
     constexprs = {(names.index(n),): v for n, v in consts.items()}
-    return triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps})
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t[0] in "*i"}
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, **options})
 
 
 def recurrent_variants():
@@ -120,7 +123,7 @@ def cp_variants():
     dots), typical flags: the sequential kernels and the parallel ones at the (BK, BV, warps) listed, the
     parallel ones in both launches (the chunk tier, then the fallback)."""
     for name, kernel, types, consts, *w in _cp_variants():
-        types = {**types, "bb": "*fp32"}
+        types = {**types, "bb": "*fp32", "fb": "*i32", "NC": "i32"}
         if "FALLBACK" not in kernel.arg_names:
             yield (name, kernel, types, consts, *w)
             continue
@@ -153,17 +156,17 @@ def _cp_variants():
                        dict(common, BK=BK, BV=BV, NV=KV // BV, I_ACT=0, HAS_LB=True, HAS_H0=True, STORE_HT=True,
                             VARLEN=False), warps)
                 yield (f"bwd_dh {sfx}", b.cp_bwd_dh_kernel,
-                       dict(o=f"*{dt}", g=f"*{dt}", lb="*fp32", dy=f"*{dt}", dht="*fp32", dh=f"*{dt}",
-                            dh0="*fp32", scale="fp32", T="i32", NT="i32"),
-                       dict(common, BK=BK, BV=BV, NV=KV // BV, O_ACT=1, HAS_LB=True, HAS_DHT=True, STORE_DH0=True,
-                            VARLEN=False), warps)
+                       dict(o=f"*{dt}", dy=f"*{dt}", dht="*fp32", dh=f"*{dt}", dh0="*fp32", scale="fp32", T="i32",
+                            NT="i32"),
+                       dict(common, BK=BK, BV=BV, NV=KV // BV, O_ACT=1, HAS_DHT=True, STORE_DH0=True, VARLEN=False),
+                       warps)
             for BK, BV, warps in par_cfgs[KV] if dt == "bf16" else [(32, 32, 4)]:
                 sfx = f"{dt} K=V={KV} BK={BK} BV={BV} w={warps}"
                 yield (f"fwd_o {sfx}", f.cp_fwd_o_kernel,
                        dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", y=f"*{dt}", scale="fp32",
                             T="i32", NT="i32"),
                        dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                            CHUNK_SPREAD=120.0, STORE_A=False),
+                            STORE_A=False),
                        warps)
                 pdt = dt if BV == KV else "fp32"
                 yield (f"bwd {sfx}", b.cp_bwd_kernel,
@@ -171,7 +174,7 @@ def _cp_variants():
                             dy=f"*{dt}", do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", dlb="*fp32", scale="fp32",
                             T="i32", NT="i32", NTOK="i32"),
                        dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                            CHUNK_SPREAD=120.0, DV=True, DQK=True, LOAD_A=False), warps)
+                            DV=True, DQK=True, LOAD_A=False), warps)
         # the split backward (cp.BWD_SPLIT): dv alone (also from the forward's A: cp.SAVE_A), dq/dk/dg alone
         if dt == "bf16":
             common = dict(H=16, K=128, V=128, BT=64, DT=DT, PREC=prec)
@@ -184,7 +187,7 @@ def _cp_variants():
                                 dy="*bf16", do="*bf16", dg="*bf16", di="*bf16", dlb="*fp32", scale="fp32", T="i32",
                                 NT="i32", NTOK="i32"),
                            dict(common, BK=BK, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False,
-                                MAX_SPREAD=60.0, CHUNK_SPREAD=120.0, **flags), 8)
+                                MAX_SPREAD=60.0, **flags), 8)
         # the default backward (cp.SAVE_A): one fused launch that reads the forward's A, in both dot dtypes
         BT_A, BK_A, BV_A, w_A = (64, 32, 128, 8) if dt == "bf16" else (32, 32, 32, 4)
         yield (f"bwd fused from A {dt} K=V=128 BK={BK_A} BV={BV_A} w={w_A}", b.cp_bwd_kernel,
@@ -192,25 +195,25 @@ def _cp_variants():
                     dy=f"*{dt}", do="*fp32", dg="*fp32", di=f"*{dt}", dlb="*fp32", scale="fp32", T="i32", NT="i32",
                     NTOK="i32"),
                dict(H=16, K=128, V=128, BT=BT_A, DT=DT, PREC=prec, BK=BK_A, BV=BV_A, O_ACT=1, I_ACT=0, HAS_LB=True,
-                    VARLEN=False, MAX_SPREAD=60.0, CHUNK_SPREAD=120.0, DV=True, DQK=True, LOAD_A=True), w_A)
+                    VARLEN=False, MAX_SPREAD=60.0, DV=True, DQK=True, LOAD_A=True), w_A)
         if dt == "fp32":
             yield ("fwd_o storing A fp32 K=V=128 BK=32 BV=32 w=4", f.cp_fwd_o_kernel,
                    dict(o="*fp32", g="*fp32", i="*fp32", lb="*fp32", h="*fp32", y="*fp32", a_out="*fp32",
                         scale="fp32", T="i32", NT="i32"),
                    dict(H=16, K=128, V=128, BT=32, DT=DT, PREC=prec, BK=32, BV=32, O_ACT=1, I_ACT=0, HAS_LB=True,
-                        VARLEN=False, MAX_SPREAD=60.0, CHUNK_SPREAD=120.0, STORE_A=True), 4)
+                        VARLEN=False, MAX_SPREAD=60.0, STORE_A=True), 4)
         if dt == "bf16":
             yield ("fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", f.cp_fwd_o_kernel,
                    dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", y="*bf16", a_out="*bf16",
                         scale="fp32", T="i32", NT="i32"),
                    dict(common, BK=64, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                        CHUNK_SPREAD=120.0, STORE_A=True), 8)
+                        STORE_A=True), 8)
         # varlen and the other flags once per dtype
         common = dict(H=16, K=128, V=128, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
         for varlen in (False, True):
             yield (f"decay {dt} varlen={varlen}", f.cp_decay_kernel,
                    dict(g=f"*{dt}", lb="*fp32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
-                   dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen), 4)
+                   dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen, CHUNK_SPREAD=120.0), 4)
         yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),
@@ -220,17 +223,17 @@ def _cp_variants():
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
                     T="i32", NT="i32"),
                dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
-                    CHUNK_SPREAD=120.0, STORE_A=False), 8 if dt == "bf16" else 4)
+                    STORE_A=False), 8 if dt == "bf16" else 4)
         yield (f"bwd_dh varlen {dt}", b.cp_bwd_dh_kernel,
-               dict(o=f"*{dt}", g=f"*{dt}", dy=f"*{dt}", dh=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32",
-                    scale="fp32", T="i32", NT="i32"),
-               dict(common, BK=64, BV=64, NV=2, O_ACT=0, HAS_LB=False, HAS_DHT=False, STORE_DH0=False,
-                    VARLEN=True), 8 if dt == "bf16" else 4)
+               dict(o=f"*{dt}", dy=f"*{dt}", dh=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", scale="fp32",
+                    T="i32", NT="i32"),
+               dict(common, BK=64, BV=64, NV=2, O_ACT=0, HAS_DHT=False, STORE_DH0=False, VARLEN=True),
+               8 if dt == "bf16" else 4)
         yield (f"bwd varlen {dt}", b.cp_bwd_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}", do="*fp32",
                     dg="*fp32", di=f"*{dt}", chunks="*i32", scale="fp32", T="i32", NT="i32", NTOK="i32"),
                dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
-                    CHUNK_SPREAD=120.0, DV=True, DQK=True, LOAD_A=False), 8 if dt == "bf16" else 4)
+                    DV=True, DQK=True, LOAD_A=False), 8 if dt == "bf16" else 4)
 
 
 def chunk_grid_variants():

@@ -313,9 +313,9 @@ def test_custom_op_registration():
     o, g, i, beta, h0 = make_inputs(1, 20, 2, 16, 16, n_states=1)
     for save in (True, False):
         torch.library.opcheck(cp_mod.cp_fwd.op, (o, g, i, beta, h0, None, 0.5, 1, 0, True, save, save))
-    _, _, h, a, b = cp_mod.cp_fwd(o, g, i, beta, h0, None, 0.5, 1, 0, True, True, True)
+    _, _, h, a, b, fb = cp_mod.cp_fwd(o, g, i, beta, h0, None, 0.5, 1, 0, True, True, True)
     dy, dht = torch.randn_like(i), torch.randn_like(h0)
-    torch.library.opcheck(cp_mod.cp_bwd.op, (o, g, i, beta, h0, None, h, a, b, dy, dht, 0.5, 1, 0))
+    torch.library.opcheck(cp_mod.cp_bwd.op, (o, g, i, beta, h0, None, h, a, b, fb, dy, dht, 0.5, 1, 0))
 
 
 def test_compiled_graph_calls_the_custom_ops():

@@ -86,6 +86,9 @@ def test_every_kernel_on_a_second_device():
             torch.testing.assert_close(a, b, msg=name)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter plumbing test: Triton 3.6's interpreter (the "
+                    "GPU machines' version) fails on the sequential chunk kernel's loop over tensor bounds (at 6aa4d71 "
+                    "too); CI runs it")
 def test_dispatch_benchmark_script_runs(tmp_path):
     """benchmarks/gpu_dispatch.py (chunk vs cp timings) on the CPU interpreter: both kernels agree, and the
     'picks' column is what `hgrn2_triton` does."""

@@ -5,8 +5,51 @@ one head: q [BT, K] (activated, scaled output gate), k = 1 − f [BT, K], a = lo
 within the sub-block (so b ≤ 0 and non-increasing down the rows), v [BT, BV].
 """
 
+import os
+
 import triton
 import triton.language as tl
+
+# The kernels' transcendentals take the PTX approximations with denormals flushed (`_exp`, `_log`, `_rcp`): one
+# MUFU op each. tl.exp / tl.log check the range around their (non-flushing) MUFU op and `/` is IEEE division, a
+# dozen instructions per element in kernels whose time is their instruction count. Under TRITON_INTERPRET the
+# kernels run as numpy, which cannot run PTX: there they fall back to tl.exp, tl.log and `/`.
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def _exp(x):
+    """e^x [fp32]: ex2.approx.ftz (2^-22 relative; results below 2^-126 are 0)."""
+    if _INTERPRET:
+        return tl.exp(x)
+    else:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _log(x):
+    """ln x [fp32] for normal x > 0: lg2.approx.ftz (2^-22 absolute) times ln 2."""
+    if _INTERPRET:
+        return tl.log(x)
+    else:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x.to(tl.float32)], dtype=tl.float32,
+                                         is_pure=True, pack=1) * 0.6931471805599453
+
+
+@triton.jit
+def _rcp(x):
+    """1 / x [fp32]: rcp.approx.ftz (1 ulp)."""
+    if _INTERPRET:
+        return 1.0 / x
+    else:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x.to(tl.float32)], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _sigmoid(x):
+    return _rcp(1.0 + _exp(-x))
 
 
 @triton.jit
@@ -63,8 +106,8 @@ def _gates(g, beta, HAS_LB: tl.constexpr):
     costs < 3e-8 absolute. Three transcendental ops per element (exp, reciprocal, log): SFU throughput is
     a bottleneck of these kernels, so every one counts.
     """
-    e = tl.exp(-tl.abs(g))
-    r = 1.0 / (1.0 + e)
+    e = _exp(-tl.abs(g))
+    r = _rcp(1.0 + e)
     s_pos = tl.where(g >= 0, r, e * r)
     s_neg = tl.where(g >= 0, e * r, r)
     if HAS_LB:
@@ -75,7 +118,7 @@ def _gates(g, beta, HAS_LB: tl.constexpr):
         f = s_pos
     near_one = k < 0.5
     u = tl.where(near_one, 1.0 - k, f)
-    a = tl.log(u) + tl.where(near_one, -k - (u - 1.0), 0.0)
+    a = _log(u) + tl.where(near_one, -k - (u - 1.0), 0.0)
     # f underflows only when β ≈ 0 and g < −69; there log f = log σ(g) = g to fp32 precision
     a = tl.where(f > 1e-30, a, g)
     return a, k, s_pos, s_neg, f
@@ -85,9 +128,9 @@ def _gates(g, beta, HAS_LB: tl.constexpr):
 def _act(x, ACT: tl.constexpr):
     """ACT: 0 identity, 1 silu, 2 sigmoid."""
     if ACT == 1:
-        return x * tl.sigmoid(x)
+        return x * _sigmoid(x)
     elif ACT == 2:
-        return tl.sigmoid(x)
+        return _sigmoid(x)
     else:
         return x
 
@@ -96,10 +139,10 @@ def _act(x, ACT: tl.constexpr):
 def _act_and_grad(x, ACT: tl.constexpr):
     """(act(x), act'(x)) from one sigmoid."""
     if ACT == 1:
-        s = tl.sigmoid(x)
+        s = _sigmoid(x)
         return x * s, s * (1.0 + x * (1.0 - s))
     elif ACT == 2:
-        s = tl.sigmoid(x)
+        s = _sigmoid(x)
         return s, s * (1.0 - s)
     else:
         return x, tl.full(x.shape, 1.0, tl.float32)
@@ -124,9 +167,9 @@ def _w_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
     sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see `_diag_grads`)."""
     # one return after the branch: Triton 3.6 cannot lower returns inside a branch on a runtime value
     if spread < MAX_SPREAD:
-        w = tl.exp(b_last)[None, :] * tl.exp(-b)
+        w = _exp(b_last)[None, :] * _exp(-b)
     else:
-        w = tl.exp(b_last[None, :] - b)
+        w = _exp(b_last[None, :] - b)
     return w
 
 
@@ -143,18 +186,18 @@ def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.conste
     BT: tl.constexpr = q.shape[0]
     rows = tl.arange(0, BT)
     causal = rows[:, None] >= rows[None, :]
-    eb = tl.exp(b)
+    eb = _exp(b)
     if spread < MAX_SPREAD:
-        enb = tl.exp(-b)
-        w_end = tl.exp(b_last)[None, :] * enb
+        enb = _exp(-b)
+        w_end = _exp(b_last)[None, :] * enb
         A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
     else:
-        w_end = tl.exp(b_last[None, :] - b)
+        w_end = _exp(b_last[None, :] - b)
         A = tl.zeros([BT, BT], dtype=tl.float32)
         for j in range(BT):
             k_j = _row(k, rows, j)
             b_j = _row(b, rows, j)
-            w = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            w = _exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
             A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
     return tl.where(causal, A, 0.0), eb, w_end
 
@@ -174,7 +217,7 @@ def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr
     BT: tl.constexpr = q.shape[0]
     rows = tl.arange(0, BT)
     if spread < MAX_SPREAD:
-        enb = w_end * tl.exp(-b_last)[None, :]
+        enb = w_end * _exp(-b_last)[None, :]
         dAc = dA.to(DT)
         ke = (k * enb).to(DT)
         qe = (q * eb).to(DT)
@@ -187,12 +230,12 @@ def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr
         dq = tl.zeros(q.shape, dtype=tl.float32)
         for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
             b_j = _row(b, rows, j)
-            wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            wq = _exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
             dq += _col(dA, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
         dk = tl.zeros(q.shape, dtype=tl.float32)
         for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
             b_j = _row(b, rows, j)
-            wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            wk = _exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
             dk += _row(dA, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
         db = q * dq - k * dk
     return dq, dk, db

@@ -30,6 +30,7 @@ BV_SEQ = None  # widest V-block of the sequential kernels (None: min(V, 128); fp
 SEQ_SPLIT_BELOW = 0.5
 NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 4096 else 4: 4 warps spill KBs)
 NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
+MAXNREG_SEQ = None  # register cap of the sequential kernels (None: the compiler's choice; 128 fits 2 CTAs of 8 warps)
 STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
 # the forward's intra-chunk A [n_chunks, H, BT, BT] (in the dot dtype) kept for the backward instead of rebuilt
 # there from every K-block: BT² values per chunk and head (at BT 64, K 128: half a [B, T, H, K] tensor; +0.4 GiB
@@ -123,10 +124,10 @@ def _state_dtype(o):
 def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
            i_act: int, output_final_state: bool, save_a: bool, save_b: bool,
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested), the
     chunk-start states h [n_chunks, H, V, K], with save_a the intra-chunk A [n_chunks, H, BT, BT] and with save_b
-    b [B, T, H, K] fp32 (else empty), for the backward."""
+    b [B, T, H, K] fp32 and the chunk tier's verdicts fb (`_FB`) (else empty), for the backward."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
     bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
@@ -139,36 +140,46 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     h = o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o))
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
+    bb, fb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
     nv_seq = cdiv(V, bv_seq)
     cp_fwd_h_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
-        g, i, lower_bound, initial_state, h, ht, cu_seqlens, offs, T, NT,
+        g, i, lower_bound, bb, initial_state, h, ht, cu_seqlens, offs, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-        DT=dt, PREC=prec, num_warps=warps_seq,
+        DT=dt, PREC=prec, num_warps=warps_seq, maxnreg=MAXNREG_SEQ,
     )
     a_saved = _empty_a(o, i, n_chunks, H, save_a)
-    bb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
     for fallback in (False, True):  # the chunk tier everywhere, then the chunks that leave it
-        cp_fwd_o_kernel[(n_chunks, cdiv(V, bv), H)](
-            o, g, i, lower_bound, h, y, a_saved, bb, chunks, scale, T, NT,
+        cp_fwd_o_kernel[(_fallback_grid(o, n_chunks, H) if fallback else n_chunks, cdiv(V, bv), 1 if fallback else H)](
+            o, g, i, lower_bound, h, y, a_saved, bb, fb, chunks, scale, T, NT, n_chunks,
             H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
-            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, CHUNK_SPREAD=CHUNK_MAX_SPREAD, DT=dt,
-            PREC=prec, STORE_A=a_saved.numel() > 0, FALLBACK=fallback, num_warps=warps,
+            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec,
+            STORE_A=a_saved.numel() > 0, FALLBACK=fallback, num_warps=warps,
         )
-    return y, ht, h, a_saved, bb if save_b else bb.new_empty(0)
+    if not save_b:
+        bb, fb = bb.new_empty(0), fb.new_empty(0)
+    return y, ht, h, a_saved, bb, fb
 
 
 def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt):
-    """b [B, T, H, K] fp32, the within-chunk cumsum of log f (`cp_decay_kernel`), for the parallel kernels (the
-    backward's too, unless SAVE_B kept the forward's)."""
+    """(b [B, T, H, K] fp32, the within-chunk cumsum of log f, and fb) from `cp_decay_kernel`, for the
+    sequential and parallel kernels (the backward's too, unless SAVE_B kept the forward's). fb: int32 [1 + 2 ·
+    n_chunks · H] = [count | leaves | list], the chunks that leave the chunk tier (kernel's docstring)."""
     H, K = g.shape[-2], g.shape[-1]
     bb = torch.empty_like(g, dtype=torch.float32)
+    fb = torch.zeros(1 + 2 * n_chunks * H, device=g.device, dtype=torch.int32)
     bk = min(64, max(16, next_pow2(K)))
     cp_decay_kernel[(n_chunks, H, cdiv(K, bk))](
-        g, lower_bound, bb, chunks, T, NT, H=H, K=K, BT=bt, BK=bk, HAS_LB=lower_bound is not None,
-        VARLEN=chunks is not None, num_warps=4,
+        g, lower_bound, bb, fb, chunks, T, NT, n_chunks, H=H, K=K, BT=bt, BK=bk, HAS_LB=lower_bound is not None,
+        VARLEN=chunks is not None, CHUNK_SPREAD=CHUNK_MAX_SPREAD, num_warps=4,
     )
-    return bb
+    return bb, fb
+
+
+def _fallback_grid(o, n_chunks, H):
+    """Programs of the fallback launches: they walk fb's list (normally empty: B·T = 16K tokens of random gates
+    at β ~ U(0, 0.9) decay by ~e^-52 per chunk at most), so a few per SM, not one per chunk."""
+    return max(1, min(n_chunks * H, 2 * _sm_count(o.device)))
 
 
 def _empty_a(o, i, n_chunks, H, save_a):
@@ -185,17 +196,21 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
     n_chunks = _num_chunks(o, cu_seqlens)
     h = o.new_empty(n_chunks, H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o))
     b_saved = torch.empty_like(g, dtype=torch.float32) if save_b else o.new_empty(0, dtype=torch.float32)
-    return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a), b_saved
+    fb = o.new_empty(1 + 2 * n_chunks * g.shape[-2] if save_b else 0, dtype=torch.int32)
+    return (torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a),
+            b_saved, fb)
 
 
 @triton_op("hgrn2::cp_bwd")
 def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, h: torch.Tensor,
-           a_saved: torch.Tensor, b_saved: torch.Tensor, dy: torch.Tensor, dht: torch.Tensor | None, scale: float,
+           a_saved: torch.Tensor, b_saved: torch.Tensor, fb_saved: torch.Tensor, dy: torch.Tensor,
+           dht: torch.Tensor | None, scale: float,
            o_act: int, i_act: int,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty). a_saved, b_saved: the
-    forward's A and b, or empty (then the backward rebuilds A / computes b again)."""
+    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty). a_saved, b_saved,
+    fb_saved: the forward's A, b and chunk-tier verdicts, or empty (then the backward rebuilds A / computes b and
+    the verdicts again)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
     bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
@@ -216,22 +231,23 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     dlb = o.new_empty(0)
     if lower_bound is not None:  # every real chunk writes its row: only varlen's padding chunks need the zeros
         dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(NV, n_chunks, H, K, dtype=torch.float32)
+    bb, fb = (b_saved, fb_saved) if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
     nv_seq = cdiv(V, bv_seq)
     cp_bwd_dh_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
-        o, g, lower_bound, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
-        H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_LB=lower_bound is not None,
-        HAS_DHT=dht is not None, STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None,
-        DT=dt, PREC=prec, num_warps=warps_seq,
+        o, bb, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
+        H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_DHT=dht is not None,
+        STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None, DT=dt, PREC=prec, num_warps=warps_seq,
+        maxnreg=MAXNREG_SEQ,
     )
-    bb = b_saved if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
-    args = (o, g, i, lower_bound, h, a_saved, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, B * T)
+    args = (o, g, i, lower_bound, h, a_saved, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, n_chunks, B * T)
     kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
               HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
-              CHUNK_SPREAD=CHUNK_MAX_SPREAD, DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps)
+              DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps)
     split = BWD_SPLIT if BWD_SPLIT is not None else a_saved.numel() == 0
     for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if split else (dict(DV=True, DQK=True),)):
         for fallback in (False, True):  # as in the forward
-            cp_bwd_kernel[(n_chunks, NV, H)](*args, **kw, **flags, FALLBACK=fallback)
+            grid = (_fallback_grid(o, n_chunks, H), NV, 1) if fallback else (n_chunks, NV, H)
+            cp_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:
@@ -242,7 +258,8 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
 
 
 @cp_bwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, dy, dht, scale, o_act, i_act):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb_saved, dy, dht, scale, o_act,
+      i_act):
     dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
@@ -254,21 +271,21 @@ class _CP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
                 save_a, save_b):
-        y, ht, h, a_saved, b_saved = cp_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act,
-                                            output_final_state, save_a, save_b)
-        ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved)
+        y, ht, h, a_saved, b_saved, fb = cp_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act,
+                                                i_act, output_final_state, save_a, save_b)
+        ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb)
         ctx.args = (scale, o_act, i_act, output_final_state)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensors are made
         return y, ht
 
     @staticmethod
     def backward(ctx, dy, dht):
-        o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved = ctx.saved_tensors
+        o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb = ctx.saved_tensors
         scale, o_act, i_act, output_final_state = ctx.args
         dy = torch.zeros_like(i) if dy is None else dy.contiguous()
         dht = dht.contiguous() if output_final_state and dht is not None else None
-        do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, dy, dht,
-                                      scale, o_act, i_act)
+        do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb, dy,
+                                      dht, scale, o_act, i_act)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
                 None, None, None, None, None, None, None)
 

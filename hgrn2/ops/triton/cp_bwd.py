@@ -23,7 +23,7 @@ Notation as in `cp_fwd.py`. For chunk c with start state h_c and dh_c = the grad
 import triton
 import triton.language as tl
 
-from ._common import _act, _act_and_grad, _col, _gates, _load_beta, _row, _seq_bounds, _tile
+from ._common import _act, _act_and_grad, _col, _exp, _gates, _rcp, _row, _seq_bounds
 from .cp_fwd import (
     _chunk_bounds,
     _chunk_decay,
@@ -35,24 +35,25 @@ from .cp_fwd import (
     _ref_decay,
     _runs_here,
     _sub_decay,
+    _walk_loads,
 )
 
 
 @triton.jit
 def cp_bwd_dh_kernel(
-    o, g, lb, dy, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T, NT,
+    o, bb, dy, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NV: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
-    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    NV: tl.constexpr, O_ACT: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, VARLEN: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
 ):
+    """Walks one sequence's chunks backwards for a [BV, BK] block of dS, from b (`cp_decay_kernel`'s) as the
+    forward walk: no gate, no log, no row scan per step."""
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
     i_k, i_v = i_kv // NV, i_kv % NV
     i_n, i_h = i_nh // H, i_nh % H
     bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
-    boff = _chunk_offset(chunk_offsets, i_n, NT, VARLEN)
     ck = i_k * BK + tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
     s_pos = cv[:, None] * K + ck[None, :]
     s_mask = (cv < V)[:, None] & (ck < K)[None, :]
     if HAS_DHT:
@@ -61,28 +62,23 @@ def cp_bwd_dh_kernel(
         dS = tl.zeros([BV, BK], dtype=tl.float32)
 
     n_c = tl.cdiv(eos - bos, BT)
-    offk, offv, mtk, mtv = _tile(bos + (n_c - 1) * BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-    o_nx = tl.load(o + offk, mask=mtk, other=0.0)
-    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
-    dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
+    # pointers at the last chunk's first row and this head (int64 scalars), moved back one chunk per step
+    t_last = bos + (n_c - 1) * BT
+    o, bb, dy = o + (t_last * H + i_h) * K, bb + (t_last * H + i_h) * K, dy + (t_last * H + i_h) * V
+    dh += ((_chunk_offset(chunk_offsets, i_n, NT, VARLEN) + n_c - 1) * H + i_h) * V * K
+    left = tl.where(n_c > 0, eos - t_last, 0).to(tl.int32)  # rows from the current chunk's start to the end
+    o_nx, b_nx, bl_nx, dy_nx = _walk_loads(o, bb, dy, left, ck, cv, H, K, V, BK, BV, BT)
     for it in range(0, n_c):
-        c = n_c - 1 - it
-        t0 = bos + c * BT
-        o_t, g_t, dy_t = o_nx, g_nx, dy_nx
-        offk, offv, mtk, mtv = _tile(t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-        o_nx = tl.load(o + offk, mask=mtk, other=0.0)
-        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
-        dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        o_t, b_t, bl_t, dy_t = o_nx, b_nx, bl_nx, dy_nx
+        offk, mtk = _chunk_tile(left, ck, H, K, BK, BT)
+        o, bb, dy, left = o - BT * H * K, bb - BT * H * K, dy - BT * H * V, left + BT
+        o_nx, b_nx, bl_nx, dy_nx = _walk_loads(o, bb, dy, tl.where(it < n_c - 1, left, 0), ck, cv, H, K, V, BK,
+                                               BV, BT)
 
-        tl.store(dh + ((boff + c) * H + i_h) * V * K + s_pos, dS.to(dh.dtype.element_ty), mask=s_mask)
-        q = _act(o_t.to(tl.float32), O_ACT) * scale
-        a, _, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
-        a = tl.where(mtk, a, 0.0)
-        b = tl.cumsum(a, 0)
-        b_last = tl.sum(a, 0)
-        qe = tl.where(mtk, q * tl.exp(b), 0.0)
-        dS = dS * tl.exp(b_last)[None, :] + tl.dot(tl.trans(dy_t.to(DT)), qe.to(DT), input_precision=PREC)
+        tl.store(dh + s_pos, dS.to(dh.dtype.element_ty), mask=s_mask)
+        dh -= H * V * K
+        qe = tl.where(mtk, _act(o_t.to(tl.float32), O_ACT) * scale * _exp(b_t), 0.0)
+        dS = dS * _exp(bl_t)[None, :] + tl.dot(tl.trans(dy_t.to(DT)), qe.to(DT), input_precision=PREC)
 
     if STORE_DH0:
         tl.store(dh0 + i_nh.to(tl.int64) * V * K + s_pos, dS, mask=s_mask)
@@ -90,22 +86,42 @@ def cp_bwd_dh_kernel(
 
 @triton.jit
 def cp_bwd_kernel(
-    o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NTOK,
+    o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, CHUNK_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr, FALLBACK: tl.constexpr,
 ):
-    """One program per (V-block, chunk, head), one loop over K-blocks of BK: dA = dy vᵀ comes first (it needs
+    """One program per (chunk, V-block, head), one loop over K-blocks of BK: dA = dy vᵀ comes first (it needs
     no gate), then per K-block the gates, the intra-chunk terms, dv's state share, dq, dk, d log f and the
     stores of do, dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
 
-    Two launches, as the forward's (`cp_fwd_o_kernel`): the chunk tier everywhere from the b that
-    `cp_fwd.cp_decay_kernel` stored in bb, then (FALLBACK) the chunks that leave it, in the sub-block or exact tier.
-    DV / DQK select the outputs: both (one fused launch, the default) or one each (two launches that
-    recompute the gates and re-read o, g, dy, dh but hold far fewer registers; `cp.BWD_SPLIT`). LOAD_A: A is
-    the forward's (`cp.SAVE_A`), read once instead of rebuilt from every K-block."""
-    i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
+    Two launches, as the forward's (`cp_fwd_o_kernel`): the chunk tier everywhere (grid (NC, NV, H)) from the b
+    that `cp_fwd.cp_decay_kernel` stored in bb, then (FALLBACK, a small grid (P, NV, 1)) the chunks it listed in
+    fb as leaving the chunk tier, in the sub-block or exact tier. DV / DQK select the outputs: both (one fused
+    launch, the default) or one each (two launches that recompute the gates and re-read o, g, dy, dh but hold far
+    fewer registers; `cp.BWD_SPLIT`). LOAD_A: A is the forward's (`cp.SAVE_A`), read once instead of rebuilt from
+    every K-block."""
+    i_v = tl.program_id(1)
+    if FALLBACK:
+        for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
+            c_h = tl.load(fb + 1 + NC * H + e)
+            _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK,
+                       c_h // H, i_v, c_h % H, H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT,
+                       PREC, DV, DQK, LOAD_A, FALLBACK)
+    else:
+        _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK,
+                   tl.program_id(0), i_v, tl.program_id(2), H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN,
+                   MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
+
+
+@triton.jit
+def _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK, i_c, i_v, i_h,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+               MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr,
+               LOAD_A: tl.constexpr, FALLBACK: tl.constexpr):
+    """`cp_bwd_kernel` on chunk i_c, V-block i_v, head i_h: the pointers moved to the chunk, then its work."""
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
     # the chunk's rows and head as one int64 offset per pointer; the tiles' offsets from there are int32
@@ -114,7 +130,9 @@ def cp_bwd_kernel(
     o, g, bb, do, dg = o + base_k, g + base_k, bb + base_k, do + part + base_k, dg + part + base_k
     i, dy, di = i + base_v, dy + base_v, di + base_v
     h, dh = h + (i_c.to(tl.int64) * H + i_h) * V * K, dh + (i_c.to(tl.int64) * H + i_h) * V * K
-    if _runs_here(bb, n, H, K, BK, CHUNK_SPREAD, FALLBACK):  # padding chunks: their β partial sums stay 0
+    if HAS_LB:
+        dlb += ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K  # this program's row of the β partial sums
+    if _runs_here(fb, n, i_c, i_h, H, FALLBACK):  # padding chunks: their β partial sums stay 0
         _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_c, i_v, i_h, H, K, V, BT, BK,
                       BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
 
@@ -159,14 +177,14 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
                 A_k, ec, enc = _intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
                 A += A_k
             else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
-                ec = tl.exp(c)
-                enc = tl.exp(tl.minimum(-c, 80.0))
-            eb = ec * _expand_rows(tl.exp(r), BT, BK)
+                ec = _exp(c)
+                enc = _exp(tl.minimum(-c, 80.0))
+            eb = ec * _expand_rows(_exp(r), BT, BK)
             # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
             if spread < MAX_SPREAD:
-                w_end = enc * _expand_rows(tl.exp(b_last[None, :] - r), BT, BK)
+                w_end = enc * _expand_rows(_exp(b_last[None, :] - r), BT, BK)
             else:
-                w_end = tl.exp(b_last[None, :] - R - c)
+                w_end = _exp(b_last[None, :] - R - c)
             if DQK:
                 dq_i, dk_i, db_i = _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
                                                   DT, PREC)
@@ -175,7 +193,7 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
             b_last = 2.0 * m
             qt = (q * e_q).to(DT)
             kt = (k * e_k).to(DT)
-            em = tl.exp(m)[None, :]
+            em = _exp(m)[None, :]
             eb = e_q * em
             w_end = e_k * em  # e^{b_last − b} = e^{m − b}·e^{b_last − m}, and b_last − m = m
             if DV and not LOAD_A:
@@ -234,12 +252,12 @@ def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, B
         dq_i = tl.zeros([BT, BK], dtype=tl.float32)
         for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
             b_j = _row(b, rows, j)
-            wq = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            wq = _exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
             dq_i += _col(dAf, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
         dk_i = tl.zeros([BT, BK], dtype=tl.float32)
         for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
             b_j = _row(b, rows, j)
-            wk = tl.exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            wk = _exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
             dk_i += _row(dAf, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
         db_i = q * dq_i - k * dk_i
     return dq_i, dk_i, db_i
@@ -261,14 +279,14 @@ def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i,
     tl.store(do + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
 
     # d log f: reverse cumsum within the chunk + the end state's share
-    tail = tl.exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(k * dk_s, 0)
+    tail = _exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(k * dk_s, 0)
     db = q * dq_s - k * dk_s + db_i
     b_dlogf = tail[None, :] + tl.cumsum(db, 0, reverse=True)
     # σ(±g), f recomputed from a reloaded tile (fewer live registers)
     g_2 = tl.load(g + offk, mask=mtk, other=0.0)
     _, _, s_pos, s_neg, f = _gates(g_2.to(tl.float32), beta, HAS_LB)
-    d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
+    d_f = b_dlogf * _rcp(tl.maximum(f, 1e-30)) - b_dk
     tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
     if HAS_LB:
         dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
-        tl.store(dlb + ((i_v * tl.num_programs(0) + i_c) * H + i_h) * K + ck, dlb_p, mask=ck < K)
+        tl.store(dlb + ck, dlb_p, mask=ck < K)

@@ -18,13 +18,14 @@ e^{−c} (bounded by the largest 16-token decay spread, checked against MAX_SPRE
      sub-block j)ᵀ with E_j[t] = e^{r_{i(t)} − r_j} (i(t) ≥ j, else 0): every factor bounded;
    - otherwise an exact column loop with the exponent masked before exp.
    The chunk tier reads b from `cp_decay_kernel` and holds no code of the other two; a second launch
-   (FALLBACK) takes the chunks that leave it (`_needs_fallback`), in the sub-block or exact tier per K-block.
+   (FALLBACK) takes the chunks that leave it (listed by `cp_decay_kernel`), in the sub-block or exact tier per
+   K-block.
 """
 
 import triton
 import triton.language as tl
 
-from ._common import _act, _gates, _load_beta, _row, _seq_bounds, _tile
+from ._common import _act, _exp, _gates, _load_beta, _row, _seq_bounds
 
 
 @triton.jit
@@ -91,7 +92,7 @@ def _sub_decay(r, j, BT: tl.constexpr, BK: tl.constexpr):
     NB: tl.constexpr = BT // 16
     ib = tl.arange(0, NB)
     r_j = tl.sum(tl.where(ib[:, None] == j, r, 0.0), 0)
-    e = tl.where(ib[:, None] >= j, tl.exp(tl.minimum(r - r_j[None, :], 0.0)), 0.0)
+    e = tl.where(ib[:, None] >= j, _exp(tl.minimum(r - r_j[None, :], 0.0)), 0.0)
     return _expand_rows(e, BT, BK)
 
 
@@ -103,7 +104,7 @@ def _ref_decay(bb, n, offk, mtk, ck, H: tl.constexpr, K: tl.constexpr):
     reference at the chunk's start would allow only 60)."""
     m = 0.5 * tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < K, other=0.0)
     d = tl.load(bb + offk, mask=mtk, other=0.0) - m[None, :]
-    return tl.exp(d), tl.exp(-d), m
+    return _exp(d), _exp(-d), m
 
 
 @triton.jit
@@ -114,10 +115,10 @@ def _intra_A(q, k, c, r, R, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPRE
     rows = tl.arange(0, BT)
     blk = rows // 16
     causal = rows[:, None] >= rows[None, :]
-    ec = tl.exp(c)
+    ec = _exp(c)
     A = tl.zeros([BT, BT], dtype=tl.float32)
     if spread < MAX_SPREAD:
-        enc = tl.exp(-c)
+        enc = _exp(-c)
         qt = q * ec
         kt = k * enc
         for j in tl.static_range(NB):
@@ -130,23 +131,24 @@ def _intra_A(q, k, c, r, R, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPRE
         for j in range(BT):
             k_j = _row(k, rows, j)
             b_j = _row(b, rows, j)
-            w = tl.exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            w = _exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
             A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
     return tl.where(causal, A, 0.0), ec, enc
 
 
 @triton.jit
 def cp_fwd_h_kernel(
-    g, i, lb, h0, h, ht, cu_seqlens, chunk_offsets, T, NT,
+    g, i, lb, bb, h0, h, ht, cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     NV: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
     VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
+    """Walks one sequence's chunks for a [BV, BK] block of the state. b (the within-chunk cumsum of log f) comes
+    from `cp_decay_kernel`, so a step holds no log and no row scan: its latency is what the walk costs."""
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
     i_k, i_v = i_kv // NV, i_kv % NV
     i_n, i_h = i_nh // H, i_nh % H
     bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
-    boff = _chunk_offset(chunk_offsets, i_n, NT, VARLEN)
     ck = i_k * BK + tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
     beta = _load_beta(lb, i_h, K, ck, HAS_LB)
@@ -156,38 +158,54 @@ def cp_fwd_h_kernel(
         S = tl.load(h0 + i_nh.to(tl.int64) * V * K + s_pos, mask=s_mask, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BV, BK], dtype=tl.float32)
+    # pointers at the sequence's first row and this head (int64 scalars), moved one chunk per step; the tiles'
+    # offsets from there are int32
+    g, bb, i = g + (bos * H + i_h) * K, bb + (bos * H + i_h) * K, i + (bos * H + i_h) * V
+    h += (_chunk_offset(chunk_offsets, i_n, NT, VARLEN) * H + i_h) * V * K
+    left = (eos - bos).to(tl.int32)  # rows from the current chunk's start to the sequence's end
+    g_nx, b_nx, bl_nx, i_nx = _walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
+    for _ in range(0, tl.cdiv(left, BT)):
+        g_t, b_t, bl_t, i_t = g_nx, b_nx, bl_nx, i_nx
+        offk, mtk = _chunk_tile(left, ck, H, K, BK, BT)
+        offv, mtv = _chunk_tile(left, cv, H, V, BV, BT)
+        g, bb, i, left = g + BT * H * K, bb + BT * H * K, i + BT * H * V, left - BT
+        g_nx, b_nx, bl_nx, i_nx = _walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
 
-    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-    g_nx = tl.load(g + offk, mask=mtk, other=0.0)
-    i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-    for c in range(0, tl.cdiv(eos - bos, BT)):
-        t0 = bos + c * BT
-        g_t, i_t = g_nx, i_nx
-        offk, offv, mtk, mtv = _tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-        g_nx = tl.load(g + offk, mask=mtk, other=0.0)
-        i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-
-        tl.store(h + ((boff + c) * H + i_h) * V * K + s_pos, S.to(h.dtype.element_ty), mask=s_mask)
-        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
-        a = tl.where(mtk, a, 0.0)
-        k = tl.where(mtk, k, 0.0)
+        tl.store(h + s_pos, S.to(h.dtype.element_ty), mask=s_mask)
+        h += H * V * K
+        _, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        w = tl.where(mtk, k * _exp(bl_t[None, :] - b_t), 0.0)
         v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0)
-        b = tl.cumsum(a, 0)
-        b_last = tl.sum(a, 0)
-        w = k * tl.exp(b_last[None, :] - b)
-        S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v.to(DT)), w.to(DT), input_precision=PREC)
+        S = S * _exp(bl_t)[None, :] + tl.dot(tl.trans(v.to(DT)), w.to(DT), input_precision=PREC)
 
     if STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * V * K + s_pos, S, mask=s_mask)
 
 
 @triton.jit
-def cp_decay_kernel(g, lb, bb, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                    BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr):
-    """b, the within-chunk cumsum of log f, into bb [B·T, H, K] fp32: one program per (chunk, head, K-block).
-    The parallel kernels' chunk tier reads it (a log and a scan per element fewer there); storing it from the
-    sequential kernels instead slowed their latency-bound steps (H200: 146 → 257 µs per layer at H 8)."""
+def _walk_loads(xk, bb, xv, left, ck, cv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, BT: tl.constexpr):
+    """One step's loads of the sequential walks (pointers at a chunk's first row and head; `left` rows from there
+    to the sequence's end, ≤ 0 for no chunk): xk [BT, BK] (g or o), b [BT, BK], b's last row [BK] (the chunk's
+    decay) and xv [BT, BV] (i or dy)."""
+    offk, mtk = _chunk_tile(left, ck, H, K, BK, BT)
+    offv, mtv = _chunk_tile(left, cv, H, V, BV, BT)
+    b_last = tl.load(bb + (tl.minimum(left, BT) - 1) * (H * K) + ck, mask=ck < tl.where(left > 0, K, 0), other=0.0)
+    return (tl.load(xk + offk, mask=mtk, other=0.0), tl.load(bb + offk, mask=mtk, other=0.0), b_last,
+            tl.load(xv + offv, mask=mtv, other=0.0))
+
+
+@triton.jit
+def cp_decay_kernel(g, lb, bb, fb, chunks, T, NT, NC, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr, CHUNK_SPREAD: tl.constexpr):
+    """b, the within-chunk cumsum of log f, into bb [B·T, H, K] fp32, and the chunk tier's verdict into fb: one
+    program per (chunk, head, K-block). The parallel kernels' chunk tier reads b (a log and a scan per element
+    fewer there), and so do the sequential walks (their steps are latency-bound).
+
+    fb (int32, zeroed by the caller) = [count | leaves [NC·H] | list [NC·H]]: leaves[c·H + h] = 1 where some
+    channel of the chunk decays by e^{-CHUNK_SPREAD} or more (it leaves the chunk tier), and the program that sets
+    it first appends c·H + h to the list (count: the list's length), which the fallback launches walk instead of
+    a grid over every chunk. The verdict is made here once, so the two launches agree on every chunk."""
     i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
@@ -196,31 +214,25 @@ def cp_decay_kernel(g, lb, bb, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, 
     g, bb = g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
     a, _, _, _, _ = _gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), _load_beta(lb, i_h, K, ck, HAS_LB),
                            HAS_LB)
-    tl.store(bb + offk, tl.cumsum(tl.where(mtk, a, 0.0), 0), mask=mtk)
+    b = tl.cumsum(tl.where(mtk, a, 0.0), 0)
+    tl.store(bb + offk, b, mask=mtk)
+    # the verdict from the chunk's last row, read back (a reduction of the tile in registers would take it in a
+    # second layout, and the compiler would redo the gate math for it: twice the instructions)
+    tl.debug_barrier()
+    b_end = tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < tl.where(n > 0, K, 0), other=0.0)
+    if -tl.min(b_end, 0) >= CHUNK_SPREAD:
+        if tl.atomic_or(fb + 1 + i_c * H + i_h, 1) == 0:  # the first K-block to find it appends the chunk
+            tl.store(fb + 1 + NC * H + tl.atomic_add(fb, 1), i_c * H + i_h)
 
 
 @triton.jit
-def _needs_fallback(bb, n, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, CHUNK_SPREAD: tl.constexpr):
-    """Whether a chunk (n rows, bb at its first row and head) leaves the chunk tier: some channel decays by
-    e^{-CHUNK_SPREAD} or more over the chunk (its b at the last row)."""
-    worst = tl.zeros([BK], dtype=tl.float32)
-    for kb in tl.static_range(0, (K + BK - 1) // BK):
-        ck = kb * BK + tl.arange(0, BK)
-        b_end = tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < tl.where(n > 0, K, 0), other=0.0)
-        worst = tl.minimum(worst, b_end)
-    return -tl.min(worst, 0) >= CHUNK_SPREAD
-
-
-@triton.jit
-def _runs_here(bb, n, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, CHUNK_SPREAD: tl.constexpr,
-               FALLBACK: tl.constexpr):
-    """Whether this launch (the chunk tier, or FALLBACK) takes the chunk: each chunk runs in exactly one of the
-    two (padding chunks, n = 0, in neither)."""
-    fallback = _needs_fallback(bb, n, H, K, BK, CHUNK_SPREAD)
+def _runs_here(fb, n, i_c, i_h, H: tl.constexpr, FALLBACK: tl.constexpr):
+    """Whether this launch takes the chunk: each chunk runs in exactly one of the two (the chunk tier unless
+    `cp_decay_kernel` listed it; padding chunks, n = 0, in neither)."""
     if FALLBACK:
-        run = fallback
+        run = n > 0
     else:
-        run = (n > 0) & (fallback == 0)
+        run = (n > 0) & (tl.load(fb + 1 + i_c * H + i_h) == 0)
     return run
 
 
@@ -240,27 +252,43 @@ def _load_gates(o, g, lb, n, ck, i_h, scale, H: tl.constexpr, K: tl.constexpr, B
 
 @triton.jit
 def cp_fwd_o_kernel(
-    o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT,
+    o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, NC,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, CHUNK_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    STORE_A: tl.constexpr, FALLBACK: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr, FALLBACK: tl.constexpr,
 ):
-    """One program per (V-block, chunk, head); loops over K-blocks of BK (A and y accumulate over them).
+    """One program per (chunk, V-block, head); loops over K-blocks of BK (A and y accumulate over them).
 
-    Two launches: the first (FALLBACK off) takes the chunk tier everywhere, from the within-chunk cumsum b that
-    `cp_decay_kernel` stored in bb (no log, no scan here); the second (FALLBACK on) redoes, in the sub-block or
-    exact tier per K-block, the chunks that leave the chunk tier (`_needs_fallback`; its other programs return
-    at once). STORE_A: the first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's
-    dtype) for the backward's dv."""
-    i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
+    Two launches: the first (FALLBACK off, grid (NC, NV, H)) takes the chunk tier everywhere, from the within-chunk
+    cumsum b that `cp_decay_kernel` stored in bb (no log, no scan here); the second (FALLBACK on, a small grid
+    (P, NV, 1)) walks the chunks that `cp_decay_kernel` listed in fb as leaving the chunk tier, in the sub-block or
+    exact tier per K-block. STORE_A: the first V-block also stores the causal A [BT, BT] of its chunk and head (in
+    a_out's dtype) for the backward's dv."""
+    i_v = tl.program_id(1)
+    if FALLBACK:
+        for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
+            c_h = tl.load(fb + 1 + NC * H + e)
+            _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, c_h // H, i_v, c_h % H, H, K, V, BT,
+                         BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, FALLBACK)
+    else:
+        _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, tl.program_id(0), i_v, tl.program_id(2), H,
+                     K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, FALLBACK)
+
+
+@triton.jit
+def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, i_c, i_v, i_h, H: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+                 MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr,
+                 FALLBACK: tl.constexpr):
+    """`cp_fwd_o_kernel`'s work on chunk i_c, V-block i_v, head i_h."""
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
     # the chunk's rows and head as one int64 offset per pointer; the tiles' offsets from there are int32
     o, g, bb = o + (t0 * H + i_h) * K, g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
     i, y = i + (t0 * H + i_h) * V, y + (t0 * H + i_h) * V
     h += (i_c.to(tl.int64) * H + i_h) * V * K
-    if _runs_here(bb, n, H, K, BK, CHUNK_SPREAD, FALLBACK):
+    if _runs_here(fb, n, i_c, i_h, H, FALLBACK):
         cv = i_v * BV + tl.arange(0, BV)
         rows = tl.arange(0, BT)
         out = tl.zeros([BT, BV], dtype=tl.float32)
@@ -274,12 +302,12 @@ def cp_fwd_o_kernel(
                 c, r, R, b_last = _chunk_decay(a, BT, BK)
                 A_k, ec, enc = _intra_A(q, k, c, r, R, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
                 A += A_k
-                eb = ec * _expand_rows(tl.exp(r), BT, BK)
+                eb = ec * _expand_rows(_exp(r), BT, BK)
             else:
                 e_q, e_k, m = _ref_decay(bb, n, offk, mtk, ck, H, K)
                 A_k = tl.dot((q * e_q).to(DT), tl.trans((k * e_k).to(DT)), input_precision=PREC)
                 A += tl.where(rows[:, None] >= rows[None, :], A_k, 0.0)
-                eb = e_q * tl.exp(m)[None, :]
+                eb = e_q * _exp(m)[None, :]
             out += tl.dot((q * eb).to(DT), tl.trans(h_t.to(DT)), input_precision=PREC)
 
         offv, mtv = _chunk_tile(n, cv, H, V, BV, BT)
