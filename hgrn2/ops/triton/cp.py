@@ -127,7 +127,7 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested), the
     chunk-start states h [n_chunks, H, V, K], with save_a the intra-chunk A [n_chunks, H, BT, BT] and with save_b
-    b [B, T, H, K] fp32 and the chunk tier's verdicts fb (`_FB`) (else empty), for the backward."""
+    b [B, T, H, K] fp32 and the chunk tier's verdicts fb (`_decay`) (else empty), for the backward."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
     bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
@@ -150,7 +150,7 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     )
     a_saved = _empty_a(o, i, n_chunks, H, save_a)
     for fallback in (False, True):  # the chunk tier everywhere, then the chunks that leave it
-        cp_fwd_o_kernel[(_fallback_grid(o, n_chunks, H) if fallback else n_chunks, cdiv(V, bv), 1 if fallback else H)](
+        cp_fwd_o_kernel[_parallel_grid(o, n_chunks, cdiv(V, bv), H, fallback)](
             o, g, i, lower_bound, h, y, a_saved, bb, fb, chunks, scale, T, NT, n_chunks,
             H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec,
@@ -176,10 +176,13 @@ def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt):
     return bb, fb
 
 
-def _fallback_grid(o, n_chunks, H):
-    """Programs of the fallback launches: they walk fb's list (normally empty: B·T = 16K tokens of random gates
-    at β ~ U(0, 0.9) decay by ~e^-52 per chunk at most), so a few per SM, not one per chunk."""
-    return max(1, min(n_chunks * H, 2 * _sm_count(o.device)))
+def _parallel_grid(o, n_chunks, NV, H, fallback):
+    """Grid of a parallel launch: one program per (chunk, V-block, head) in the chunk tier; the fallback launch
+    walks fb's list (normally empty: B·T = 16K tokens of random gates at β ~ U(0, 0.9) decay by ~e^-52 per chunk at
+    most) on a few programs per SM, not one per chunk."""
+    if fallback:
+        return max(1, min(n_chunks * H, 2 * _sm_count(o.device))), NV, 1
+    return n_chunks, NV, H
 
 
 def _empty_a(o, i, n_chunks, H, save_a):
@@ -205,8 +208,7 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
 def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, h: torch.Tensor,
            a_saved: torch.Tensor, b_saved: torch.Tensor, fb_saved: torch.Tensor, dy: torch.Tensor,
-           dht: torch.Tensor | None, scale: float,
-           o_act: int, i_act: int,
+           dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty). a_saved, b_saved,
     fb_saved: the forward's A, b and chunk-tier verdicts, or empty (then the backward rebuilds A / computes b and
@@ -246,8 +248,7 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     split = BWD_SPLIT if BWD_SPLIT is not None else a_saved.numel() == 0
     for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if split else (dict(DV=True, DQK=True),)):
         for fallback in (False, True):  # as in the forward
-            grid = (_fallback_grid(o, n_chunks, H), NV, 1) if fallback else (n_chunks, NV, H)
-            cp_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
+            cp_bwd_kernel[_parallel_grid(o, n_chunks, NV, H, fallback)](*args, **kw, **flags, FALLBACK=fallback)
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:
