@@ -32,19 +32,18 @@ SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 RESULTS = {"device": None, "correctness": [], "timings": [], "first_call_s": {}, "errors": [], "best_cp": None}
 
-# (name, BK fwd, BK bwd, BV, warps, BK seq, BV seq, warps seq, BWD_SPLIT, SAVE_A); the first is cp.py's default
-# (restored after the sweep). The fused backward that rebuilds A failed Triton 3.6's compile for bf16 (H100 and
-# H200, before the chunk tier), so every fused config reads the forward's A. Offline (Triton 3.6, sm_90, bf16,
-# H 8, the chunk-tier launch): backward BK 32 spills 136 B, BK 16 none, BK 64 1.8 KB; forward BK 64 none, 128
+# (name, BK fwd, BK bwd, BV, warps fwd, warps bwd, BK seq, BV seq, warps seq, BWD_SPLIT, SAVE_A); the first is
+# cp.py's default (restored after the sweep). The fused backward that rebuilds A failed Triton 3.6's compile for bf16
+# (H100 and H200, before the chunk tier), so every fused config reads the forward's A. Offline (Triton 3.6, sm_90,
+# bf16, H 8, the chunk-tier launch): backward BK 32 spills 136 B, BK 16 none, BK 64 1.8 KB; forward BK 64 none, 128
 # 64 B.
 CP_CONFIGS = [
-    ("A-o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, None, True),
-    ("A-o64-b16-v128-w8-s64", 64, 16, 128, 8, 64, 128, 8, None, True),
-    ("A-o128-b32-v128-w8-s64", 128, 32, 128, 8, 64, 128, 8, None, True),
-    ("A-o32-b16-v128-w8-s64", 32, 16, 128, 8, 64, 128, 8, None, True),
-    ("split-o64-b32-v128-w8-s64", 64, 32, 128, 8, 64, 128, 8, True, False),
+    ("A-o32w4-b32-v128-w8-s64", 32, 32, 128, 4, 8, 64, 128, 8, None, True),
+    ("A-o64w8-b32-v128-w8-s64", 64, 32, 128, 8, 8, 64, 128, 8, None, True),
+    ("A-o64w8-b16-v128-w8-s64", 64, 16, 128, 8, 8, 64, 128, 8, None, True),
+    ("A-o128w8-b32-v128-w8-s64", 128, 32, 128, 8, 8, 64, 128, 8, None, True),
+    ("split-o32w4-b32-v128-w8-s64", 32, 32, 128, 4, 8, 64, 128, 8, True, False),
 ]
-
 
 def log(*a, sep=" "):
     print(f"[{time.time() - T_START:6.1f}s]", *a, sep=sep, flush=True)
@@ -61,7 +60,8 @@ def left():
 
 def set_cp_config(cfg):
     from hgrn2.ops.triton import cp
-    _, cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ, cp.BWD_SPLIT, cp.SAVE_A = cfg
+    (_, cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.NUM_WARPS_BWD, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ, cp.BWD_SPLIT,
+     cp.SAVE_A) = cfg
 
 
 def rel(x, ref):
@@ -248,8 +248,8 @@ def main():
     RESULTS["cp_defaults"] = dict(BT=cp.BT, BT_FP32=cp.BT_FP32, BK=cp.BK, BK_BWD=cp.BK_BWD, BV=cp.BV,
                                   BK_SEQ=cp.BK_SEQ, FP32_DOT_PRECISION=cp.FP32_DOT_PRECISION,
                                   STATE_DTYPE=str(cp.STATE_DTYPE))
-    defaults = ("default", cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ,
-                cp.BWD_SPLIT, cp.SAVE_A)
+    defaults = ("default", cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.NUM_WARPS_BWD, cp.BK_SEQ, cp.BV_SEQ,
+                cp.NUM_WARPS_SEQ, cp.BWD_SPLIT, cp.SAVE_A)
 
     case = None if ARGS.timings_only else step("inputs", make_case)
     ref = step("fp64 reference", reference, *case) if case else None

@@ -229,6 +229,13 @@ def test_32_token_chunks(monkeypatch):
     check(*run_both(inputs, scale=0.5, o_act="silu", output_final_state=True), tol=1e-4)
 
 
+# the chunk-tier launch also runs the chunks past its bound (their e^{m − b} overflow: the interpreter's numpy warns),
+# and the fallback launch then rewrites every output of theirs
+PAST_TIER = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                       "ignore:invalid value encountered:RuntimeWarning")
+
+
+@PAST_TIER
 def test_extreme_gates():
     """g = ±30 on a quarter of the entries, β from 0 to 0.999: the 16-token spread reaches hundreds, so the
     exact intra path runs on some chunks and the fast path on others; no overflow, fp32 accuracy."""
@@ -247,6 +254,7 @@ def test_extreme_gates():
     assert rel_err(dlb[beta > 0], dlb_ref[beta > 0]) <= 1e-4
 
 
+@PAST_TIER
 def test_all_gates_saturated():
     """Every gate at ±30: outputs and all gradients but dg/dβ to fp32 accuracy; dg (entries ~σ'(30) ≈ 1e-13)
     to an absolute error far below the scale of the other gradients."""

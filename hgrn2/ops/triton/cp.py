@@ -19,7 +19,7 @@ from .cp_fwd import cp_decay_kernel, cp_fwd_h_kernel, cp_fwd_o_kernel
 # --- tuning knobs (module globals) ------------------------------------------------------------------------
 BT = 64  # tokens per chunk (multiple of 16) for bf16 inputs; the intra block works in 16-token sub-blocks
 BT_FP32 = 32  # the same for fp32 / fp16 inputs (fp32 dot operands; ieee dots at BT = 64 spill ~60 KB)
-BK = 64  # K-block of the forward output kernel (it loops over K in blocks of BK)
+BK = 32  # K-block of the forward output kernel (it loops over K in blocks of BK)
 BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast with BK: see NOTES)
 BV = None  # V-block of the parallel kernels (None: min(V, 128); fp32: 32). fp32 caps every K-block at 32
 BK_SEQ = 64  # widest K-block of the sequential h / dh kernels (the state's columns are independent; None: K)
@@ -28,7 +28,11 @@ BV_SEQ = None  # widest V-block of the sequential kernels (None: min(V, 128); fp
 # shrink (K first: V-blocks repeat the gate math) while the programs fill less than this share of the SMs, down
 # to 32 × 32 (0: never). Chosen by analogy with the sequential chunk kernel's rule; not yet timed for cp.
 SEQ_SPLIT_BELOW = 0.5
-NUM_WARPS = None  # parallel kernels (None: 8 when BT·max(BK, BV) ≥ 4096 else 4: 4 warps spill KBs)
+# forward output kernel: 4 warps, so that two CTAs share an SM (bf16 BK 32, BV 128: ≤ 255 registers, 66 KB of
+# shared memory) and hide each other's load latency (H200, B8 T2048 H16: forward 0.467 → 0.427 ms against 8 warps
+# and BK 64, BENCHMARKS.md thirteenth session)
+NUM_WARPS = 4
+NUM_WARPS_BWD = None  # parallel backward kernel (None: 8 when BT·max(BK_BWD, BV) ≥ 4096 else 4: 4 warps spill KBs)
 NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
 MAXNREG_SEQ = None  # register cap of the sequential kernels (None: the compiler's choice; 128 fits 2 CTAs of 8 warps)
 STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
@@ -69,7 +73,8 @@ def _bt(o):
 
 
 def _config(o, i, n_seq_heads: int):
-    """(BK fwd, BK bwd, BV, BK seq, BV seq, warps, warps seq) for inputs of n_seq_heads (sequence, head) pairs."""
+    """(BK fwd, BK bwd, BV, BK seq, BV seq, warps fwd, warps bwd, warps seq) for inputs of n_seq_heads (sequence,
+    head) pairs."""
     K, V = o.shape[-1], i.shape[-1]
     fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
     kp, vp = max(16, next_pow2(K)), max(16, next_pow2(V))
@@ -87,9 +92,10 @@ def _config(o, i, n_seq_heads: int):
             bv_seq //= 2
     bt = _bt(o)
     assert bt % 16 == 0
-    warps = NUM_WARPS or (8 if bt * max(bk, bv) >= 4096 else 4)
+    warps = NUM_WARPS
+    warps_bwd = NUM_WARPS_BWD or (8 if bt * max(bk_bwd, bv) >= 4096 else 4)
     warps_seq = NUM_WARPS_SEQ or (8 if bk_seq * bv_seq >= 4096 else 4)
-    return bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq
+    return bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq
 
 
 def _num_chunks(o, cu_seqlens):
@@ -130,7 +136,7 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     b [B, T, H, K] fp32 and the chunk tier's verdicts fb (`_decay`) (else empty), for the backward."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H)
     bt = _bt(o)
     dt, prec = _dot_dtype(o, i)
     NT = cdiv(T, bt)
@@ -215,7 +221,7 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     the verdicts again)."""
     B, T, H, N = _layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_seq = _config(o, i, N * H)
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H)
     bt = _bt(o)
     dt, prec = _dot_dtype(o, i)
     NT = cdiv(T, bt)
@@ -244,7 +250,7 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     args = (o, g, i, lower_bound, h, a_saved, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, n_chunks, B * T)
     kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
               HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
-              DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps)
+              DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps_bwd)
     split = BWD_SPLIT if BWD_SPLIT is not None else a_saved.numel() == 0
     for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if split else (dict(DV=True, DQK=True),)):
         for fallback in (False, True):  # as in the forward

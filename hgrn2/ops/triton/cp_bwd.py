@@ -33,7 +33,6 @@ from .cp_fwd import (
     _intra_A,
     _load_gates,
     _ref_decay,
-    _runs_here,
     _sub_decay,
     _walk_loads,
 )
@@ -98,25 +97,25 @@ def cp_bwd_kernel(
 
     Two launches, as the forward's (`cp_fwd_o_kernel`): the chunk tier everywhere (grid (NC, NV, H)) from the b
     that `cp_fwd.cp_decay_kernel` stored in bb, then (FALLBACK, a small grid (P, NV, 1)) the chunks it listed in
-    fb as leaving the chunk tier, in the sub-block or exact tier. DV / DQK select the outputs: both (one fused
-    launch, the default) or one each (two launches that recompute the gates and re-read o, g, dy, dh but hold far
-    fewer registers; `cp.BWD_SPLIT`). LOAD_A: A is the forward's (`cp.SAVE_A`), read once instead of rebuilt from
-    every K-block."""
+    fb as leaving the chunk tier, in the sub-block or exact tier, over the first launch's output. DV / DQK select
+    the outputs: both (one fused launch, the default) or one each (two launches that recompute the gates and
+    re-read o, g, dy, dh but hold far fewer registers; `cp.BWD_SPLIT`). LOAD_A: A is the forward's (`cp.SAVE_A`),
+    read once instead of rebuilt from every K-block."""
     i_v = tl.program_id(1)
     if FALLBACK:
         for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
             c_h = tl.load(fb + 1 + NC * H + e)
-            _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK,
+            _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
                        c_h // H, i_v, c_h % H, H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT,
                        PREC, DV, DQK, LOAD_A, FALLBACK)
     else:
-        _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK,
+        _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
                    tl.program_id(0), i_v, tl.program_id(2), H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN,
                    MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
 
 
 @triton.jit
-def _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK, i_c, i_v, i_h,
+def _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK, i_c, i_v, i_h,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BV: tl.constexpr, O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
                MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr,
@@ -132,7 +131,7 @@ def _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, sc
     h, dh = h + (i_c.to(tl.int64) * H + i_h) * V * K, dh + (i_c.to(tl.int64) * H + i_h) * V * K
     if HAS_LB:
         dlb += ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K  # this program's row of the β partial sums
-    if _runs_here(fb, n, i_c, i_h, H, FALLBACK):  # padding chunks: their β partial sums stay 0
+    if n > 0:  # padding chunks: their β partial sums stay 0
         _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_c, i_v, i_h, H, K, V, BT, BK,
                       BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
 
@@ -156,7 +155,9 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
         dA = tl.dot(b_do, tl.trans(v_c), input_precision=PREC)
         dA = tl.where(causal, dA, 0.0).to(DT)
     if DV:
-        if not LOAD_A:
+        if LOAD_A:  # issued before the K loop: its latency hides behind it
+            A = tl.load(a_in + (i_c.to(tl.int64) * H + i_h) * BT * BT + (rows[:, None] * BT + rows[None, :]))
+        else:
             A = tl.zeros([BT, BT], dtype=tl.float32)
         dvT = tl.zeros([BV, BT], dtype=tl.float32)
 
@@ -214,9 +215,6 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
                         beta, offk, mtk, s_off, s_mask, ck, i_v, i_c, i_h, scale, H, K, O_ACT, HAS_LB, DT, PREC)
 
     if DV:
-        if LOAD_A:
-            a_in += (i_c.to(tl.int64) * H + i_h) * BT * BT
-            A = tl.load(a_in + (rows[:, None] * BT + rows[None, :]))
         dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
         _, dv_act = _act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reloaded
         tl.store(di + offv, (dv * dv_act).to(di.dtype.element_ty), mask=mtv)
@@ -278,10 +276,13 @@ def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i,
     _, dq_act = _act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
     tl.store(do + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
 
-    # d log f: reverse cumsum within the chunk + the end state's share
-    tail = _exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(k * dk_s, 0)
-    db = q * dq_s - k * dk_s + db_i
-    b_dlogf = tail[None, :] + tl.cumsum(db, 0, reverse=True)
+    # d log f_t = e^{b_last} Σ_v dh_c ⊙ h_c + Σ_s y_s + Σ_{t' ≥ t} (x − y)_t' with x = q ⊙ dq_s + the intra share,
+    # y = k ⊙ dk_s; as Σ_{t' ≥ t} x + Σ_{t' < t} y it takes a forward scan and a sum over the chunk (a reverse scan
+    # is 45% more instructions, and the scans and sums were a third of this kernel's time: Nsight Compute)
+    x = q * dq_s + db_i
+    y = k * dk_s
+    tail = _exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(x, 0)
+    b_dlogf = tail[None, :] + tl.cumsum(y - x, 0) + (x - y)
     # σ(±g), f recomputed from a reloaded tile (fewer live registers)
     g_2 = tl.load(g + offk, mask=mtk, other=0.0)
     _, _, s_pos, s_neg, f = _gates(g_2.to(tl.float32), beta, HAS_LB)

@@ -18,8 +18,8 @@ e^{−c} (bounded by the largest 16-token decay spread, checked against MAX_SPRE
      sub-block j)ᵀ with E_j[t] = e^{r_{i(t)} − r_j} (i(t) ≥ j, else 0): every factor bounded;
    - otherwise an exact column loop with the exponent masked before exp.
    The chunk tier reads b from `cp_decay_kernel` and holds no code of the other two; a second launch
-   (FALLBACK) takes the chunks that leave it (listed by `cp_decay_kernel`), in the sub-block or exact tier per
-   K-block.
+   (FALLBACK) redoes the chunks that leave it (listed by `cp_decay_kernel`), in the sub-block or exact tier per
+   K-block, over the first launch's output.
 """
 
 import triton
@@ -205,7 +205,7 @@ def cp_decay_kernel(g, lb, bb, fb, chunks, T, NT, NC, H: tl.constexpr, K: tl.con
     fb (int32, zeroed by the caller) = [count | leaves [NC·H] | list [NC·H]]: leaves[c·H + h] = 1 where some
     channel of the chunk decays by e^{-CHUNK_SPREAD} or more (it leaves the chunk tier), and the program that sets
     it first appends c·H + h to the list (count: the list's length), which the fallback launches walk instead of
-    a grid over every chunk. The verdict is made here once, so the two launches agree on every chunk."""
+    a grid over every chunk (the chunk-tier launches read no verdict: they take every chunk)."""
     i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
@@ -223,17 +223,6 @@ def cp_decay_kernel(g, lb, bb, fb, chunks, T, NT, NC, H: tl.constexpr, K: tl.con
     if -tl.min(b_end, 0) >= CHUNK_SPREAD:
         if tl.atomic_or(fb + 1 + i_c * H + i_h, 1) == 0:  # the first K-block to find it appends the chunk
             tl.store(fb + 1 + NC * H + tl.atomic_add(fb, 1), i_c * H + i_h)
-
-
-@triton.jit
-def _runs_here(fb, n, i_c, i_h, H: tl.constexpr, FALLBACK: tl.constexpr):
-    """Whether this launch takes the chunk: each chunk runs in exactly one of the two (the chunk tier unless
-    `cp_decay_kernel` listed it; padding chunks, n = 0, in neither)."""
-    if FALLBACK:
-        run = n > 0
-    else:
-        run = (n > 0) & (tl.load(fb + 1 + i_c * H + i_h) == 0)
-    return run
 
 
 @triton.jit
@@ -262,21 +251,23 @@ def cp_fwd_o_kernel(
     Two launches: the first (FALLBACK off, grid (NC, NV, H)) takes the chunk tier everywhere, from the within-chunk
     cumsum b that `cp_decay_kernel` stored in bb (no log, no scan here); the second (FALLBACK on, a small grid
     (P, NV, 1)) walks the chunks that `cp_decay_kernel` listed in fb as leaving the chunk tier, in the sub-block or
-    exact tier per K-block. STORE_A: the first V-block also stores the causal A [BT, BT] of its chunk and head (in
-    a_out's dtype) for the backward's dv."""
+    exact tier per K-block, and rewrites every output of theirs (the first launch wrote them too, possibly
+    non-finite: it reads no verdict, whose load would stall every program before its first tile). STORE_A: the
+    first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's dtype) for the backward's
+    dv."""
     i_v = tl.program_id(1)
     if FALLBACK:
         for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
             c_h = tl.load(fb + 1 + NC * H + e)
-            _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, c_h // H, i_v, c_h % H, H, K, V, BT,
+            _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, c_h // H, i_v, c_h % H, H, K, V, BT,
                          BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, FALLBACK)
     else:
-        _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, tl.program_id(0), i_v, tl.program_id(2), H,
+        _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, tl.program_id(0), i_v, tl.program_id(2), H,
                      K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, FALLBACK)
 
 
 @triton.jit
-def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, i_c, i_v, i_h, H: tl.constexpr,
+def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, i_c, i_v, i_h, H: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
                  MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr,
@@ -288,9 +279,11 @@ def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, i_c, i_
     o, g, bb = o + (t0 * H + i_h) * K, g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
     i, y = i + (t0 * H + i_h) * V, y + (t0 * H + i_h) * V
     h += (i_c.to(tl.int64) * H + i_h) * V * K
-    if _runs_here(fb, n, i_c, i_h, H, FALLBACK):
+    if n > 0:  # padding chunks: nothing (the chunk tier also takes fb's chunks; see `cp_fwd_o_kernel`)
         cv = i_v * BV + tl.arange(0, BV)
         rows = tl.arange(0, BT)
+        offv, mtv = _chunk_tile(n, cv, H, V, BV, BT)
+        i_t = tl.load(i + offv, mask=mtv, other=0.0)  # issued first: its latency hides behind the K loop
         out = tl.zeros([BT, BV], dtype=tl.float32)
         A = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
@@ -310,8 +303,6 @@ def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, i_c, i_
                 eb = e_q * _exp(m)[None, :]
             out += tl.dot((q * eb).to(DT), tl.trans(h_t.to(DT)), input_precision=PREC)
 
-        offv, mtv = _chunk_tile(n, cv, H, V, BV, BT)
-        i_t = tl.load(i + offv, mask=mtv, other=0.0)
         v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0)
         out += tl.dot(A.to(DT), v.to(DT), input_precision=PREC)
         tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
