@@ -129,15 +129,17 @@ def _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale,
     o, g, bb, do, dg = o + base_k, g + base_k, bb + base_k, do + part + base_k, dg + part + base_k
     i, dy, di = i + base_v, dy + base_v, di + base_v
     h, dh = h + (i_c.to(tl.int64) * H + i_h) * V * K, dh + (i_c.to(tl.int64) * H + i_h) * V * K
+    if LOAD_A:
+        a_in += (i_c.to(tl.int64) * H + i_h) * BT * BT  # the forward's A of this chunk and head
     if HAS_LB:
         dlb += ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K  # this program's row of the β partial sums
     if n > 0:  # padding chunks: their β partial sums stay 0
-        _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_c, i_v, i_h, H, K, V, BT, BK,
+        _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H, K, V, BT, BK,
                       BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
 
 
 @triton.jit
-def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_c, i_v, i_h, H: tl.constexpr,
+def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr,
                   DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr,
@@ -156,7 +158,7 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
         dA = tl.where(causal, dA, 0.0).to(DT)
     if DV:
         if LOAD_A:  # issued before the K loop: its latency hides behind it
-            A = tl.load(a_in + (i_c.to(tl.int64) * H + i_h) * BT * BT + (rows[:, None] * BT + rows[None, :]))
+            A = tl.load(a_in + (rows[:, None] * BT + rows[None, :]))
         else:
             A = tl.zeros([BT, BT], dtype=tl.float32)
         dvT = tl.zeros([BV, BT], dtype=tl.float32)
@@ -212,7 +214,7 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
             dvT += tl.dot(dh_c, tl.trans((k * w_end).to(DT)), input_precision=PREC)
         if DQK:
             _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c,
-                        beta, offk, mtk, s_off, s_mask, ck, i_v, i_c, i_h, scale, H, K, O_ACT, HAS_LB, DT, PREC)
+                        beta, offk, mtk, s_off, s_mask, ck, scale, K, O_ACT, HAS_LB, DT, PREC)
 
     if DV:
         dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
@@ -263,8 +265,8 @@ def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, B
 
 @triton.jit
 def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c, beta, offk,
-                mtk, s_off, s_mask, ck, i_v, i_c, i_h, scale, H: tl.constexpr, K: tl.constexpr,
-                O_ACT: tl.constexpr, HAS_LB: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+                mtk, s_off, s_mask, ck, scale, K: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr,
+                DT: tl.constexpr, PREC: tl.constexpr):
     """One K-block of `cp_bwd_kernel`'s dq, dk (the intra terms given), d log f and the stores of do, dg and the
     β partial sums (pointers at the chunk's first row and head)."""
     # state terms (operands in the dot dtype: h and dh are stored in it anyway)
