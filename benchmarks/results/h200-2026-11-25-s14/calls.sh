@@ -5,6 +5,7 @@
 #      against HEAD (.base); the cp interpreter-level GPU tests at the working tree.
 #   3: d log f's constant from the walk (working tree) against call 2's scan change alone (.v1) and HEAD (.base),
 #      then the GPU-only and extreme-gate cp tests.
+#   (calls 2-3 as run, folded into `ab` afterwards: the same commands in the same order)
 #   4: call 3 with the walk's h tile prefetched one step ahead (working tree), same comparisons.
 #   5 (kept: call 2's change, committed): `hgrn2 bench ops` as the issue asks, by gpu_suite.sh's bench step:
 #      OUT=$OUT STEPS=bench BENCH_ARGS="--skip hgrn1" BENCH_TIMEOUT=420 BENCH_BUDGET=360 bash benchmarks/gpu_suite.sh
@@ -40,39 +41,29 @@ call1() {
   } | tee $OUT/profile.txt
   cat $OUT/timings.txt
 }
-call2() {
+ab() {  # tests' limit (s), extra `t` lines ("label path args" per line), the profiled label=path pairs, then the
+        # label=path pairs timed twice
+  local limit=$1 extra=$2 profiled=$3; shift 3
   {
-  for r in 1 2; do
-  t base .base
-  t new .
-  t v2 .v2
-  done
-  t base_h8 .base --heads 8
-  t new_h8 . --heads 8
-  t base_b2x8192 .base --shape 2x8192
-  t new_b2x8192 . --shape 2x8192
+  for r in 1 2; do for lp in "$@"; do t "${lp%%=*}" "${lp#*=}"; done; done
+  while read -r line; do [ -n "$line" ] && t $line; done <<< "$extra"
   } | tee $OUT/timings.txt
-  { prof base .base; prof new .; } | tee $OUT/profile.txt
-  PYTHONPATH=. timeout 200 python3 -m pytest -q -x tests/test_triton_cp.py -k "gpu or extreme or saturated or fallback" \
+  for lp in $profiled; do prof "${lp%%=*}" "${lp#*=}"; done | tee $OUT/profile.txt
+  PYTHONPATH=. timeout "$limit" python3 -m pytest -q -x tests/test_triton_cp.py -k "gpu or extreme or saturated or fallback" \
     -p no:cacheprovider 2>&1 | tail -3 | tee $OUT/tests_cp.txt
   cat $OUT/timings.txt
 }
+call2() {
+  ab 200 "base_h8 .base --heads 8
+new_h8 . --heads 8
+base_b2x8192 .base --shape 2x8192
+new_b2x8192 . --shape 2x8192" "base=.base new=." base=.base new=. v2=.v2
+}
 call3() {
-  {
-  for r in 1 2; do
-  t base .base
-  t v1 .v1
-  t new .
-  done
-  t base_b2x8192 .base --shape 2x8192
-  t new_b2x8192 . --shape 2x8192
-  t base_b1x32768 .base --shape 1x32768
-  t new_b1x32768 . --shape 1x32768
-  } | tee $OUT/timings.txt
-  { prof v1 .v1; prof new .; } | tee $OUT/profile.txt
-  PYTHONPATH=. timeout 240 python3 -m pytest -q -x tests/test_triton_cp.py -k "gpu or extreme or saturated or fallback" \
-    -p no:cacheprovider 2>&1 | tail -3 | tee $OUT/tests_cp.txt
-  cat $OUT/timings.txt
+  ab 240 "base_b2x8192 .base --shape 2x8192
+new_b2x8192 . --shape 2x8192
+base_b1x32768 .base --shape 1x32768
+new_b1x32768 . --shape 1x32768" "v1=.v1 new=." base=.base v1=.v1 new=.
 }
 call4() { call3; }
 "call$1"
