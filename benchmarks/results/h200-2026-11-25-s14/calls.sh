@@ -10,6 +10,8 @@
 #   5 (kept: call 2's change, committed): `hgrn2 bench ops` as the issue asks, by gpu_suite.sh's bench step:
 #      OUT=$OUT STEPS=bench BENCH_ARGS="--skip hgrn1" BENCH_TIMEOUT=420 BENCH_BUDGET=360 bash benchmarks/gpu_suite.sh
 #      (carry .whl .triton-autotune); its outputs are bench_ops.{txt,json} here.
+#   6 (review): the scan with one pass-through operand (dk; y − x recomputed) in the working tree against the
+#      committed three-operand scan (.v1) and the session's start (.base), then the GPU-only and extreme-gate tests.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache
@@ -66,4 +68,8 @@ base_b1x32768 .base --shape 1x32768
 new_b1x32768 . --shape 1x32768" "v1=.v1 new=." base=.base v1=.v1 new=.
 }
 call4() { call3; }
+call6() {
+  ab 240 "base_b2x8192 .base --shape 2x8192
+new_b2x8192 . --shape 2x8192" "v1=.v1 new=." base=.base v1=.v1 new=.
+}
 "call$1"
