@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ._interpret import patch_interpreter_bf16
+from ._interpret import patch_interpreter
 
-patch_interpreter_bf16()
+patch_interpreter()
 
 from .chunk import hgrn2_chunk_triton  # noqa: E402
 from .cp import hgrn2_cp_triton  # noqa: E402

@@ -1,4 +1,5 @@
-"""Make Triton's CPU interpreter (TRITON_INTERPRET=1) do bf16 arithmetic as the GPU does.
+"""Make Triton's CPU interpreter (TRITON_INTERPRET=1) do bf16 arithmetic as the GPU does, and run our kernels on
+the GPU machines' Triton too.
 
 Two defects of the interpreter (Triton 3.9) would make the CPU tests of the bf16 paths meaningless:
 - its `tl.dot` hands bf16 tiles (stored as uint16 bit patterns) to `np.matmul` as integers: garbage. Widening
@@ -6,7 +7,10 @@ Two defects of the interpreter (Triton 3.9) would make the CPU tests of the bf16
   tensor cores compute;
 - its fp32 → bf16 cast truncates (rounds toward zero, a bias the GPU's round-to-nearest-even does not have);
   torch's cast rounds to nearest even.
-So the CPU tests exercise the kernels' real bf16 rounding. Applied only under the interpreter, once.
+So the CPU tests exercise the kernels' real bf16 rounding. And Triton 3.6's interpreter (the GPU machines') takes
+a scalar as a loop bound by `int()` of its one-element array, which NumPy ≥ 2.4 refuses ("only 0-dimensional
+arrays can be converted to Python scalars"); Triton 3.9 squeezes it first, as done here. Applied only under the
+interpreter, once.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import os
 
 
-def patch_interpreter_bf16() -> None:
+def patch_interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     import numpy as np
@@ -46,3 +50,11 @@ def patch_interpreter_bf16() -> None:
     builder.create_dot, builder.cast_impl = create_dot, cast_impl
     builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
     builder._hgrn2_bf16_patched = True
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))  # undone first (LIFO)
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
