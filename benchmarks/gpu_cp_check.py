@@ -45,6 +45,7 @@ CP_CONFIGS = [
     ("split-o32w4-b32-v128-w8-s64", 32, 32, 128, 4, 8, 64, 128, 8, True, False),
 ]
 
+
 def log(*a, sep=" "):
     print(f"[{time.time() - T_START:6.1f}s]", *a, sep=sep, flush=True)
 

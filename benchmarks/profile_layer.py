@@ -19,7 +19,7 @@ from hgrn2.layers.hgru2 import HGRU2
 GROUPS = (  # first match wins: kernel-name fragments → group
     ("matmul", ("gemm", "sm90_xmma", "cutlass", "nvjet", "splitk", "ampere", "matmul")),
     ("norm", ("norm",)),
-    ("recurrence", ("cp_", "chunk", "gla", "fwd_kernel", "bwd_kernel")),
+    ("recurrence", ("cp_", "chunk", "gla")),  # fla's recurrence kernels all say chunk_ (its silu: other)
 )
 
 

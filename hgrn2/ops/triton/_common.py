@@ -5,16 +5,16 @@ one head: q [BT, K] (activated, scaled output gate), k = 1 − f [BT, K], a = lo
 within the sub-block (so b ≤ 0 and non-increasing down the rows), v [BT, BV].
 """
 
-import os
-
 import triton
 import triton.language as tl
+
+from ._interpret import INTERPRET
 
 # The kernels' transcendentals take the PTX approximations with denormals flushed (`_exp`, `_log`, `_rcp`): one
 # MUFU op each. tl.exp / tl.log check the range around their (non-flushing) MUFU op and `/` is IEEE division, a
 # dozen instructions per element in kernels whose time is their instruction count. Under TRITON_INTERPRET the
 # kernels run as numpy, which cannot run PTX: there they fall back to tl.exp, tl.log and `/`.
-_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+_INTERPRET = tl.constexpr(INTERPRET)
 
 
 @triton.jit

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernels run as numpy on the CPU (read at import)
+
 
 def patch_interpreter() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not INTERPRET:
         return
     import numpy as np
     import torch
@@ -27,7 +29,7 @@ def patch_interpreter() -> None:
     from triton.runtime import interpreter
 
     builder = interpreter.InterpreterBuilder
-    if getattr(builder, "_hgrn2_bf16_patched", False):
+    if getattr(builder, "_hgrn2_patched", False):
         return
     dot, cast = builder.create_dot, builder.cast_impl
 
@@ -49,7 +51,6 @@ def patch_interpreter() -> None:
 
     builder.create_dot, builder.cast_impl = create_dot, cast_impl
     builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
-    builder._hgrn2_bf16_patched = True
 
     patch_tensor = interpreter._patch_lang_tensor
 
@@ -58,3 +59,4 @@ def patch_interpreter() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))  # undone first (LIFO)
 
     interpreter._patch_lang_tensor = patch_lang_tensor
+    builder._hgrn2_patched = True

@@ -69,7 +69,7 @@ def cp_bwd_dh_kernel(
     o_nx, b_nx, bl_nx, dy_nx = _walk_loads(o, bb, dy, left, ck, cv, H, K, V, BK, BV, BT)
     for it in range(0, n_c):
         o_t, b_t, bl_t, dy_t = o_nx, b_nx, bl_nx, dy_nx
-        offk, mtk = _chunk_tile(left, ck, H, K, BK, BT)
+        _, mtk = _chunk_tile(left, ck, H, K, BK, BT)
         o, bb, dy, left = o - BT * H * K, bb - BT * H * K, dy - BT * H * V, left + BT
         o_nx, b_nx, bl_nx, dy_nx = _walk_loads(o, bb, dy, tl.where(it < n_c - 1, left, 0), ck, cv, H, K, V, BK,
                                                BV, BT)

@@ -166,8 +166,8 @@ def cp_fwd_h_kernel(
     g_nx, b_nx, bl_nx, i_nx = _walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
     for _ in range(0, tl.cdiv(left, BT)):
         g_t, b_t, bl_t, i_t = g_nx, b_nx, bl_nx, i_nx
-        offk, mtk = _chunk_tile(left, ck, H, K, BK, BT)
-        offv, mtv = _chunk_tile(left, cv, H, V, BV, BT)
+        _, mtk = _chunk_tile(left, ck, H, K, BK, BT)
+        _, mtv = _chunk_tile(left, cv, H, V, BV, BT)
         g, bb, i, left = g + BT * H * K, bb + BT * H * K, i + BT * H * V, left - BT
         g_nx, b_nx, bl_nx, i_nx = _walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
 
