@@ -33,6 +33,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from hgrn2.bench.common import rel_err
+
 H, D = 16, 128  # heads and head size of every row (quick runs: 2 and 32)
 TOKENS = 16384
 SEQ_LENS = (512, 2048, 8192, 32768)
@@ -151,11 +153,6 @@ def sdpa(q, k, v):
 
 # ---------------------------------------------------------------------------------------------------------------
 # rows
-
-
-def rel_err(x, ref) -> float:
-    x, ref = x.detach().double(), ref.detach().double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def gate_inputs(B, T, ctx, requires_grad=False):

@@ -7,10 +7,10 @@ programs. On the CPU the kernels run in Triton's interpreter (the CUDA-only disp
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
 
 import hgrn2.ops.norm as norm_mod
 import hgrn2.ops.swiglu as swiglu_mod
+from hgrn2.bench.common import rel_err
 from hgrn2.ops.norm import add_rms_norm, layer_norm, rms_norm
 from hgrn2.ops.swiglu import swiglu_linear
 

@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
-from test_train_helpers import base_overrides, losses, make_corpus
 
 from hgrn2.cli import main
 from hgrn2.train import checkpoint as ckpt
 from hgrn2.train.config import make_config, preset_names
 from hgrn2.train.optim import build_optimizer, lr_at
+from tests.train.helpers import base_overrides, losses, make_corpus
 
 
 @pytest.fixture(scope="module")

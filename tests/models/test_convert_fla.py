@@ -5,10 +5,10 @@ import json
 
 import pytest
 import torch
-from conftest import rel_err
 from transformers import AutoModelForCausalLM
 
 import hgrn2  # noqa: F401
+from hgrn2.bench.common import rel_err
 from hgrn2.cli import main as cli_main
 from hgrn2.models import HGRN2ForCausalLM
 from hgrn2.models.convert import convert_fla_checkpoint, greedy_decode
@@ -156,7 +156,7 @@ def test_gpu_convert_script_reports_divergences_as_near_ties(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     subprocess.run([sys.executable, "benchmarks/gpu_convert_fla.py", "--device", "cpu", "--hidden", "64",
                     "--expand", "16", "--layers", "2", "--prompt-len", "20", "--new-tokens", "60",

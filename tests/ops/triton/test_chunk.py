@@ -9,8 +9,8 @@ import os
 
 import pytest
 import torch
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.ops import hgrn2, hgrn2_reference
 from hgrn2.ops.triton import chunk as chunk_mod
 from hgrn2.ops.triton import hgrn2_chunk_triton, hgrn2_triton
@@ -319,7 +319,7 @@ def test_launch_sweep_script_runs(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     out = tmp_path / "sweep.json"
     subprocess.run([sys.executable, "benchmarks/gpu_chunk_sweep.py", "--device", "cpu", "--shapes", "1x20x1",

@@ -1,8 +1,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.layers import GLU, HGRU2, TOKEN_MIXERS, RMSNorm, get_token_mixer, glu_intermediate_size
 
 FLA = dict(o_act="silu", i_act=None, scale="auto", norm="rmsnorm")

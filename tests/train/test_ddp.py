@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 import torch
-from test_train_helpers import base_overrides, losses, make_corpus, run_train
+
+from tests.train.helpers import base_overrides, losses, make_corpus, run_train
 
 STEPS = 12
 

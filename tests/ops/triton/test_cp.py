@@ -10,8 +10,8 @@ import os
 
 import pytest
 import torch
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.ops import hgrn2_reference
 from hgrn2.ops.triton import cp as cp_mod
 from hgrn2.ops.triton.cp import hgrn2_cp_triton

@@ -1,7 +1,7 @@
 import pytest
 import torch
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.models import HGRN2Cache, HGRN2Config, HGRN2ForCausalLM
 from hgrn2.models.modeling_hgrn2 import CACHE_FIELD
 

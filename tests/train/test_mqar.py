@@ -234,7 +234,7 @@ def test_profile_script_runs_on_cpu():
     import os
     import subprocess
     import sys
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "benchmarks/profile_mqar_step.py", "--device", "cpu", "--d", "16", "--L",
                           "32", "--batch", "2", "--queries", "4", "--steps", "2"], cwd=root, check=True,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
@@ -308,7 +308,7 @@ def test_recorded_quick_runs_are_the_presets_runs():
     """README's MQAR table comes from the per-run JSONs committed under benchmarks/results/: each of the quick
     preset's runs (ids hash the whole spec) has a complete result there, so a change of protocol or preset that
     makes those results stale fails here."""
-    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    root = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     recorded = {p.stem: p for p in root.glob("h200-*/mqar/runs/*.json")}
     runs, _ = sweep_build([])
     missing = [r.run_id for r in runs if r.run_id not in recorded]

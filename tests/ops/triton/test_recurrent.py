@@ -3,8 +3,8 @@
 
 import pytest
 import torch
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.ops.reference import hgrn2_reference
 from hgrn2.ops.triton.recurrent import hgrn2_recurrent_triton
 

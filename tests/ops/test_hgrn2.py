@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.ops import activate, clamp_forget_logits, hgrn2, log_forget, lower_bounds_from_logits, one_minus_forget
 
 

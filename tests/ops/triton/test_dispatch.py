@@ -6,9 +6,9 @@ import os
 
 import pytest
 import torch
-from conftest import rel_err
 
 import hgrn2.ops.triton as tri
+from hgrn2.bench.common import rel_err
 from hgrn2.ops import hgrn2_reference
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
@@ -97,7 +97,7 @@ def test_dispatch_benchmark_script_runs(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     out = tmp_path / "dispatch.json"
     subprocess.run([sys.executable, "benchmarks/gpu_dispatch.py", "--device", "cpu", "--shapes", "1x40x1,2x20x1",

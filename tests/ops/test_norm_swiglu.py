@@ -4,8 +4,8 @@ low-precision gradients no worse than the composite's (also under autocast), and
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.bench.memory import activation_bytes, saved_tensor_bytes
 from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
 from hgrn2.ops.norm import layer_norm, rms_norm

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.layers.attention import Attention
 from hgrn2.layers.hgru1 import HGRU1, HGRU1Complex
 from hgrn2.layers.pese import GLTIPESE, GLTPESE, KPPESE, KRPPESE, LRPESE, GroupLinear, Kronecker, NaivePESE

@@ -8,7 +8,8 @@ import subprocess
 import time
 
 from safetensors.torch import load_file
-from test_train_helpers import ROOT, base_overrides, env, losses, make_corpus, run_train, train_cmd
+
+from tests.train.helpers import ROOT, base_overrides, env, losses, make_corpus, run_train, train_cmd
 
 
 def _kill_after_checkpoint(overrides, out_dir, step):

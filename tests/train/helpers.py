@@ -12,7 +12,7 @@ import numpy as np
 
 from hgrn2.data.prepare import write_corpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tiny_model_overrides(dropout: float = 0.1) -> list[str]:

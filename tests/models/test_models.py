@@ -1,10 +1,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import hgrn2  # noqa: F401  registers the Auto classes
+from hgrn2.bench.common import rel_err
 from hgrn2.models import HGRN2Config, HGRN2ForCausalLM, HGRN2ForSequenceClassification, HGRN2Model
 
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.ops.cross_entropy import linear_cross_entropy
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from conftest import rel_err
 
+from hgrn2.bench.common import rel_err
 from hgrn2.ops import hgrn1
 from hgrn2.ops.scan import LinearScan
 

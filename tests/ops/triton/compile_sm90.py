@@ -1,7 +1,7 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
 Run as a script in a process without TRITON_INTERPRET:
-`python tests/compile_sm90.py recurrent|hgrn1|chunk|chunk-default|chunk-grid|cp|cp-default|glue`. Triton
+`python tests/ops/triton/compile_sm90.py recurrent|hgrn1|chunk|chunk-default|chunk-grid|cp|cp-default|glue`. Triton
 versions differ in what they reject (3.6, on the GPU machines, refuses a `return` inside a branch on a runtime
 value; 3.9 takes it): to check against another version, `pip install --target /tmp/t36 --no-deps
 triton==3.6.0` and put /tmp/t36 first on PYTHONPATH.
