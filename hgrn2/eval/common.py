@@ -81,16 +81,18 @@ def check_length(model, length: int, what: str) -> None:
                         f"(max_position_embeddings)")
 
 
-def forward(model, ids: torch.Tensor, cache=None, attention_mask=None):
-    """One causal-LM forward carrying `cache`; returns (logits [B, T, V], the updated cache)."""
-    out = model(input_ids=ids, attention_mask=attention_mask, use_cache=True, **{CACHE_FIELD: cache})
+def forward(model, ids: torch.Tensor, cache=None, attention_mask=None, keep: int = 0):
+    """One causal-LM forward carrying `cache`; returns (logits [B, T or keep, V], the updated cache)."""
+    out = model(input_ids=ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=keep,
+                **{CACHE_FIELD: cache})
     return out.logits, getattr(out, CACHE_FIELD)
 
 
 @torch.no_grad()
 def greedy_generate(model, tok, prompts: Sequence[list[int]], max_new_tokens: int, batch_size: int = 8,
-                    stop_ids: Sequence[int] = ()) -> list[list[int]]:
-    """Greedy continuations of token-id prompts (left-padded batches), cut after the first stop id."""
+                    stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = ()) -> list[list[int]]:
+    """Greedy continuations of token-id prompts (left-padded batches), cut before the first stop id. Decoding of a
+    batch ends early once every row has produced one of `stop_strings` (the caller cuts the text there)."""
     device = next(model.parameters()).device
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
@@ -104,7 +106,8 @@ def greedy_generate(model, tok, prompts: Sequence[list[int]], max_new_tokens: in
             ids[r, T - len(prompts[i]):] = torch.tensor(prompts[i])
             mask[r, T - len(prompts[i]):] = 1
         gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                             max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=list(stop_ids) or None)
+                             max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=list(stop_ids) or None,
+                             **({"stop_strings": list(stop_strings), "tokenizer": tok} if stop_strings else {}))
         for r, i in enumerate(idx):
             new = gen[r, T:].tolist()
             cut = next((k for k, t in enumerate(new) if t in stop_ids), len(new))
