@@ -54,8 +54,12 @@ def load_tokenizer(path: str):
         raise EvalError(f"--tokenizer: no tokenizer files ({', '.join(names)}) in {path!r}")
     if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    else:
+    else:  # a bare tokenizer.json (as `hgrn2 data prepare` writes): its end-of-text token named as data prepare does
+        from hgrn2.data.tokenizer import EOS_CANDIDATES
+
         tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
+        tok.eos_token = next((t for t in EOS_CANDIDATES if tok.convert_tokens_to_ids(t) != tok.unk_token_id
+                              and t in tok.get_vocab()), None)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     return tok

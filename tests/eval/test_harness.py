@@ -113,3 +113,26 @@ def test_rejects_non_recurrent_models(llama_dir):
 def test_cli_unknown_task(hgrn2_dir, capsys):
     assert main(["eval", "lm-eval", hgrn2_dir, "--tasks", "piqa,no_such_task", "--device", "cpu"]) == 2
     assert "unknown task name(s) ['no_such_task']" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_registered_with_lm_eval():
+    from lm_eval.api.registry import get_model
+
+    assert get_model("hgrn2") is HGRN2LM
+
+
+@pytest.mark.slow
+def test_lm_eval_own_cli(hgrn2_dir, tmp_path):
+    import subprocess
+    import sys
+
+    cfg = yaml.safe_load((FIXTURE / "hgrn2_tiny_mc.yaml").read_text())
+    cfg["dataset_kwargs"]["data_files"]["test"] = str(FIXTURE / "hgrn2_tiny_mc.jsonl")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "t.yaml").write_text(yaml.safe_dump(cfg))
+    run = subprocess.run([sys.executable, "-m", "hgrn2.eval.harness", "--model", "hgrn2", "--model_args",
+                          f"pretrained={hgrn2_dir},dtype=float32", "--device", "cpu", "--tasks", "hgrn2_tiny_mc",
+                          "--include_path", str(tmp_path / "tasks"), "--output_path", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=600, cwd=pathlib.Path(__file__).parents[2])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "hgrn2_tiny_mc" in run.stdout and "acc" in run.stdout
