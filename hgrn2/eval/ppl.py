@@ -32,6 +32,7 @@ from .common import (
     forward,
     load_model,
     load_tokenizer,
+    model_label,
     save_figure,
     write_json,
 )
@@ -103,7 +104,7 @@ def evaluate(args: argparse.Namespace) -> dict:
                   dtype=str(next(model.parameters()).dtype).removeprefix("torch."), device=str(device))
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "ppl.json"), result)
-    plot_curve(result, os.path.join(args.out, "ppl.png"), args.train_length, label=os.path.basename(args.model))
+    plot_curve(result, os.path.join(args.out, "ppl.png"), args.train_length, label=model_label(args.model))
     return result
 
 
