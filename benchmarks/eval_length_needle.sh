@@ -31,5 +31,7 @@ python -m hgrn2.cli train --config tiny --set data="$OUT/data" out_dir="$OUT/run
   eval_every="$STEPS" save_every="$STEPS" "$@"
 python -m hgrn2.cli eval ppl "$OUT/run/final" "$OUT/data" --split val --sequences stream --length $((SEQ * 8)) \
   --train-length "$SEQ" --bin $((SEQ / 4)) --out "$OUT/ppl"
+LENGTHS=256  # needle and question take ~130 tokens of a 2048-token BPE; powers of two up to 16x SEQ_LEN
+for ((n = 512; n <= SEQ * 16; n *= 2)); do LENGTHS="$LENGTHS,$n"; done
 python -m hgrn2.cli eval needle "$OUT/run/final" --haystack "$OUT/text/val.txt" --mode easy \
-  --lengths $((SEQ * 2)),$((SEQ * 4)),$((SEQ * 8)),$((SEQ * 16)),$((SEQ * 32)) --depths 11 --out "$OUT/needle"
+  --lengths "$LENGTHS" --depths 11 --out "$OUT/needle"
