@@ -18,7 +18,6 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "profile"): ("hgrn2.bench.profile", "where a layer's or a training step's time goes"),
     ("bench", "accuracy"): ("hgrn2.bench.accuracy", "every output and gradient against the fp64 reference"),
     ("bench", "convert-fla"): ("hgrn2.bench.convert_fla", "a converted fla checkpoint against fla: logits, greedy"),
-    ("bench", "ddp"): ("hgrn2.bench.ddp", "one GPU against DDP and FSDP2 under torchrun: losses, tokens/s"),
     ("bench", "memory"): ("hgrn2.bench.memory", "activation bytes a training step keeps for the backward"),
     ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),

@@ -84,9 +84,15 @@ def device_name(device: torch.device | str) -> str:
 
 
 def device_slug(name: str, count: int = 1) -> str:
-    """A short folder name for a device: "NVIDIA H100 80GB HBM3" → "h100", two H200s → "h200x2", a CPU → "cpu"."""
-    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.upper())
-    slug = m.group(1).lower() if m and "NVIDIA" in name.upper() else "cpu"
+    """A short folder name for a GPU: "NVIDIA H100 80GB HBM3" → "h100", "NVIDIA GeForce RTX 4090" → "rtx4090", two
+    H200s → "h200x2"."""
+    words = [w for w in re.split(r"[\s_]+", name.lower()) if w not in ("nvidia", "geforce", "amd", "radeon")]
+    head = []
+    for w in words:
+        head.append(w.split("-")[0])
+        if any(c.isdigit() for c in w):
+            break
+    slug = re.sub(r"[^a-z0-9]", "", "".join(head)) or "gpu"
     return f"{slug}x{count}" if count > 1 else slug
 
 
@@ -101,7 +107,8 @@ def environment(device: torch.device | str, gpus: int = 1) -> dict:
     """Device name and slug, package versions, the commit of the working tree (with "+dirty" when it has changes)
     and today's UTC date."""
     name = device_name(device)
-    return {"device": name if gpus == 1 else f"{gpus} × {name}", "device_slug": device_slug(name, gpus),
+    slug = device_slug(name, gpus) if torch.device(device).type == "cuda" else "cpu"
+    return {"device": name if gpus == 1 else f"{gpus} × {name}", "device_slug": slug,
             "versions": {k: _version(p) for k, p in PACKAGES.items()} | {"python": platform.python_version()},
             "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 

@@ -1,8 +1,8 @@
-"""fla HGRN2 checkpoint → hgrn2, checked on a GPU: logits in fp32 and bf16, and greedy generations.
+"""`hgrn2 bench convert-fla`: an fla HGRN2 checkpoint converted to hgrn2 gives fla's logits and greedy generations.
 
-    PYTHONPATH=. python benchmarks/gpu_convert_fla.py [--out DIR]
-    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_convert_fla.py --device cpu --hidden 64 --expand 16 \
-        --layers 2 --prompt-len 20 --new-tokens 4      # a smoke test of this script on a CPU
+    hgrn2 bench convert-fla                    # writes benchmarks/results/<device>/convert_fla.json
+    TRITON_INTERPRET=1 hgrn2 bench convert-fla --device cpu --hidden 64 --expand 16 --layers 2 --prompt-len 20 \
+        --new-tokens 4                         # the same check on a CPU (fla's kernels in Triton's interpreter)
 
 Builds fla's `HGRN2ForCausalLM` (flash-linear-attention 0.6.0, its own fused norms and kernels) with random
 weights, saves it, converts it with `hgrn2 convert-fla`, and compares on the same GPU:
@@ -18,27 +18,28 @@ The lower bounds and norm weights are randomised too, so that a mis-mapped one c
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
-# fla's GLA kernels leave tl.dot's precision at Triton's default, tf32 for fp32 inputs (4e-4 off the exact
-# logits on an H100); the fp32 comparison is meant to check the conversion, so fla runs with IEEE fp32 dots,
-# as ours do. Must be set before any kernel compiles.
-os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+import torch
 
-import torch  # noqa: E402
-
+from hgrn2.bench.common import add_output_argument, command_of, environment, rel_err, write_result
 from hgrn2.models import HGRN2ForCausalLM
 from hgrn2.models.convert import convert_fla_checkpoint, greedy_decode
 
 
-def rel(x, ref):
-    x, ref = x.detach().double(), ref.detach().double()
-    return ((x - ref).norm() / ref.norm()).item()
+def add_arguments(p) -> None:
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--expand", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--prompt-len", type=int, default=300)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_output_argument(p)
 
 
 def fla_model(args):
@@ -86,25 +87,19 @@ def agreement(x, y):
 
 
 @torch.no_grad()
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--expand", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=1000)
-    p.add_argument("--prompt-len", type=int, default=300)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
+def run(args) -> int:
+    # fla's GLA kernels leave tl.dot's precision at Triton's default, tf32 for fp32 inputs (4e-4 off the exact
+    # logits on an H100); the fp32 comparison checks the conversion, so fla runs with IEEE fp32 dots, as ours do
+    os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device: cuda is not available (fla's kernels need a GPU or TRITON_INTERPRET=1)")
     if args.device == "cpu":  # fla's kernels in Triton's interpreter: make it round bf16 as a GPU does
         import hgrn2.ops.triton  # noqa: F401
     # a correctness check: fla's autotuner (minutes of compiling and timing configs on a cold cache, and it
     # cannot time at all in Triton's CPU interpreter) takes each kernel's first config instead
     import triton.runtime.autotuner as autotuner
     autotuner.Autotuner._bench = lambda self, *a, config=None, **k: [0.0, 0.0, 0.0]
-    name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    result = {"device": name, "args": {k: str(v) for k, v in vars(args).items()}}
+    env = environment(args.device)
     t0 = time.time()
     ref_fla = fla_model(args)
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,18 +125,20 @@ def main():
         gb = ours_m.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False)
         log(t0, f"{dtype}: our generate")
         err_rms = max((a - want).pow(2).mean(), (b - want).pow(2).mean()).sqrt().item()
-        row = {"dtype": str(dtype).removeprefix("torch."), "fla_vs_fp64": rel(a, want),
-               "ours_vs_fp64": rel(b, want), "ours_vs_fla": rel(b, a),
+        row = {"dtype": str(dtype).removeprefix("torch."), "fla_vs_fp64": rel_err(a, want),
+               "ours_vs_fp64": rel_err(b, want), "ours_vs_fla": rel_err(b, a),
                "argmax_ours_fla": agreement(b, a), "argmax_fla_fp64": agreement(a, want),
                "argmax_ours_fp64": agreement(b, want),
                "greedy_equal": bool(torch.equal(ga, gb)), "new_tokens": args.new_tokens,
                **divergence(oracle, ga, gb, err_rms)}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    result["rows"] = rows
-    result["seconds"] = round(time.time() - t0, 1)
-    lines = [f"# {result['device']}: fla HGRN2 (d={args.hidden}, {args.layers} layers, expand {args.expand}) "
-             f"→ hgrn2, prompt 2x{args.prompt_len}, {args.new_tokens} greedy tokens, {result['seconds']} s",
+    seconds = round(time.time() - t0, 1)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "command_line")}
+    path = write_result(args.out, "convert_fla", env, rows, command_of(args), args=settings, seconds=seconds)
+    print(f"wrote {path}")
+    lines = [f"# {env['device']}: fla HGRN2 (d={args.hidden}, {args.layers} layers, expand {args.expand}) "
+             f"→ hgrn2, prompt 2x{args.prompt_len}, {args.new_tokens} greedy tokens, {seconds} s",
              "| dtype | fla vs fp64 ref | ours vs fp64 ref | ours vs fla | argmax ours=fla (prompt) | greedy equal |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -154,11 +151,4 @@ def main():
         lines.append(f"| {r['dtype']} | {r['fla_vs_fp64']:.2e} | {r['ours_vs_fp64']:.2e} | {r['ours_vs_fla']:.2e} "
                      f"| {r['argmax_ours_fla']:.4f} | {greedy} |")
     print("\n".join(lines))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "convert_fla.json").write_text(json.dumps(result, indent=1))
-        (args.out / "convert_fla.md").write_text("\n".join(lines) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return 0
