@@ -44,6 +44,7 @@ from hgrn2.bench.common import (
     time_ms,
     write_result,
 )
+from hgrn2.bench.report import ops_tables
 
 H, D = 16, 128  # heads and head size of every row (quick runs: 2 and 32)
 TOKENS = 16384
@@ -413,33 +414,10 @@ def floor_ms(ctx, nbytes, flops) -> float:
 # report
 
 
-def ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def table(rows) -> str:
-    cols = ["kind", "mode", "shape", "ours_ms", "fla_ms", "sdpa_ms", "ours/fla", "ours/sdpa", "floor_ms",
-            "ours/floor", "err_vs_fla"]
-    lines = [" | ".join(f"{c:>10}" if i > 2 else f"{c:<18}" if c == "shape" else f"{c:<7}"
-                        for i, c in enumerate(cols))]
-    for r in rows:
-        err = r.get("err_vs_fla_y")
-        ours_ms = r.get("ours_ms") or r.get("ours_api_ms")  # decode on a CPU: the public op only
-        vals = [r["kind"], r["mode"], r["shape"], ours_ms, r.get("fla_ms"), r.get("sdpa_ms"),
-                ratio(ours_ms, r.get("fla_ms")), ratio(ours_ms, r.get("sdpa_ms")),
-                r.get("floor_ms"), ratio(ours_ms, r.get("floor_ms")), err]
-        cells = []
-        for i, (c, v) in enumerate(zip(cols, vals)):
-            if i <= 2:
-                cells.append(f"{v:<18}" if c == "shape" else f"{v:<7}")
-            elif v is None:
-                cells.append(f"{'-':>10}")
-            else:
-                cells.append(f"{v:>10.2e}" if c == "err_vs_fla" else f"{v:>10.4f}")
-        lines.append(" | ".join(cells))
-        notes = [f"{k}: {v}" for k, v in r.items() if k.endswith("_error") or k == "note"]
-        lines += [f"    {n}" for n in notes]
-    return "\n".join(lines)
+def notes(rows) -> str:
+    """The rows' notes and errors, one line each (the table leaves them out)."""
+    return "\n".join(f"{r['kind']} {r['shape']}: {k}: {v}" for r in rows for k, v in r.items()
+                     if v and (k.endswith("_error") or k == "note") and not str(v).startswith("composite"))
 
 
 def run(args) -> int:
@@ -498,5 +476,7 @@ def run(args) -> int:
     if path is None:
         path = write_result(args.out, "ops", env, rows, command_of(args), **extra)
     print(f"wrote {path}")
-    print(table(rows))
+    if notes(rows):
+        print(notes(rows))
+    print(ops_tables({"rows": rows}))
     return 0
