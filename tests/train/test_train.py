@@ -177,6 +177,7 @@ def test_accumulation_equals_larger_micro_batch(data, tmp_path):
             assert runs[micro][step] == pytest.approx(loss, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_compiled_blocks_train_like_eager(data, tmp_path):
     """compile=true (torch.compile of each block) follows the eager run's losses: the same model, data order and
     optimiser steps; only the kernels differ (Inductor's fused CPU code here)."""
