@@ -69,7 +69,10 @@ class Trainer:
             return torch.autocast(self.d.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def train(self) -> dict:
+    def train(self, after_step=None) -> dict:
+        """Train to max_steps, then validate on the whole split; returns the final validation record.
+        `after_step()` is called after every optimiser step: when it returns True the run stops there, checkpointed
+        (a later run resumes it), and `train` returns {"stopped_at": step}."""
         cfg, d = self.cfg, self.d
         sampler = StepSampler(len(self.train_set), cfg.micro_batch_size, self.accum, d.rank, d.world, cfg.seed,
                               self.step, cfg.max_steps)
@@ -115,6 +118,8 @@ class Trainer:
                 self.evaluate(cfg.eval_sequences or None)
             if cfg.save_every and self.step % cfg.save_every == 0:
                 self.save_checkpoint()
+            if after_step is not None and after_step() and self.step < cfg.max_steps:
+                return self._stop(bar)
         if bar is not None:
             bar.close()
         self.bar = None
@@ -124,6 +129,14 @@ class Trainer:
         self.save_final()
         self.log.close()
         return result
+
+    def _stop(self, bar) -> dict:
+        if bar is not None:
+            bar.close()
+        if not (self.cfg.save_every and self.step % self.cfg.save_every == 0):
+            self.save_checkpoint()
+        self.log.close()
+        return {"stopped_at": self.step}
 
     def _log_now(self) -> bool:
         return self.step % self.cfg.log_every == 0 or self.step == self.cfg.max_steps
