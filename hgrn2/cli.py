@@ -24,6 +24,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),
     ("train",): ("hgrn2.train.cli", "train a language model (works under torchrun)"),
     ("plot",): ("hgrn2.train.plot", "draw loss curves from training logs"),
+    ("eval", "ppl"): ("hgrn2.eval.ppl", "perplexity and the per-position loss curve of a saved model"),
+    ("eval", "lm-eval"): ("hgrn2.eval.harness", "lm-evaluation-harness tasks on a saved model"),
+    ("eval", "needle"): ("hgrn2.eval.needle", "needle-in-a-haystack grid (context length x depth) and heatmap"),
+    ("eval", "scrolls"): ("hgrn2.eval.scrolls", "SCROLLS-format long-document tasks scored by ROUGE-1/2/L"),
     ("mqar",): ("hgrn2.train.mqar", "multi-query associative recall sweep (the paper's MQAR figure)"),
     ("ablate",): ("hgrn2.train.ablate", "the paper's LM ablations (expand ratio, PESE, HGRN1, lower bound)"),
 }
