@@ -30,6 +30,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "scrolls"): ("hgrn2.eval.scrolls", "SCROLLS-format long-document tasks scored by ROUGE-1/2/L"),
     ("mqar",): ("hgrn2.train.mqar", "multi-query associative recall sweep (the paper's MQAR figure)"),
     ("ablate",): ("hgrn2.train.ablate", "the paper's LM ablations (expand ratio, PESE, HGRN1, lower bound)"),
+    ("lra",): ("hgrn2.train.lra", "Long Range Arena: train, evaluate, resume; --report for the paper's table"),
 }
 
 
