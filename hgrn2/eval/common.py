@@ -119,6 +119,43 @@ def greedy_generate(model, tok, prompts: Sequence[list[int]], max_new_tokens: in
     return out
 
 
+class ResultLog:
+    """Finished items of a long run, one JSON line each in `path` (flushed and synced per item), so a run that was
+    stopped resumes where it left off. The first line holds the run's settings; a log written with other settings
+    is refused. A last line cut short by a crash is dropped."""
+
+    def __init__(self, path: str, settings: dict):
+        self.path, self.done = path, {}
+        header = {"settings": settings}
+        lines = []
+        if os.path.exists(path):
+            with open(path) as f:
+                lines = f.read().splitlines()
+            if lines and json.loads(lines[0]) != json.loads(json.dumps(header)):
+                raise EvalError(f"--out: {path} holds a run with other settings; remove it or choose another --out")
+            for line in lines[1:]:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                self.done[rec["key"]] = rec
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".tmp", "w") as f:  # rewritten without a cut-off last line
+            f.writelines(json.dumps(r) + "\n" for r in [header, *self.done.values()])
+        os.replace(path + ".tmp", path)
+        self.file = open(path, "a")  # noqa: SIM115 - closed in close()
+
+    def add(self, key: str, record: dict) -> None:
+        record = {"key": key, **record}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.done[key] = record
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def model_label(path: str) -> str:
     """A model directory's last two path components, for plot titles ("run/final" rather than "final")."""
     return os.path.join(*os.path.normpath(os.path.abspath(path)).split(os.sep)[-2:])
