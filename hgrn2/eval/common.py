@@ -78,11 +78,12 @@ def context_limit(model) -> int | None:
     return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
 
-def check_length(model, length: int, what: str) -> None:
+def check_length(model, length: int, what: str, ignore_limit: bool = False) -> None:
+    """Refuse inputs past max_position_embeddings unless asked (rotary models run there, to show extrapolation)."""
     limit = context_limit(model)
-    if limit is not None and length > limit:
+    if limit is not None and length > limit and not ignore_limit:
         raise EvalError(f"{what}: {length} tokens exceed the model's context limit of {limit} "
-                        f"(max_position_embeddings)")
+                        f"(max_position_embeddings; --ignore-context-limit evaluates past it)")
 
 
 def forward(model, ids: torch.Tensor, cache=None, attention_mask=None, keep: int = 0):

@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-context-limit", action="store_true",
+                   help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
 
@@ -87,7 +89,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     hay = _haystack(args.haystack, args.mode, tok)
     device = args.device or default_device()
     model = load_model(args.model, device, args.dtype)
-    check_length(model, max(lengths), "--lengths")
+    check_length(model, max(lengths), "--lengths", args.ignore_context_limit)
     rng = random.Random(args.seed)
     cells = []  # (length index, depth index, trial, prompt ids, answer, log key)
     for li, n in enumerate(lengths):
@@ -96,7 +98,8 @@ def evaluate(args: argparse.Namespace) -> dict:
             for di, d in enumerate(depths):
                 ids = build_prompt(tok, hay, n, d / 100, needle, question, offset=t * 997)
                 cells.append((li, di, t, ids, answer, _key(n, d, t)))
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "batch_size", "device", "metric")}
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in (
+        "out", "batch_size", "device", "metric", "ignore_context_limit")}
     settings.update(model=os.path.abspath(args.model), dtype=str(next(model.parameters()).dtype))
     os.makedirs(args.out, exist_ok=True)
     log = ResultLog(os.path.join(args.out, "needle.log.jsonl"), settings)

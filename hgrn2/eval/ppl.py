@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", nargs="*", default=[], metavar="PPL_JSON",
                    help="ppl.json files of other runs drawn on the same plot (e.g. a Llama baseline)")
     p.add_argument("--bin", type=int, default=None, help="curve bin width in tokens (default: ~200 bins)")
+    p.add_argument("--ignore-context-limit", action="store_true",
+                   help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
 
@@ -96,10 +98,11 @@ def evaluate(args: argparse.Namespace) -> dict:
     if top >= vocab:
         raise EvalError(f"DATA: token id {top} is outside the model's vocabulary of {vocab}")
     if args.mode == "carried":
-        check_length(model, max(len(s) for s in seqs), "--mode carried (longest sequence)")
+        check_length(model, max(len(s) for s in seqs), "--mode carried (longest sequence)",
+                     args.ignore_context_limit)
         losses = score_carried(model, seqs, args.chunk, args.batch_size)
     else:
-        check_length(model, args.window, "--window")
+        check_length(model, args.window, "--window", args.ignore_context_limit)
         losses = score_windows(model, seqs, args.window, args.batch_size)
     result = summarize(losses, args.bin)
     result.update(model=os.path.abspath(args.model), data=source, split=args.split, mode=args.mode,

@@ -124,3 +124,8 @@ def test_errors_files(hgrn2_dir, tmp_path, capsys):
     assert "no tokenizer files" in capsys.readouterr().err
     assert main(["eval", "ppl", str(bare), str(tmp_path / "t.txt"), "--out", str(tmp_path)]) == 2
     assert "not a model directory" in capsys.readouterr().err
+
+
+def test_ignore_context_limit_runs_past_it(llama_dir, corpus, tmp_path):
+    assert main(["eval", "ppl", llama_dir, corpus[0], "--out", str(tmp_path), "--ignore-context-limit"]) == 0
+    assert len(json.loads((tmp_path / "ppl.json").read_text())["curve"]["loss"]) == 80  # past the limit of 64
