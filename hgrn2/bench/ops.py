@@ -44,7 +44,7 @@ from hgrn2.bench.common import (
     time_ms,
     write_result,
 )
-from hgrn2.bench.report import ops_tables
+from hgrn2.bench.report import decode_table, ops_tables
 
 H, D = 16, 128  # heads and head size of every row (quick runs: 2 and 32)
 TOKENS = 16384
@@ -478,5 +478,6 @@ def run(args) -> int:
     print(f"wrote {path}")
     if notes(rows):
         print(notes(rows))
-    print(ops_tables({"rows": rows}))
+    tables = (ops_tables({"rows": rows}), decode_table({"rows": rows}))
+    print("\n\n".join(t for t in tables if t.count("\n") > 1))
     return 0
