@@ -52,6 +52,8 @@ def test_report_rejects_a_record_without_its_keys(tmp_path):
     (["bench", "layer", "--quick", "--device", "cpu"], "layer"),
     (["bench", "accuracy", "--quick", "--device", "cpu", "--impls", "chunk"], "accuracy"),
     (["bench", "profile", "--quick", "--target", "layer"], "profile_layer"),
+    (["bench", "profile", "--quick", "--target", "train", "--models", "hgrn2"], "profile_train"),
+    (["bench", "memory", "--device", "cpu", "--hidden", "128", "--seq", "16"], "memory"),
 ])
 def test_bench_commands_write_their_record(tmp_path, capsys, argv, stem):
     assert main([*argv, "--out", str(tmp_path)]) == 0
