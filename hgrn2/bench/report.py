@@ -154,13 +154,15 @@ TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:
-    """{benchmark: [(path, record), ...]} of every JSON under `results`, devices in name order."""
+    """{benchmark: [(path, record), ...]} of every JSON under `results` but --quick runs, devices in name order."""
     out: dict[str, list[tuple[Path, dict]]] = {}
     for path in sorted(results.glob("*/*.json")):
         rec = json.loads(path.read_text())
         missing = [k for k in REQUIRED_KEYS if k not in rec]
         if missing:
             raise ValueError(f"{path}: missing keys {missing}")
+        if rec.get("quick"):
+            continue  # a smoke run, not a measurement
         out.setdefault(rec["benchmark"], []).append((path, rec))
     return out
 

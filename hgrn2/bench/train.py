@@ -147,7 +147,8 @@ def _record(row: dict, res: dict, model, first: bool) -> None:
 
 def save(args, device, rows):
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "command_line")}
-    return write_result(args.out, "train", environment(device), rows, command_of(args), args=settings)
+    return write_result(args.out, "train", environment(device), rows, command_of(args), quick=args.quick,
+                        args=settings)
 
 
 # ----------------------------------------------------------------------------------------------------------------
