@@ -5,12 +5,17 @@
 # profile, accuracy, convert-fla, memory, ddp (needs 2 GPUs). Each bench step writes its JSON to $OUT/results/<device>/<benchmark>.json and its log to
 # $OUT/<step>.log; copy the JSONs into benchmarks/results/ and run `hgrn2 bench report` to update BENCHMARKS.md.
 # fla autotunes its kernels on first use (minutes on a cold cache): TRITON_CACHE_AUTOTUNING=1 keeps the results
-# in $TRITON_CACHE_DIR, so later steps and later runs on the same GPU kind skip it.
+# in $TRITON_CACHE_DIR, so later steps and later runs on the same GPU kind skip it. WHEELS=DIR installs the
+# wheels in DIR first (for a machine without a package index).
 set -uo pipefail
 OUT=${OUT:-/tmp/hgrn2_gpu}
 STEPS=${*:-tests ops layer train}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
+if [ -n "${WHEELS:-}" ]; then  # an offline machine: the extras (e.g. flash-linear-attention) from local wheels
+  python3 -m pip install -q --no-index --no-deps --target "$OUT/site" "$WHEELS"/*.whl
+  export PYTHONPATH=$OUT/site:${PYTHONPATH:-}
+fi
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$OUT/triton-cache}
 RESULTS="$OUT/results/$(python3 -c 'import torch; from hgrn2.bench.common import device_name, device_slug
