@@ -3,7 +3,8 @@
 #   OUT=/some/dir bash benchmarks/gpu_suite.sh [STEP ...]        (default steps: tests ops layer train)
 # Steps: tests (the op, layer and model tests, GPU ones included; TESTS=... to choose), ops, layer, fla-warmup,
 # train, profile, accuracy, convert-fla, memory, ddp (needs 2 GPUs). Each bench step writes its JSON to
-# $OUT/results/<device>/<benchmark>.json and its log to $OUT/<step>.log; copy the JSONs into benchmarks/results/ and run `hgrn2 bench report` to update BENCHMARKS.md.
+# $OUT/results/<device>/<benchmark>.json and its log to $OUT/<step>.log; copy the JSONs into benchmarks/results/
+# and run `hgrn2 bench report` to update BENCHMARKS.md.
 # fla autotunes its kernels on first use (minutes on a cold cache): TRITON_CACHE_AUTOTUNING=1 keeps the results
 # in $TRITON_CACHE_DIR, so later steps and later runs on the same GPU kind skip it. WHEELS=DIR installs the
 # wheels in DIR first (for a machine without a package index).
