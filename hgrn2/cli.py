@@ -14,6 +14,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("generate",): ("hgrn2.models.generate_cli", "generate text from a saved model"),
     ("bench", "ops"): ("hgrn2.bench.ops", "time the recurrence against fla and SDPA"),
     ("bench", "train"): ("hgrn2.bench.train", "training throughput against fla HGRN2 and Llama/SDPA"),
+    ("data", "corpus"): ("hgrn2.data.corpus", "assemble a plain-text corpus from installed documentation"),
     ("bench", "layer"): ("hgrn2.bench.layer", "the HGRU2 layer with projections against fla's HGRN2Attention"),
     ("bench", "profile"): ("hgrn2.bench.profile", "where a layer's or a training step's time goes"),
     ("bench", "accuracy"): ("hgrn2.bench.accuracy", "every output and gradient against the fp64 reference"),
@@ -23,7 +24,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),
     ("train",): ("hgrn2.train.cli", "train a language model (works under torchrun)"),
     ("plot",): ("hgrn2.train.plot", "draw loss curves from training logs"),
+    ("eval", "ppl"): ("hgrn2.eval.ppl", "perplexity and the per-position loss curve of a saved model"),
+    ("eval", "lm-eval"): ("hgrn2.eval.harness", "lm-evaluation-harness tasks on a saved model"),
+    ("eval", "needle"): ("hgrn2.eval.needle", "needle-in-a-haystack grid (context length x depth) and heatmap"),
+    ("eval", "scrolls"): ("hgrn2.eval.scrolls", "SCROLLS-format long-document tasks scored by ROUGE-1/2/L"),
     ("mqar",): ("hgrn2.train.mqar", "multi-query associative recall sweep (the paper's MQAR figure)"),
+    ("ablate",): ("hgrn2.train.ablate", "the paper's LM ablations (expand ratio, PESE, HGRN1, lower bound)"),
+    ("lra",): ("hgrn2.train.lra", "Long Range Arena: train, evaluate, resume; --report for the paper's table"),
+    ("vision",): ("hgrn2.train.vision", "image classification: `vision train` (works under torchrun), `vision eval`"),
 }
 
 

@@ -16,7 +16,7 @@ from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train import mqar as sweep_mod
 from hgrn2.train.mqar import RunSpec, train_run
 
-STAND_IN = "test_mqar_train:ShiftedKeyAttention"
+STAND_IN = "tests.train.test_mqar:ShiftedKeyAttention"
 
 
 class ShiftedKeyAttention(nn.Module):
@@ -195,7 +195,7 @@ def test_cli_concurrent_workers(tmp_path):
 
 
 def test_cli_reports_failing_runs(tmp_path, capsys):
-    assert _cli(tmp_path, "--mixers", STAND_IN, "test_mqar_train:Broken") == 1
+    assert _cli(tmp_path, "--mixers", STAND_IN, "tests.train.test_mqar:Broken") == 1
     out = capsys.readouterr().out
     assert "broken mixer" in out and "1 run(s) failed" in out
     assert len(json.loads((tmp_path / "out" / "results.json").read_text())) == 1
