@@ -1,10 +1,10 @@
 """Relative L2 error of every output and gradient of the Triton HGRN2 kernels against the fp64 reference, on a GPU.
 
-    PYTHONPATH=. python benchmarks/gpu_accuracy.py [--kernels chunk,cp] [--out errors.json]
+    PYTHONPATH=. python benchmarks/gpu_accuracy.py [--kernels fused,parallel] [--out errors.json]
 
 The tests assert bounds; this prints the numbers (per tensor, dtype and shape; for ours and for fla's glue +
 chunk_gla, as its HGRN2 layer calls them), so a failing bound can be traced to one gradient.
-`chunk+fp32dots` runs the chunk kernel on bf16 inputs with fp32 tl.dot operands (tf32x3),
+`fused+fp32dots` runs the fused-chunk kernels on bf16 inputs with fp32 tl.dot operands (tf32x3),
 which separates the error of bf16 dot operands from the rest.
 """
 
@@ -21,7 +21,7 @@ import triton.language as tl
 
 from hgrn2.bench.ops import fla_chunk, fla_modules
 from hgrn2.ops import hgrn2_reference
-from hgrn2.ops.triton import chunk as chunk_mod
+from hgrn2.ops.triton import fused_chunk as fused_mod
 
 NAMES = ("y", "final", "do", "dg", "di", "dbeta", "dh0")
 CASES = [  # (label, B, T, H, K, V, g_scale, beta range)
@@ -41,9 +41,9 @@ def rel(x, ref):
 def kernels(names):
     out = {}
     for name in names:
-        if name == "chunk":
-            out[name] = chunk_mod.hgrn2_chunk_triton
-        elif name == "chunk+fp32dots":
+        if name == "fused":
+            out[name] = fused_mod.hgrn2_fused_chunk_triton
+        elif name == "fused+fp32dots":
             out[name] = _chunk_fp32_dots
         elif name == "fla":
             fla = fla_modules()
@@ -51,13 +51,9 @@ def kernels(names):
                 print("fla: not installed")
                 continue
             out[name] = functools.partial(_fla, fla)
-        elif name == "cp":
-            try:
-                from hgrn2.ops.triton.cp import hgrn2_cp_triton
-            except ImportError as e:
-                print(f"cp: not available ({e})")
-                continue
-            out[name] = hgrn2_cp_triton
+        elif name == "parallel":
+            from hgrn2.ops.triton.chunk_parallel import hgrn2_chunk_parallel_triton
+            out[name] = hgrn2_chunk_parallel_triton
     return out
 
 
@@ -69,17 +65,17 @@ def _fla(fla, o, g, i, lb, *, scale, o_act, initial_state, output_final_state):
 
 
 def _chunk_fp32_dots(*args, **kw):
-    original = chunk_mod._config
+    original = fused_mod._config
 
-    def config(o, i, n, direction):
-        BK, BV, NV, launch, dt, prec = original(o, i, n, direction)
+    def config(o, i, n, direction, cfg):
+        BK, BV, NV, launch, dt, prec = original(o, i, n, direction, cfg)
         return (BK, BV, NV, launch, tl.float32, "tf32x3") if dt == tl.bfloat16 else (BK, BV, NV, launch, dt, prec)
 
-    chunk_mod._config = config
+    fused_mod._config = config
     try:
-        return chunk_mod.hgrn2_chunk_triton(*args, **kw)
+        return fused_mod.hgrn2_fused_chunk_triton(*args, **kw)
     finally:
-        chunk_mod._config = original
+        fused_mod._config = original
 
 
 @functools.cache
@@ -113,7 +109,7 @@ def errors(fn, case, dtype, device):
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--kernels", default="chunk,cp,fla")
+    p.add_argument("--kernels", default="fused,parallel,fla")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda")
     p.add_argument("--cases", default="", help="comma list of case labels (default: all)")

@@ -5,9 +5,9 @@
 #   tests  the kernel tests on the GPU                       -> $OUT/gpu_tests.log
 #   accuracy benchmarks/gpu_accuracy.py (errors per tensor) -> $OUT/accuracy.{txt,json}
 #   convert benchmarks/gpu_convert_fla.py (fla checkpoint)   -> $OUT/convert/
-#   cp     benchmarks/gpu_cp_check.py (kernel check/timing)  -> $OUT/cp/
-#   sweep  benchmarks/gpu_chunk_sweep.py (launch tuning)     -> $OUT/chunk_sweep.{json,txt}
-#   dispatch benchmarks/gpu_dispatch.py (chunk vs cp kernel)  -> $OUT/dispatch.{json,txt}
+#   parallel benchmarks/gpu_chunk_parallel_check.py (kernel check/timing) -> $OUT/parallel/
+#   sweep  benchmarks/gpu_fused_chunk_sweep.py (launch tuning) -> $OUT/chunk_sweep.{json,txt}
+#   dispatch benchmarks/gpu_dispatch.py (fused-chunk vs chunk-parallel) -> $OUT/dispatch.{json,txt}
 #   bench  hgrn2 bench ops (ours, fla, SDPA)                 -> $OUT/bench_ops.{json,txt}
 #   mqar   hgrn2 mqar ${MQAR_ARGS:---preset quick}           -> $OUT/mqar.tar (MQAR_MINUTES, default 6)
 #   mqar-bg the same sweep in the background, kept across calls; each call waits MQAR_WAIT_S -> $OUT/mqar.tar
@@ -59,13 +59,11 @@ for step in $STEPS; do
   echo "== $step ($(date -u +%H:%M:%S))"
   case $step in
     tests)
-      # the kernel tests (fla's model tests are left out here: its autotuning alone takes minutes). On an H100
-      # (2026-11-23): test_triton_cp.py ~7 min, test_triton_chunk.py ~4 min (fused and split backward), the
-      # others ~1 min together: pass TESTS to fit a call.
+      # the kernel tests (fla's model tests are left out here: its autotuning alone takes minutes); the
+      # chunk-parallel tests alone take most of a call: pass TESTS to fit one.
       # SIGINT at the limit: pytest then still prints the failures so far (a plain kill loses them)
-      timeout -s INT -k 30 "${TESTS_TIMEOUT:-500}" python3 -m pytest -q ${TESTS:-tests/test_triton_norm_swiglu.py \
-        tests/test_triton_recurrent.py tests/test_triton_hgrn1.py tests/test_triton_chunk.py \
-        tests/test_triton_dispatch.py tests/test_cross_entropy.py tests/test_mqar_train.py} \
+      timeout -s INT -k 30 "${TESTS_TIMEOUT:-500}" python3 -m pytest -q ${TESTS:-tests/ops/triton \
+        tests/ops/test_cross_entropy.py} \
         -p no:cacheprovider -rf --durations=8 \
         > "$OUT/gpu_tests.log" 2>&1
       echo "pytest exit code $? (124 = timed out)"
@@ -79,12 +77,13 @@ for step in $STEPS; do
         > "$OUT/convert.txt" 2>&1
       echo "convert exit code $?"
       tail -n 12 "$OUT/convert.txt" ;;
-    cp)
-      timeout "${CP_TIMEOUT:-250}" python3 benchmarks/gpu_cp_check.py --out "$OUT/cp" > "$OUT/cp_check.txt" 2>&1
-      echo "cp check exit code $?"
-      tail -n 40 "$OUT/cp_check.txt" ;;
+    parallel)
+      timeout "${PARALLEL_TIMEOUT:-250}" python3 benchmarks/gpu_chunk_parallel_check.py --out "$OUT/parallel" \
+        > "$OUT/parallel_check.txt" 2>&1
+      echo "chunk-parallel check exit code $?"
+      tail -n 40 "$OUT/parallel_check.txt" ;;
     sweep)
-      timeout "${SWEEP_TIMEOUT:-540}" python3 benchmarks/gpu_chunk_sweep.py --budget-s "${SWEEP_BUDGET:-480}" \
+      timeout "${SWEEP_TIMEOUT:-540}" python3 benchmarks/gpu_fused_chunk_sweep.py --budget-s "${SWEEP_BUDGET:-480}" \
         --out "$OUT/chunk_sweep.json" ${SWEEP_ARGS:-} > "$OUT/chunk_sweep.txt" 2>&1
       echo "sweep exit code $?"
       tail -n 20 "$OUT/chunk_sweep.txt" ;;

@@ -175,11 +175,11 @@ def main():
         with open(trace, "rb") as f, gzip.open(trace + ".gz", "wb") as g:
             g.write(f.read())
         os.remove(trace)
-        if name == "hgrn2":
-            import hgrn2.ops.triton as tri
-            tri.CP_TRAIN_MIN_WORK = 0  # the kernels of the large shape
+        from hgrn2.ops.triton import DispatchConfig, launch_config
         xt = tokens(tiny, args.vocab, dev)
-        cpu = cpu_profile(model, opt, xt, 20, os.path.join(args.dir, f"cprofile_{name}.txt"))
+        # the kernels of the large shape (chunk-parallel) on the tiny one too
+        with launch_config(dispatch=DispatchConfig(parallel_train_min_work=0)):
+            cpu = cpu_profile(model, opt, xt, 20, os.path.join(args.dir, f"cprofile_{name}.txt"))
         busy = sum(r["busy_us"] for r in out.values()) / 1e3
         table.append((name, wall, busy, span / 1e3, cpu))
         del model, opt
