@@ -13,6 +13,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("generate",): ("hgrn2.models.generate_cli", "generate text from a saved model"),
     ("bench", "ops"): ("hgrn2.bench.ops", "time the recurrence against fla and SDPA"),
     ("bench", "train"): ("hgrn2.bench.train", "training throughput against fla HGRN2 and Llama/SDPA"),
+    ("data", "corpus"): ("hgrn2.data.corpus", "assemble a plain-text corpus from installed documentation"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),
     ("train",): ("hgrn2.train.cli", "train a language model (works under torchrun)"),
     ("plot",): ("hgrn2.train.plot", "draw loss curves from training logs"),
@@ -22,20 +23,39 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 
 def _usage() -> str:
     rows = [f"  {' '.join(k):<14} {h}" for k, (_, h) in COMMANDS.items()]
-    return "usage: hgrn2 <command> [options]\n\ncommands:\n" + "\n".join(rows)
+    head = "usage: hgrn2 <command> [options]   (hgrn2 <command> --help for its options)"
+    return head + "\n\ncommands:\n" + "\n".join(rows)
+
+
+def _what_was_wrong(argv: list[str]) -> str:
+    subs = sorted(" ".join(k[1:]) for k in COMMANDS if k[0] == argv[0] and len(k) > 1)
+    if not subs:
+        return f"unknown command '{argv[0]}'"
+    if len(argv) == 1 or argv[1].startswith("-"):
+        return f"'hgrn2 {argv[0]}' needs one of: {', '.join(subs)}"
+    return f"unknown command 'hgrn2 {argv[0]} {argv[1]}' (choose one of: {', '.join(subs)})"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] == "--version":
+        from hgrn2 import __version__
+
+        print(f"hgrn2 {__version__}")
+        return 0
     for words in sorted(COMMANDS, key=len, reverse=True):
         if tuple(argv[: len(words)]) == words:
             module, help_ = COMMANDS[words]
+            importlib.import_module("hgrn2.models")  # registers the Auto classes that commands load models with
             mod = importlib.import_module(module)
             parser = argparse.ArgumentParser(prog="hgrn2 " + " ".join(words), description=help_)
             mod.add_arguments(parser)
             return int(mod.run(parser.parse_args(argv[len(words):])) or 0)
-    print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-    return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    print(f"hgrn2: {_what_was_wrong(argv)}\n\n{_usage()}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

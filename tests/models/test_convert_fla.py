@@ -148,6 +148,7 @@ def test_convert_bf16_cuda_long_sequence(tmp_path):
     assert rel_err(ours(ids).logits.float(), ref(ids).logits.float()) <= 2e-2
 
 
+@pytest.mark.slow
 def test_gpu_convert_script_reports_divergences_as_near_ties(tmp_path):
     """benchmarks/gpu_convert_fla.py (the GPU evidence of the conversion) runs on the CPU too; where bf16
     greedy generations of fla and ours part, the fp64 reference finds the two tokens a near-tie."""

@@ -187,6 +187,7 @@ def test_cli_report_trains_nothing(tmp_path, capsys):
     assert len(json.loads((out / "results.json").read_text())) == 1
 
 
+@pytest.mark.slow
 def test_cli_concurrent_workers(tmp_path):
     assert _cli(tmp_path, "--lrs", "1e-3,3e-3", "--concurrent", "2") == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
