@@ -47,8 +47,10 @@ def _needs_grad(*xs) -> bool:
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
 
 
-def hgrn2_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
-                 output_final_state=False, cu_seqlens=None):
+def hgrn2_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+                 scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
+                 initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN2 on Triton: o, g [B, T, H, K], i [B, T, H, V] → (y [B, T, H, V], final state [N, H, V, K] or None)."""
     kw = dict(scale=scale, o_act=o_act, i_act=i_act, initial_state=initial_state,
               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
@@ -62,7 +64,8 @@ def hgrn2_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None
     return hgrn2_fused_chunk_triton(o, g, i, lower_bound, **kw)
 
 
-def hgrn1_triton(i, g, lower_bound=None, **kw):
+def hgrn1_triton(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None,
+                 **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN1's element-wise recurrence on Triton (see `hgrn2.ops.hgrn1`)."""
     from .hgrn1 import hgrn1_triton as impl
     return impl(i, g, lower_bound, **kw)

@@ -263,8 +263,12 @@ class _ChunkParallel(torch.autograd.Function):
                 None, None, None, None, None, None, None, None)
 
 
-def hgrn2_chunk_parallel_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
-                                output_final_state=False, cu_seqlens=None, config: ChunkParallelConfig | None = None):
+def hgrn2_chunk_parallel_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor,
+                                lower_bound: torch.Tensor | None = None, *, scale: float = 1.0,
+                                o_act: str | None = None, i_act: str | None = None,
+                                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                                cu_seqlens: torch.Tensor | None = None, config: ChunkParallelConfig | None = None,
+                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN2 by the chunk-parallel Triton kernels; arguments and result as `hgrn2.ops.hgrn2` (shapes there); config:
     the launch settings (None: the current ones, see `config.launch_config`).
 

@@ -1,6 +1,6 @@
 """Backward kernels: a forward sweep for the state-dependent part of dq, then one reverse sweep for the rest.
 
-Both walk a sequence BT (16) tokens at a time per (V-block, sequence·head), like the forward kernel.
+Both walk a sequence BT tokens at a time per (V-block, sequence·head), like the forward kernel (`bwd_form`).
 
 1. `fused_chunk_bwd_dq_kernel` recomputes the state S forward and writes dys = P = dy S [BT, K] (fp32, one slice per
    V-block; dq's state term is e^{b} ⊙ P, the only term of the backward that needs the forward state), and

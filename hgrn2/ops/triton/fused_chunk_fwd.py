@@ -1,7 +1,7 @@
 """Forward kernel: the HGRN2 recurrence over BT-token sub-blocks, state in registers, one pass over memory.
 
-One program per (V-block, sequence·head) walks its sequence BT (16) tokens at a time. Per sub-block, with b the
-within-block cumsum of log f (b ≤ 0, so every factor below is ≤ 1 except inside `diag_block`):
+One program per (V-block, sequence·head) walks its sequence BT tokens at a time (`block_t_fwd`). Per sub-block,
+with b the within-block cumsum of log f (b ≤ 0, so every factor below is ≤ 1 except inside `diag_block`):
 
     y = (q ⊙ e^{b}) Sᵀ + A v                         A = the exact causal BT×BT block (see _common)
     S ← S ⊙ e^{b_last} + vᵀ (k ⊙ e^{b_last − b})     S [BV, K] in fp32

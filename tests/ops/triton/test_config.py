@@ -134,3 +134,19 @@ def test_launchers_take_the_config_by_argument_and_context(monkeypatch):
     assert seen["fused"] == [FusedChunkConfig(), ctx, arg]
     assert seen["fused_bwd"] == [FusedChunkConfig(), ctx]
     assert seen["parallel"] == [ChunkParallelConfig(block_t_fp32=16), ChunkParallelConfig(save_b=False)]
+
+
+def test_no_module_imports_another_ones_private_names():
+    """Shared kernel helpers live in `_common.py` under public names: no module of hgrn2/ops/triton imports a
+    private (underscored) name from another module."""
+    import ast
+    import pathlib
+
+    import hgrn2.ops.triton as pkg
+
+    offending = []
+    for path in pathlib.Path(pkg.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                offending += [f"{path.name}: {alias.name}" for alias in node.names if alias.name.startswith("_")]
+    assert not offending

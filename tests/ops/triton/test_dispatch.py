@@ -86,6 +86,7 @@ def test_every_kernel_on_a_second_device():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter plumbing test: Triton 3.6's interpreter (the "
                     "GPU machines' version) fails on the fused-chunk kernel's loop over tensor bounds; CI runs it")
+@pytest.mark.slow
 def test_dispatch_benchmark_script_runs(tmp_path):
     """benchmarks/gpu_dispatch.py (fused-chunk vs chunk-parallel timings) on the CPU interpreter: both kernels
     agree, and the 'picks' column is what `hgrn2_triton` does."""

@@ -135,7 +135,7 @@ def test_extreme_gates(split_v, bwd):
 
     The spread of log f inside a 16-token step reaches ~480 here, so the exact diagonal path runs too.
     """
-    o, g, i, _, h0 = make_inputs(2, 45, 2, 16, 32, n_states=2)
+    o, g, i, _, h0 = make_inputs(1, 45, 2, 16, 32, n_states=1)
     wild = torch.rand_like(g) < 0.25
     g = torch.where(wild, 30.0 * torch.sign(torch.randn_like(g)), g)
     g[:, :20, 0] = -30.0  # head 0 forgets almost everything for 20 tokens
@@ -153,7 +153,7 @@ def test_extreme_gates(split_v, bwd):
 def test_all_gates_saturated(bwd):
     """Every gate at ±30: outputs and all gradients but dg/dβ to fp32 accuracy; dg, whose entries are all
     ~σ'(30) ≈ 1e-13, to an absolute error far below the scale of the other gradients."""
-    o, g, i, _, h0 = make_inputs(2, 40, 2, 16, 16, n_states=2)
+    o, g, i, _, h0 = make_inputs(1, 40, 2, 16, 16, n_states=1)
     g = 30.0 * torch.sign(torch.randn_like(g))
     beta = torch.tensor([0.0, 0.3, 0.999, 0.7], device=o.device).repeat(2, 4)
     got, ref = run_both([o, g, i, beta, h0], o_act="sigmoid", output_final_state=True)
@@ -293,6 +293,7 @@ def test_gpu_second_device():
     check(*run_both(inputs, **kw))
 
 
+@slow
 def test_launch_sweep_script_runs(tmp_path):
     """benchmarks/gpu_fused_chunk_sweep.py (the GPU tuning run) on the CPU interpreter, a few settings, each checked
     against the default setting's output."""
