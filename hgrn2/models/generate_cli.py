@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
@@ -23,13 +25,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default: bfloat16 on CUDA, float32 on CPU")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def check_model_dir(path: str) -> None:
+    """A local directory with a config and a tokenizer (names are never looked up on a hub)."""
+    if not os.path.isdir(path):
+        raise ValueError(f"`model_dir`: expected a local model directory, got {path!r} (no such directory)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"`model_dir`: {path!r} has no config.json (expected a directory written by "
+                         f"save_pretrained, `hgrn2 train` or `hgrn2 convert-fla`)")
+    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        raise ValueError(f"`model_dir`: {path!r} has no tokenizer (one of {', '.join(TOKENIZER_FILES)})")
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        if args.max_new_tokens < 1:
+            raise ValueError(f"`--max-new-tokens`: expected >= 1, got {args.max_new_tokens}")
+        check_model_dir(args.model_dir)
+    except ValueError as e:
+        print(f"hgrn2 generate: error: {e}", file=sys.stderr)
+        return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hgrn2  # noqa: F401  registers the Auto classes
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"`--max-new-tokens`: expected >= 1, got {args.max_new_tokens}")
     torch.manual_seed(args.seed)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
     tok = AutoTokenizer.from_pretrained(args.model_dir)
