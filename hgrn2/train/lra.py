@@ -129,8 +129,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     torch.manual_seed(args.seed)
     model = LRAClassifier(cfg).to(d.device)
     params = num_parameters(model)
-    if d.world > 1 and cfg.norm == "batch":
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # the authors' "synbatch"
+    if d.world > 1 and cfg.norm == "batch" and d.device.type == "cuda":
+        # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ddp = distributed.wrap(model, "ddp", d)
     opt = build_optimizer(model, "adamw", tr["lr"], (0.9, 0.999), 1e-8, tr["weight_decay"])
     amp = d.device.type == "cuda" and not args.fp32
