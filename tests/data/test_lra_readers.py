@@ -61,3 +61,19 @@ def test_tasks_need_a_data_path():
         tasks.load("text")
     with pytest.raises(ValueError, match="task"):
         tasks.check_task("cifar100")
+
+
+def test_pathfinder_reads_the_lra_release():
+    import torch
+    from PIL import Image
+
+    with pytest.warns(UserWarning, match="1 empty image"):
+        d = readers.read_pathfinder(FIX, 32, "hard", fractions=(0.2, 0.2), workers=1)
+    assert [len(d[s].labels) for s in ("train", "val", "test")] == [3, 1, 1]
+    order = torch.randperm(5, generator=torch.Generator().manual_seed(42)).tolist()  # LRA code's random_split
+    base = FIX / "lra_release" / "pathfinder32" / "curv_contour_length_14" / "imgs" / "0"
+    for split, k in (("val", order[3]), ("test", order[4])):
+        png = np.asarray(Image.open(base / f"sample_{k}.png")).reshape(-1)
+        assert np.array_equal(d[split].inputs[0], png) and d[split].labels[0] == k % 2
+    with pytest.raises(readers.MissingData, match="curv_contour_length_14"):
+        readers.read_pathfinder(FIX, 128)
