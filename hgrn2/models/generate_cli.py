@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
@@ -24,12 +26,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = _check(args)
+    if problem:
+        print(f"hgrn2 generate: error: {problem}", file=sys.stderr)
+        return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hgrn2  # noqa: F401  registers the Auto classes
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"`--max-new-tokens`: expected >= 1, got {args.max_new_tokens}")
     torch.manual_seed(args.seed)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
     tok = AutoTokenizer.from_pretrained(args.model_dir)
@@ -45,3 +49,21 @@ def run(args: argparse.Namespace) -> int:
     for text in tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True):
         print(text)
     return 0
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line (None if nothing)."""
+    path = args.model_dir
+    if not os.path.isdir(path):
+        return f"model_dir {path!r} is not a directory (give a folder written by save_pretrained or `hgrn2 train`)"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return f"model_dir {path!r} holds no config.json: not a saved model"
+    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        return (f"model_dir {path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save one there with "
+                f"`tokenizer.save_pretrained(model_dir)`")
+    if args.max_new_tokens < 1:
+        return f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}"
+    return None

@@ -36,6 +36,7 @@ def reference(tmp_path_factory):
     return tmp, data, losses(str(tmp / "one")), losses(str(tmp / "one"), "val", "val_loss")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_ranks_match_one_process_with_accumulation(reference, parallel):
     tmp, data, ref, ref_val = reference

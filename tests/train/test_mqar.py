@@ -16,7 +16,7 @@ from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train import mqar as sweep_mod
 from hgrn2.train.mqar import RunSpec, train_run
 
-STAND_IN = "test_mqar_train:ShiftedKeyAttention"
+STAND_IN = "tests.train.test_mqar:ShiftedKeyAttention"
 
 
 class ShiftedKeyAttention(nn.Module):
@@ -187,6 +187,7 @@ def test_cli_report_trains_nothing(tmp_path, capsys):
     assert len(json.loads((out / "results.json").read_text())) == 1
 
 
+@pytest.mark.slow
 def test_cli_concurrent_workers(tmp_path):
     assert _cli(tmp_path, "--lrs", "1e-3,3e-3", "--concurrent", "2") == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -194,7 +195,7 @@ def test_cli_concurrent_workers(tmp_path):
 
 
 def test_cli_reports_failing_runs(tmp_path, capsys):
-    assert _cli(tmp_path, "--mixers", STAND_IN, "test_mqar_train:Broken") == 1
+    assert _cli(tmp_path, "--mixers", STAND_IN, "tests.train.test_mqar:Broken") == 1
     out = capsys.readouterr().out
     assert "broken mixer" in out and "1 run(s) failed" in out
     assert len(json.loads((tmp_path / "out" / "results.json").read_text())) == 1
@@ -305,13 +306,12 @@ def test_cuda_graph_training_learns_like_eager(tmp_path, mixer):
 
 
 def test_recorded_quick_runs_are_the_presets_runs():
-    """README's MQAR table comes from the per-run JSONs committed under benchmarks/results/: each of the quick
-    preset's runs (ids hash the whole spec) has a complete result there, so a change of protocol or preset that
-    makes those results stale fails here."""
-    root = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    recorded = {p.stem: p for p in root.glob("h200-*/mqar/runs/*.json")}
-    runs, _ = sweep_build([])
+    """README's MQAR table comes from benchmarks/results/h200/mqar.json: each of the quick preset's runs (ids hash
+    the whole spec) has a complete result there, so a change of protocol or preset that makes those results stale
+    fails here."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200" / "mqar.json"
+    recorded = {r["run_id"]: r for r in json.loads(path.read_text())["rows"]}
+    runs, _ = sweep_build(["--preset", "quick"])
     missing = [r.run_id for r in runs if r.run_id not in recorded]
     assert not missing, f"quick-preset runs without a recorded result: {missing}"
-    results = [json.loads(recorded[r.run_id].read_text()) for r in runs]
-    assert all(res["complete"] and res["spec"] == asdict(r) for res, r in zip(results, runs))
+    assert all(recorded[r.run_id]["complete"] and recorded[r.run_id]["spec"] == asdict(r) for r in runs)

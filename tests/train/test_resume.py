@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from safetensors.torch import load_file
 
 from tests.train.helpers import ROOT, base_overrides, env, losses, make_corpus, run_train, train_cmd
@@ -27,6 +28,7 @@ def _kill_after_checkpoint(overrides, out_dir, step):
     assert not os.path.exists(os.path.join(out_dir, "final")), "the run finished before it was killed"
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     data = make_corpus(tmp_path / "data")
     max_steps = 80  # long enough that the kill lands mid-run; the tiny model does ~50 steps/s

@@ -1,0 +1,39 @@
+"""The `hgrn2` command's own behaviour: fast help, clear errors for unknown commands, the version."""
+
+import subprocess
+import sys
+
+from hgrn2 import __version__
+from hgrn2.cli import main
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    code = ("import sys, hgrn2_cli; sys.argv = ['hgrn2', *sys.argv[1:]]; rc = hgrn2_cli.main(); "
+            "print('torch imported' if 'torch' in sys.modules else 'torch not imported', file=sys.stderr); "
+            "sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_commands_without_importing_torch():
+    r = _cli("--help")
+    assert r.returncode == 0
+    assert "train" in r.stdout and "bench ops" in r.stdout
+    assert "torch not imported" in r.stderr
+
+
+def test_unknown_command_says_what_was_wrong(capsys):
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == "hgrn2: unknown command 'trian'"
+    assert main(["bench"]) == 2
+    assert capsys.readouterr().err.startswith("hgrn2: 'hgrn2 bench' needs one of: ")
+    assert main(["bench", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("hgrn2: unknown command 'hgrn2 bench nope'")
+
+
+def test_version_is_the_package_version():
+    r = _cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"hgrn2 {__version__}"
+    import importlib.metadata
+
+    assert importlib.metadata.version("hgrn2") == __version__
