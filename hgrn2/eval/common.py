@@ -46,20 +46,16 @@ def load_model(path: str, device: str | None = None, dtype: str | torch.dtype | 
 
 
 def load_tokenizer(path: str):
-    """The model directory's tokenizer (AutoTokenizer), or a bare tokenizer.json wrapped as a fast tokenizer."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    """The directory's transformers tokenizer; a bare tokenizer.json (as `hgrn2 data prepare` writes) gets its
+    end-of-text token as data prepare names it."""
+    from hgrn2.data.tokenizer import eos_id, pretrained_tokenizer
+    from hgrn2.data.tokenizer import load_tokenizer as load_raw
 
     names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     if not os.path.isdir(path) or not any(os.path.isfile(os.path.join(path, n)) for n in names):
         raise EvalError(f"--tokenizer: no tokenizer files ({', '.join(names)}) in {path!r}")
-    if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    else:  # a bare tokenizer.json (as `hgrn2 data prepare` writes): its end-of-text token named as data prepare does
-        from hgrn2.data.tokenizer import EOS_CANDIDATES
-
-        tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
-        tok.eos_token = next((t for t in EOS_CANDIDATES if tok.convert_tokens_to_ids(t) != tok.unk_token_id
-                              and t in tok.get_vocab()), None)
+    configured = os.path.isfile(os.path.join(path, "tokenizer_config.json"))
+    tok = pretrained_tokenizer(path, None if configured else eos_id(load_raw(path)))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     return tok

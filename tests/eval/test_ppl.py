@@ -129,3 +129,14 @@ def test_errors_files(hgrn2_dir, tmp_path, capsys):
 def test_ignore_context_limit_runs_past_it(llama_dir, corpus, tmp_path):
     assert main(["eval", "ppl", llama_dir, corpus[0], "--out", str(tmp_path), "--ignore-context-limit"]) == 0
     assert len(json.loads((tmp_path / "ppl.json").read_text())["curve"]["loss"]) == 80  # past the limit of 64
+
+
+def test_bare_tokenizer_json_gets_data_prepares_eos(hgrn2_dir, tmp_path):
+    import shutil
+
+    from hgrn2.eval.common import load_tokenizer
+
+    shutil.copy(os.path.join(hgrn2_dir, "tokenizer.json"), tmp_path / "tokenizer.json")
+    tok = load_tokenizer(str(tmp_path))
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 0 and tok.pad_token_id == 0
+    assert tok("class")["input_ids"] == load_tokenizer(hgrn2_dir)("class")["input_ids"]
