@@ -186,7 +186,7 @@ PATHFINDER_LAYOUTS = """  ROOT/lra_release/pathfinderR/LEVEL/{metadata/*.npy,img
 
 
 def _read_pngs(paths: list[str]) -> np.ndarray:
-    from PIL import Image
+    from PIL import Image  # checked by read_pathfinder
 
     out = []
     for p in paths:
@@ -208,6 +208,10 @@ def read_pathfinder(root: str | Path, resolution: int = 32, level: str = "hard",
 
     if level not in LEVEL_DIRS:
         raise ValueError(f"`level`: expected one of {sorted(LEVEL_DIRS)}, got {level!r}")
+    try:
+        import PIL  # noqa: F401
+    except ImportError as e:
+        raise ImportError("reading the Pathfinder PNGs needs Pillow: pip install 'hgrn2[lra]'") from e
     root = Path(root)
     name = f"pathfinder{resolution}"
     for base in (root / "lra_release" / name / LEVEL_DIRS[level], root / name / LEVEL_DIRS[level],
