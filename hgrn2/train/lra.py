@@ -100,6 +100,9 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     for key in ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay"):
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
+    unknown = sorted(set(model_opts) - set(LRAModelConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"`--model-options`: unknown keys {unknown}; see hgrn2.models.lra.LRAModelConfig")
     cfg = LRAModelConfig(mixer=mixer, num_classes=info.num_classes, vocab_size=info.vocab_size,
                          max_len=info.max_len, dual=info.dual, **model_opts)
     return cfg, train
