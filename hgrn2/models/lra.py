@@ -170,8 +170,8 @@ class BiHGRU1(HGRU1Complex):
         u = u.float().unflatten(-1, (self.hidden_size, 2))
         i, g = torch.complex(u[..., 0], u[..., 1]), self.lambda_proj(x).float()
         if attention_mask is not None:
-            # the state still rotates through padding; padding sits at the end, so only the reverse scan sees
-            # it, and it starts from a zero state there
+            # the state still rotates through padding, harmlessly: padding is a suffix, so forward scans meet it
+            # after every real token and reverse scans start in it from a zero state
             keep = attention_mask.to(torch.bool)[..., None]
             i, g = i * keep, g.masked_fill(~keep, 1e4)
 
