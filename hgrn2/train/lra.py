@@ -121,6 +121,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     distributed.barrier(d)
     if not d.main:
         data = lra_tasks.load(task, **load)
+    empty = [s for s in ("train", "val", "test") if len(data[s].labels) == 0]
+    if empty:
+        raise ValueError(f"`--data` / `--examples` / `--images`: task {task!r} has no {' or '.join(empty)} examples")
     train_split = data["train"]
     batch = tr["batch_size"]
     if batch % d.world:
