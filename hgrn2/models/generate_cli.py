@@ -47,9 +47,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"hgrn2 generate: error: {e}", file=sys.stderr)
         return 2
+    # the Auto classes know hgrn2: this module's package, hgrn2.models, registers them on import
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import hgrn2  # noqa: F401  registers the Auto classes
 
     torch.manual_seed(args.seed)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
