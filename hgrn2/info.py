@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
 import platform
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     pass
 
 
@@ -17,7 +18,7 @@ def _version(pkg: str) -> str:
         return "not installed"
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import torch
 
     from . import __version__

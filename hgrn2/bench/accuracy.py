@@ -12,6 +12,7 @@ minutes per dtype). The tests assert bounds; this prints the numbers, so a faili
 
 from __future__ import annotations
 
+import argparse
 import functools
 import time
 
@@ -39,7 +40,7 @@ CASES = [  # (label, B, T, H, K, g scale, β range or None)
 QUICK_CASES = [("T40 K16", 1, 40, 2, 16, 2.0, (0.05, 0.95)), ("T40 K16 nolb", 1, 40, 2, 16, 1.0, None)]
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--impls", default="triton,chunk,fla", help="comma list of triton, chunk, fla")
     parser.add_argument("--dtypes", default="float32,bfloat16,float16")
     parser.add_argument("--fla-dtypes", default="bfloat16", help="the dtypes fla runs in (its autotuning is slow)")
@@ -106,7 +107,7 @@ def errors(fn, case, dtype, device) -> dict:
     return {n: (None if a is None else rel_err(a, b)) for n, a, b in zip(NAMES, got, want)}
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cases = QUICK_CASES if args.quick else [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     dtypes = [torch.float32] if args.quick else [getattr(torch, d) for d in args.dtypes.split(",")]

@@ -18,6 +18,7 @@ The lower bounds and norm weights are randomised too, so that a mis-mapped one c
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -31,7 +32,7 @@ from hgrn2.models import HGRN2ForCausalLM
 from hgrn2.models.convert import convert_fla_checkpoint, greedy_decode
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--expand", type=int, default=128)
@@ -87,7 +88,7 @@ def agreement(x, y):
 
 
 @torch.no_grad()
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     # fla's GLA kernels leave tl.dot's precision at Triton's default, tf32 for fp32 inputs, whose error would hide a
     # conversion error in the fp32 comparison: fla runs with IEEE fp32 dots, as ours do
     os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")

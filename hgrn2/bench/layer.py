@@ -11,6 +11,8 @@ op's (`hgrn2 bench ops`); `hgrn2 bench profile --target layer` splits the time k
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 from hgrn2.bench.common import (
@@ -24,7 +26,7 @@ from hgrn2.bench.common import (
 )
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", default="8x2048", help="BATCHxSEQ")
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--expand", type=int, default=128, help="head size (expand ratio)")
@@ -53,7 +55,7 @@ def step_inputs(B: int, T: int, d: int, device, dtype):
     return x, torch.randn_like(x), torch.rand(d, device=device) * 0.9
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     if args.quick:

@@ -10,6 +10,7 @@ CPU the Triton backend needs TRITON_INTERPRET=1, so that its custom ops save wha
 
 from __future__ import annotations
 
+import argparse
 import collections
 
 import torch
@@ -46,7 +47,7 @@ def activation_bytes(by_kind: collections.Counter, batch: int, seq: int) -> dict
     return {k: n for k, n in by_kind.items() if k.split(" ", 1)[1].startswith(prefixes)}
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="fla-1.3b")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
@@ -57,7 +58,7 @@ def add_arguments(parser) -> None:
     add_output_argument(parser)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
 
     cfg = HGRN2Config.from_preset(args.preset, hidden_size=args.hidden, num_hidden_layers=args.layers,

@@ -27,6 +27,7 @@ goes to `--out DIR`/ops.json (default benchmarks/results/<device>/), rewritten a
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -52,7 +53,7 @@ SEQ_LENS = (512, 2048, 8192, 32768)
 SKIPPABLE = {"seq", "decode", "glue", "hgrn1"}
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a smoke run (works on the CPU)")
     add_output_argument(parser)
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -421,7 +422,7 @@ def notes(rows) -> str:
                      if v and (k.endswith("_error") or k == "note") and not str(v).startswith("composite"))
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     skip = set(filter(None, args.skip.split(",")))
     if skip - SKIPPABLE:
         raise SystemExit(f"--skip: unknown row kinds {sorted(skip - SKIPPABLE)}; choose from {sorted(SKIPPABLE)}")

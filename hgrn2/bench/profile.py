@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -42,7 +43,7 @@ GROUPS = (  # first match wins: kernel-name fragments → group (fla's silu kern
 PHASES = ("forward", "backward", "optimizer")
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     train_bench.add_arguments(parser)  # the model of `bench train` (--models, --hidden, ..., --quick, --out)
     parser.set_defaults(shapes="8x2048", models="hgrn2,fla")
     parser.add_argument("--target", choices=("layer", "train"), default="layer")
@@ -209,7 +210,7 @@ def _shape(args) -> tuple[int, int]:
     return B, T
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.hidden, args.layers, args.expand, args.intermediate, args.vocab = 64, 2, 16, 128, 256
         args.warmup, args.steps, args.rounds, args.profiled_steps = 1, 2, 1, 1

@@ -7,6 +7,7 @@ rendering of the committed JSONs, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import textwrap
@@ -188,13 +189,13 @@ def render(results: Path = RESULTS_DIR) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default=str(RESULTS_DIR), help="the folder of <device>/<benchmark>.json")
     parser.add_argument("--output", default="BENCHMARKS.md")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 if --output differs")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     text = render(Path(args.results))
     out = Path(args.output)
     if args.check:

@@ -14,13 +14,14 @@ ratio to each other model per shape.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
 from hgrn2.bench.common import add_output_argument, command_of, environment, write_result
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="hgrn2,fla,llama", help="comma list of hgrn2, fla, llama")
     parser.add_argument("--shapes", default="8x2048,4x4096", help="comma list of BATCHxSEQ")
     parser.add_argument("--hidden", type=int, default=1024)
@@ -41,7 +42,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny CPU-sized smoke run (d=64, 2 layers, 2x64)")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import torch
 
     if args.quick:

@@ -12,6 +12,7 @@ Data loading is not included.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from ..models.vision import HGRN2ForImageClassification, num_parameters, preset
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="hgrn2,deit", help="comma list of hgrn2 (ours), deit (timm's)")
     parser.add_argument("--batch-size", type=int, default=128, help="images per step (the authors' per-GPU batch)")
     parser.add_argument("--image-size", type=int, default=224)
@@ -69,7 +70,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.image_size, args.batch_size, args.warmup, args.steps, args.rounds = 28, 2, 1, 1, 2
     for key in ("batch_size", "image_size", "steps", "rounds"):

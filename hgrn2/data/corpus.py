@@ -15,6 +15,7 @@ Feed it to `hgrn2 data prepare OUT_DIR/train --val-inputs OUT_DIR/valid --sample
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import json
@@ -31,7 +32,7 @@ DOC_ROOT = "/usr/share/doc"
 DEBIAN_PACKAGES = "python3-doc linux-doc"
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", choices=sorted(SOURCES), help="where the text comes from")
     parser.add_argument("out_dir", help="output folder (train/, valid/, manifest.json)")
     parser.add_argument("--max-bytes", type=parse_size, default=None, metavar="SIZE",
@@ -41,7 +42,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         out = assemble(args.source, args.out_dir, args.max_bytes, val_fraction=args.val_fraction,
                        doc_root=args.doc_root, overwrite=args.overwrite)

@@ -14,6 +14,7 @@ only when asked). Validation is either separate files (`--val-inputs`) or every 
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -26,7 +27,7 @@ FORMAT = "hgrn2-tokens-v1"
 BUILDERS = {".txt": "text", ".text": "text", ".raw": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("corpus")
     src.add_argument("inputs", nargs="*", help="local .txt/.jsonl/.json/.parquet files, globs or directories")
     src.add_argument("--val-inputs", nargs="*", default=None, help="validation files (else --val-fraction)")
@@ -50,7 +51,7 @@ def add_arguments(parser) -> None:
     out.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         meta = _run(args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 
@@ -14,7 +15,7 @@ import yaml
 from .config import make_config, preset_names
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="preset name or YAML file (see --list-presets)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", action="extend",
                         help="override config keys, e.g. lr=3e-4 model.num_hidden_layers=12")
@@ -22,7 +23,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.list_presets:
         print("\n".join(preset_names()))
         return 0

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from .logger import read_log
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", help="run directories (holding log.jsonl) or log.jsonl files")
     parser.add_argument("--out", default="loss.png", help="PNG file to write")
     parser.add_argument("--x", default="step", choices=["step", "tokens"], help="horizontal axis")
@@ -18,7 +19,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--logy", action="store_true", help="logarithmic loss axis")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         curves = {_label(p): read_log(_log_path(p)) for p in args.runs}
     except FileNotFoundError as e:

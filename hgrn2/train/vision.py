@@ -20,6 +20,7 @@ from the newest intact one and trains the same weights as one that never stopped
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import gzip
@@ -469,7 +470,7 @@ def _write_json(path: str, obj: dict) -> None:
 # --- command line -------------------------------------------------------------------------------------------------
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     train = sub.add_parser("train", help="train (works under torchrun)")
     train.add_argument("--config", default=None, help=f"preset ({', '.join(preset_names())}) or YAML file")
@@ -483,11 +484,11 @@ def add_arguments(parser) -> None:
     ev.add_argument("--batch-size", type=int, default=256)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     return run_train(args) if args.action == "train" else run_eval(args)
 
 
-def run_train(args) -> int:
+def run_train(args: argparse.Namespace) -> int:
     try:  # bad input is reported in one line, before any training starts
         cfg = make_config(args.config, args.set)
         if args.print_config:
@@ -506,7 +507,7 @@ def run_train(args) -> int:
     return 0
 
 
-def run_eval(args) -> int:
+def run_eval(args: argparse.Namespace) -> int:
     try:
         state = ckpt.load_latest(os.path.join(args.run, "checkpoints"))
         if state is None:
