@@ -17,6 +17,8 @@ import torch.nn.functional as F
 
 from .hgru1 import check_call, check_positive_int
 
+KVState = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [B, H, S, head_dim] and validity [B, S]
+
 
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotate halves of x [B, T, H, e] by angle pos·theta^(−2j/e) (GPT-NeoX / Llama layout); pos [B, T]."""
@@ -58,8 +60,11 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
         self.o_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
 
-    def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
-        """x [B, T, hidden]; state (k, v, valid) from a previous call or None; attention_mask [B, T] 0/1.
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, state: KVState | None = None,
+                use_cache: bool = False, attention_mask: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, KVState | None]:
+        """x [B, T, hidden]; lower_bound is ignored; state (k, v, valid) from a previous call or None;
+        attention_mask [B, T] 0/1.
 
         Returns (y [B, T, hidden], (k, v, valid) if use_cache else None).
         """

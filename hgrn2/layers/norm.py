@@ -13,7 +13,7 @@ from ..ops.norm import add_rms_norm, layer_norm, rms_norm
 NORMS = ("rmsnorm", "layernorm", None)
 
 
-def check_eps(name: str, eps) -> None:
+def check_eps(name: str, eps: float) -> None:
     """A norm's epsilon must be a positive finite number (0 divides by zero on a zero row, < 0 takes a root of a
     negative number)."""
     if isinstance(eps, bool) or not isinstance(eps, int | float) or not (0 < eps < math.inf):

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .configuration_hgrn2 import HGRN2Config
-from .modeling_hgrn2 import CACHE_FIELD
+from .modeling_hgrn2 import CACHE_FIELD, HGRN2ForCausalLM
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt")
@@ -69,7 +69,7 @@ def load_tensors(src: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Size], elementwise_affine: bool):
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Size], elementwise_affine: bool) -> None:
     """Fill what fla leaves implicit, then demand exactly the expected names and shapes (clear errors)."""
     if not elementwise_affine:  # fla's g_norm then has no weight: a weight of ones is the same function
         for name, shape in expected.items():
@@ -85,13 +85,11 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Si
         raise ValueError("checkpoint tensors do not match the config:\n  " + "\n  ".join(problems))
 
 
-def convert_fla_checkpoint(src_dir: str | Path, dst_dir: str | Path):
+def convert_fla_checkpoint(src_dir: str | Path, dst_dir: str | Path) -> HGRN2ForCausalLM:
     """Convert the fla HGRN2 checkpoint in `src_dir` to an hgrn2 `HGRN2ForCausalLM` saved in `dst_dir`.
 
     Returns the loaded model (weights in the checkpoint's dtype, on the CPU).
     """
-    from .modeling_hgrn2 import HGRN2ForCausalLM
-
     src, dst = Path(src_dir), Path(dst_dir)
     if not (src / "config.json").is_file():
         raise ValueError(f"`src_dir`: expected an fla checkpoint directory with config.json, got {src}")
@@ -119,7 +117,7 @@ def convert_fla_checkpoint(src_dir: str | Path, dst_dir: str | Path):
 
 
 @torch.no_grad()
-def greedy_decode(model, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def greedy_decode(model: torch.nn.Module, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy continuation [B, T + new_tokens] of input_ids [B, T] (no padding), decoded by hand: the prompt once
     with use_cache=True, then one token at a time with the cache the model returned. What `generate` does, without
     `generate`, whose cache plumbing changes between transformers versions (fla 0.6.0's models lose their cache

@@ -47,7 +47,7 @@ def _one_cache(cache, past_key_values):
 class HGRN2Block(nn.Module):
     """Pre-norm block: token mixer then SwiGLU MLP, each with a residual. x [B, T, hidden]."""
 
-    def __init__(self, config: HGRN2Config, layer_idx: int):
+    def __init__(self, config: HGRN2Config, layer_idx: int) -> None:
         super().__init__()
         d = config.hidden_size
         self.attn_norm = RMSNorm(d, eps=config.norm_eps)
@@ -121,7 +121,7 @@ class HGRN2Model(HGRN2PreTrainedModel):
     """Embeddings → L blocks → final RMSNorm. Returns BaseModelOutputWithPast with its HGRN2Cache under
     `CACHE_FIELD` (`cache`, or `past_key_values` before transformers 5.24)."""
 
-    def __init__(self, config: HGRN2Config):
+    def __init__(self, config: HGRN2Config) -> None:
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
@@ -133,10 +133,10 @@ class HGRN2Model(HGRN2PreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings = value
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, use_cache=None,
@@ -197,25 +197,25 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
 
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
 
-    def __init__(self, config: HGRN2Config):
+    def __init__(self, config: HGRN2Config) -> None:
         super().__init__(config)
         self.model = HGRN2Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embeddings
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.embeddings = value
 
-    def get_output_embeddings(self):
+    def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def set_output_embeddings(self, value):
+    def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
-    def get_decoder(self):
+    def get_decoder(self) -> HGRN2Model:
         return self.model
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, labels=None,
@@ -278,21 +278,22 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
 class HGRN2ForSequenceClassification(HGRN2PreTrainedModel):
     """HGRN2Model + linear `score` on the last non-padding token (left or right padding)."""
 
-    def __init__(self, config: HGRN2Config):
+    def __init__(self, config: HGRN2Config) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = HGRN2Model(config)
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embeddings
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, return_dict=None,
-                **kwargs):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                return_dict: bool | None = None, **kwargs: object) -> SequenceClassifierOutputWithPast | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                          use_cache=False, return_dict=True)
