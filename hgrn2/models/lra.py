@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -110,8 +111,8 @@ def scan_directions(run: Callable[..., torch.Tensor], tensors: tuple[torch.Tenso
 ELEMENTWISE_MAX_K = 8  # at or below this head size the V·K state channels run as HGRN1's element-wise scan
 
 
-def hgrn2_elementwise(o, g, i, lower_bound=None, *, scale: float = 1.0, o_act: str | None = None,
-                      backend: str | None = None) -> torch.Tensor:
+def hgrn2_elementwise(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
+                      *, scale: float = 1.0, o_act: str | None = None, backend: str | None = None) -> torch.Tensor:
     """`hgrn2.ops.hgrn2`'s output through HGRN1's element-wise scan over the H·V·K state entries.
 
     h_t[v, k] = f_t[k]·h_{t−1}[v, k] + (1 − f_t[k])·i_t[v] is element-wise once i is repeated over k and f over v,
@@ -131,13 +132,14 @@ def hgrn2_elementwise(o, g, i, lower_bound=None, *, scale: float = 1.0, o_act: s
 class BiHGRU2(HGRU2):
     """HGRU2 (paper parameterisation) scanning in several directions with shared projections (`BiHgru2_1d`)."""
 
-    def __init__(self, hidden_size: int, *, directions: str = "bi", **options):
+    def __init__(self, hidden_size: int, *, directions: str = "bi", **options: Any) -> None:
         options = {"expand_ratio": 2, "o_act": "sigmoid", "i_act": "silu", "scale": 1.0, "norm": "layernorm",
                    "bias": True, **options}
         super().__init__(hidden_size, **options)
         self.directions = directions
 
-    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, attention_mask=None):
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x.shape
         H, K = self.num_heads, self.head_dim
         q, f, i = (p(x).view(B, T, H, K) for p in (self.q_proj, self.f_proj, self.i_proj))
@@ -160,12 +162,13 @@ class BiHGRU2(HGRU2):
 class BiHGRU1(HGRU1Complex):
     """Complex HGRU scanning in several directions with shared projections and one θ per direction (`BiHgru1d`)."""
 
-    def __init__(self, hidden_size: int, *, directions: str = "bi", **options):
+    def __init__(self, hidden_size: int, *, directions: str = "bi", **options: Any) -> None:
         super().__init__(hidden_size, **options)
         self.directions = directions
         self.theta_reverse = nn.Parameter(self.theta.detach().clone())
 
-    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, attention_mask=None):
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         u = F.silu(self.input_proj(x)) if self.act == "silu" else self.input_proj(x)
         u = u.float().unflatten(-1, (self.hidden_size, 2))
         i, g = torch.complex(u[..., 0], u[..., 1]), self.lambda_proj(x).float()
@@ -188,7 +191,7 @@ class BiHGRU1(HGRU1Complex):
 class BiAttention(nn.Module):
     """Multi-head softmax attention over the whole sequence (no causal mask), padded keys masked."""
 
-    def __init__(self, hidden_size: int, *, num_heads: int = 8, dropout: float = 0.0):
+    def __init__(self, hidden_size: int, *, num_heads: int = 8, dropout: float = 0.0) -> None:
         super().__init__()
         if hidden_size % num_heads:
             raise ValueError(f"`num_heads`: expected a divisor of hidden_size={hidden_size}, got {num_heads}")
@@ -196,7 +199,8 @@ class BiAttention(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size)
         self.o_proj = nn.Linear(hidden_size, hidden_size)
 
-    def forward(self, x: torch.Tensor, lower_bound=None, attention_mask=None):
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x.shape
         q, k, v = self.qkv_proj(x).view(B, T, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
         mask = None if attention_mask is None else attention_mask.to(torch.bool)[:, None, None, :]
@@ -234,7 +238,8 @@ class Block(nn.Module):
         self.mlp = GLU(d, intermediate_size=max(1, int(d * cfg.glu_expand)), bias=True)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, lower_bound=None, attention_mask=None):
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.drop(self.mixer(self.mixer_norm(x), lower_bound=lower_bound, attention_mask=attention_mask))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
@@ -304,7 +309,8 @@ class LRAClassifier(nn.Module):
         else:
             self.head = nn.Linear(d, cfg.num_classes)
 
-    def forward(self, inputs, attention_mask=None) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                attention_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if not self.cfg.dual:
             return self.head(self.encoder(inputs, attention_mask))
         a, b = inputs[0], inputs[1]

@@ -19,6 +19,7 @@ width (the `Hgrn1dVit` default, 576 at width 192) gives the paper's 6.1M / 23.8M
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -69,14 +70,15 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def preset(name: str, **overrides) -> VisionConfig:
+def preset(name: str, **overrides: Any) -> VisionConfig:
     """`VisionConfig` of a named size (`PRESETS`), with fields overridden."""
     if name not in PRESETS:
         raise ValueError(f"`preset`: expected one of {sorted(PRESETS)}, got {name!r}")
     return VisionConfig(**{**PRESETS[name], **overrides})
 
 
-def reverse_hgrn2(o, g, i, lower_bound=None, **kw):
+def reverse_hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
+                  **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The HGRN2 recurrence run from the last token to the first (h_t = h_{t+1}·Diag(f_t) + i_t ⊗ (1 − f_t)),
     for any backend of `ops.hgrn2`; arguments and result as there. The time flips are copies: the kernels have no
     reverse walk."""
