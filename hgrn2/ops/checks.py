@@ -13,7 +13,7 @@ def _fail(name: str, expected: str, got) -> None:
     raise ValueError(f"`{name}`: expected {expected}, got {got}")
 
 
-def check_tensor(name: str, x) -> None:
+def check_tensor(name: str, x: object) -> None:
     if not isinstance(x, torch.Tensor):
         _fail(name, "a torch.Tensor", type(x).__name__)
 
@@ -26,7 +26,7 @@ def check_float(name: str, x: torch.Tensor, ndim: int, complex_ok: bool = True) 
         _fail(name, f"a {'floating or complex' if complex_ok else 'real floating'} dtype {FLOAT_DTYPES}", x.dtype)
 
 
-def check_scale(scale) -> None:
+def check_scale(scale: float) -> None:
     if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
         _fail("scale", "a finite number", repr(scale))
 

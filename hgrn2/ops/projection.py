@@ -14,11 +14,14 @@ product rounded to it; dx accumulates in the matmuls' fp32 accumulators and is r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 
 
-def linears(x: torch.Tensor, weights, biases=None) -> tuple[torch.Tensor, ...]:
+def linears(x: torch.Tensor, weights: Iterable[torch.Tensor],
+            biases: Iterable[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, ...]:
     """(F.linear(x, w, b) for each weight w [out_j, in] and bias b [out_j] or None): x [..., in] → the outputs
     [..., out_j], contiguous; differentiable in all of them."""
     weights = tuple(weights)

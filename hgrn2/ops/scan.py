@@ -66,8 +66,10 @@ class LinearScan(torch.autograd.Function):
         return delta * h_prev.conj(), delta
 
 
-def hgrn1_scan(i, g, lower_bound=None, *, theta=None, initial_state=None, output_final_state=False,
-               cu_seqlens=None):
+def hgrn1_scan(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+               theta: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+               output_final_state: bool = False,
+               cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN1's recurrence h_t = f_t ⊙ e^{iθ} ⊙ h_{t-1} + (1 − f_t) ⊙ i_t by a chunked scan.
 
     i, g: [B, T, D] (i complex when `theta` is given); lower_bound: [D] or None; theta: [D] or None;

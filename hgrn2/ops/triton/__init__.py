@@ -12,6 +12,8 @@ Both training families meet the same accuracy bounds (tests/ops/triton). Launch 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._interpret import patch_interpreter
@@ -65,7 +67,7 @@ def hgrn2_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound:
 
 
 def hgrn1_triton(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None,
-                 **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN1's element-wise recurrence on Triton (see `hgrn2.ops.hgrn1`)."""
     from .hgrn1 import hgrn1_triton as impl
     return impl(i, g, lower_bound, **kw)

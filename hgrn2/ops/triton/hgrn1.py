@@ -369,8 +369,10 @@ class _HGRN1(torch.autograd.Function):
                 None, None, None)
 
 
-def hgrn1_triton(i, g, lower_bound=None, *, theta=None, initial_state=None, output_final_state=False,
-                 cu_seqlens=None, chunk_size=None):
+def hgrn1_triton(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+                 theta: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+                 output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+                 chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN1's element-wise recurrence on the GPU, differentiable; the contract of `hgrn2.ops.hgrn1`.
 
     i: [B, T, D] (complex with `theta` [D]); g: [B, T, D] real logits; lower_bound: [D] or None;

@@ -76,8 +76,11 @@ def _hgrn2_recurrent_kernel(
         tl.store(ht + p_state, b_h, mask=m_h)
 
 
-def hgrn2_recurrent_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
-                           output_final_state=False, cu_seqlens=None, final_state_out=None):
+def hgrn2_recurrent_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
+                           *, scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
+                           initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                           cu_seqlens: torch.Tensor | None = None, final_state_out: torch.Tensor | None = None,
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN2 step by step on the GPU; the contract of `hgrn2.ops.hgrn2` (forward only).
 
     o, g: [B, T, H, K]; i: [B, T, H, V]; lower_bound: [H, K] or None; initial_state: [N, H, V, K] (any float
