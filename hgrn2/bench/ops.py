@@ -356,7 +356,7 @@ def glue_rows(ctx) -> list[dict]:
     resid, branch = leaf(N, d, dtype=torch.float32), leaf(N, d)
     add_cot = (torch.randn(N, d, device=dev), dy)  # r's gradient from later blocks, the normalised output's
 
-    def add_norm_separate():  # the model's path before the fusion: the add, then the norm kernel
+    def add_norm_separate():  # the unfused path: the add, then the norm kernel
         r = resid + branch
         return r, rms_norm(r, w, 1e-5, dt)
 

@@ -56,8 +56,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
 def check_labels(labels: torch.Tensor, V: int, ignore_index: int) -> None:
     """A clear error for labels outside [0, V) (other than ignore_index). One host sync: the CPU waits here for
-    the GPU to finish the forward (no cost measured on `hgrn2 bench train`'s step once the GPU bounds it,
-    `benchmarks/profile_train_step.py --label-check-ab`; a function of its own so that the A/B can drop it)."""
+    the GPU to finish the forward, which costs nothing once the GPU, not the launching CPU, bounds the step."""
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
     if bool(bad.any()):
         raise ValueError(f"`labels`: expected values in [0, {V}) or ignore_index={ignore_index}")

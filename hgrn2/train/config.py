@@ -44,8 +44,8 @@ class TrainConfig:
     # precision, memory, speed
     precision: str = "bf16"  # "bf16" (autocast; fp32 master weights) or "fp32"
     activation_checkpointing: bool = False
-    # torch.compile per block: no gain for HGRN2 on an H100 (374M, 8x2048: 94k tok/s compiled vs 109k eager;
-    # the glue already runs in custom kernels, BENCHMARKS.md fifth session); other mixers may differ
+    # torch.compile per block; off by default because HGRN2's glue already runs in custom kernels, so compiling
+    # its blocks does not speed up a step (other mixers may gain)
     compile: bool = False
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2 fully_shard per block) when launched with torchrun
     device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu" (gloo when distributed)
