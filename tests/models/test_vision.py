@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from hgrn2.bench.common import rel_err
 from hgrn2.models.vision import (
     PRESETS,
     HGRN2ForImageClassification,
@@ -11,7 +12,6 @@ from hgrn2.models.vision import (
     preset,
     reverse_hgrn2,
 )
-from tests.conftest import rel_err
 
 PAPER_PARAMS = {"deit_tiny": 6.1e6, "deit_small": 23.8e6}
 
