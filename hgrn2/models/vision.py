@@ -85,7 +85,12 @@ def reverse_hgrn2(o, g, i, lower_bound=None, **kw):
 
 
 class BiHGRU2(HGRU2):
-    """HGRU2 over a whole sequence in both directions with shared projections and gates: y = y→ + y←."""
+    """HGRU2 over whole sequences, both directions with shared projections and gates (y = y→ + y←), or the
+    forward direction alone with `bidirectional=False`."""
+
+    def __init__(self, hidden_size: int, *, bidirectional: bool = True, **kw):
+        super().__init__(hidden_size, **kw)
+        self.bidirectional = bidirectional
 
     def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, hidden], lower_bound [hidden] or None → [B, T, hidden]."""
@@ -96,15 +101,9 @@ class BiHGRU2(HGRU2):
         lb = None if lower_bound is None else lower_bound.view(H, K)
         kw = dict(scale=self.scale, o_act=self.o_act, i_act=self.i_act, backend=self.backend)
         y, _ = ops.hgrn2(q, f, i, lb, **kw)
-        y = y + reverse_hgrn2(q, f, i, lb, **kw)[0]
+        if self.bidirectional:
+            y = y + reverse_hgrn2(q, f, i, lb, **kw)[0]
         return self.o_proj(self.g_norm(y.reshape(B, T, D)))
-
-
-class CausalHGRU2(HGRU2):
-    """HGRU2 in one direction (raster order), with BiHGRU2's call signature."""
-
-    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None) -> torch.Tensor:
-        return super().forward(x, lower_bound)[0]
 
 
 class VisionBlock(nn.Module):
@@ -112,11 +111,10 @@ class VisionBlock(nn.Module):
 
     def __init__(self, c: VisionConfig, layer_idx: int):
         super().__init__()
-        mixer = BiHGRU2 if c.bidirectional else CausalHGRU2
         self.token_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
-        self.token_mixer = mixer(c.hidden_size, layer_idx=layer_idx, expand_ratio=c.expand_ratio, o_act="sigmoid",
-                                 i_act="silu", scale=1.0, norm="layernorm", norm_eps=c.norm_eps, bias=True,
-                                 backend=c.backend)
+        self.token_mixer = BiHGRU2(c.hidden_size, bidirectional=c.bidirectional, layer_idx=layer_idx,
+                                   expand_ratio=c.expand_ratio, o_act="sigmoid", i_act="silu", scale=1.0,
+                                   norm="layernorm", norm_eps=c.norm_eps, bias=True, backend=c.backend)
         self.feature_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
         self.feature_mixer = GLU(c.hidden_size, intermediate_size=c.glu_size, hidden_act="silu", bias=True)
 
