@@ -3,17 +3,19 @@
     patches (p×p, row-major) → Linear → depth × [x += mixer(LN x); x += GLU(LN x)] → mean over patches
     → parameter-free RMS norm → Linear head
 
-No class token and no position embedding, as in the authors' code. The token mixer is the authors' bidirectional
-HGRU2 (`BiHgru2_1d` of hgru2-pytorch): one set of projections, the gated recurrence run forwards and backwards over
-the patches with the same gates, the two outputs summed (each direction includes the current patch), then
-LayerNorm and the output projection. Input activation SiLU, output gate sigmoid, scale 1, biases on.
+No class token, no position embedding and no drop path, as in the authors' code (`Hgrn1dVit` accepts a drop-path
+rate but never passes it to its blocks); PyTorch's default initialisation, as there. The token mixer is the
+authors' bidirectional HGRU2 (`BiHgru2_1d` of hgru2-pytorch): one set of projections, the gated recurrence run
+forwards and backwards over the patches with the same gates, the two outputs summed (each direction includes the
+current patch), then LayerNorm and the output projection. Input activation SiLU, output gate sigmoid, scale 1,
+biases on.
 
 Lower bounds follow `Hgrn1dVit`: β of layer l = Σ_{j<l} softmax(Γ, 0)_j (layer 0 gets 0), Γ initialised to ones.
 
 `PRESETS` hold the DeiT-Tiny / DeiT-Small sizes. The authors' `hgrn2_vit_*` definitions are not public; the HGRN1
 ones (`hgrn1d_vit_*`) give patch 14, depth 12, width 192 / 384. With the HGRN2 mixer a GLU width of 3× the model
 width (the `Hgrn1dVit` default, 576 at width 192) gives the paper's 6.1M / 23.8M parameters; HGRN1's 2× would give
-4.8M / 18.9M. The expansion ratio (head dimension) is 64: 3 / 6 heads, as DeiT's.
+4.8M / 18.4M. The expansion ratio (head dimension) is 64: 3 / 6 heads, as DeiT's.
 """
 
 from __future__ import annotations
