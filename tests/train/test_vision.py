@@ -186,8 +186,8 @@ def test_torchrun_two_ranks(fixture_dir, tmp_path):
 
 
 def test_bench_vision_quick_writes_json(tmp_path):
-    assert main(["bench", "vision", "--quick", "--models", "hgrn2", "--out-dir", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "bench_vision.json").read_text())
+    assert main(["bench", "vision", "--quick", "--models", "hgrn2", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "vision.json").read_text())
     (row,) = result["rows"]
     assert row["model"] == "hgrn2" and row["parameters"] > 6e6 and row["images_per_s"] > 0
-    assert len(row["seconds"]) == result["rounds"] == 2
+    assert len(row["seconds"]) == result["args"]["rounds"] == 2 and result["benchmark"] == "vision"
