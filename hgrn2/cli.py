@@ -37,7 +37,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 
 
 def _usage() -> str:
-    rows = [f"  {' '.join(k):<14} {h}" for k, (_, h) in COMMANDS.items()]
+    rows = [f"  {' '.join(k):<18} {h}" for k, (_, h) in COMMANDS.items()]
     head = "usage: hgrn2 <command> [options]   (hgrn2 <command> --help for its options)"
     return head + "\n\ncommands:\n" + "\n".join(rows)
 

@@ -8,9 +8,9 @@
 Recipes (hgrn2/configs/ablate.yaml): `expand` (perplexity against the expand ratio 1, 2, ..., 128; a plot),
 `pese` (the PESE table: HGRN1, Naive, LR, GLT, GLTI, KRP, KP at n = 4, LR also 8, against HGRN2), `hgrn1`
 (complex and real HGRN1 against HGRN2), `lower-bound` (on and off). Scales: `paper` (WikiText-103 prepared by
-`hgrn2 data prepare`, given with --data; the paper's 50k steps), `small` (a corpus assembled from the Debian
-documentation packages python3.11-doc and linux-doc, or CPython's own pydoc topics, with a BPE trained on it;
-the whole set in minutes on one GPU) and `smoke` (seconds on a CPU, for tests).
+`hgrn2 data prepare`, given with --data; the paper's 50k steps), `small` (a corpus assembled by `hgrn2.data.corpus`
+from the Debian documentation packages python3-doc and linux-doc, with a BPE trained on it; the whole set in
+minutes on one GPU) and `smoke` (seconds on a CPU, for tests).
 
 Every run is the library's `Trainer` (hgrn2.train.trainer) over `hgrn2.train.sweep`: resumable (a killed sweep
 continues from each run's last checkpoint), several runs at once on one device (`--concurrent`), a time budget
@@ -35,8 +35,6 @@ import yaml
 from hgrn2.train.sweep import best_device, finished_results, sweep, write_json
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "ablate.yaml"
-PYTHON_DOCS = "/usr/share/doc/python3.11/html/_sources"
-LINUX_DOCS = "/usr/share/doc/linux-doc-6.1/html/_sources"
 SOURCES = ("debian-docs", "python-docs")
 
 
@@ -71,44 +69,19 @@ class LMRun:
 # corpus
 
 
-def _documents(source: str):
-    """Plain-text documents of a source, in a fixed order."""
-    if source == "python-docs":
-        from pydoc_data.topics import topics
-
-        yield from (topics[k] for k in sorted(topics))
-        return
-    roots = [r for r in (PYTHON_DOCS, LINUX_DOCS) if os.path.isdir(r)]
-    if not roots:
-        raise ValueError(f"--source debian-docs: neither {PYTHON_DOCS} nor {LINUX_DOCS} exists; install the Debian "
-                         "packages python3.11-doc and linux-doc, pass --data DIR, or use the python-docs source")
-    for root in roots:
-        for path in sorted(Path(root).rglob("*.txt")):
-            yield path.read_text(errors="replace")
-
-
 def assemble_corpus(source: str, out: Path, max_bytes: int | None, vocab_size: int) -> Path:
-    """Write the source's documents as text (every 20th to validation), train a BPE on them and tokenise
-    (`hgrn2.data.prepare`) into `out`; returns `out`. Reuses `out` when it already holds a prepared corpus."""
+    """Assemble the source's documents (`hgrn2.data.corpus`, into `out/text`), train a BPE on the training
+    documents and tokenise both splits (`hgrn2.data.prepare`) into `out`; returns `out`. Reuses `out` when it
+    already holds a prepared corpus."""
+    from hgrn2.data.corpus import assemble
     from hgrn2.data.prepare import prepare
 
-    if source not in SOURCES:
-        raise ValueError(f"corpus source: expected one of {SOURCES}, got {source!r}")
     if (out / "meta.json").is_file():
         return out
-    text = out / "text"
-    text.mkdir(parents=True, exist_ok=True)
-    total = 0
-    with open(text / "train.txt", "w") as train, open(text / "val.txt", "w") as val:
-        for n, doc in enumerate(_documents(source)):
-            doc = doc.strip()
-            if max_bytes is not None and total + len(doc) > max_bytes:
-                break
-            (val if n % 20 == 19 else train).write(doc + "\n\n")
-            total += len(doc)
-    print(f"corpus {source}: {total / 1e6:.1f} MB of text; training a BPE of {vocab_size} tokens")
-    prepare([str(text / "train.txt")], str(out), train_tokenizer=vocab_size, val_inputs=[str(text / "val.txt")],
-            sample_by="paragraph", overwrite=True)
+    text = assemble(source, out / "text", max_bytes, val_fraction=0.05, overwrite=True)
+    print(f"corpus {source} in {text}; training a BPE of {vocab_size} tokens")
+    prepare([str(text / "train")], str(out), train_tokenizer=vocab_size, val_inputs=[str(text / "valid")],
+            sample_by="document", overwrite=True)
     return out
 
 

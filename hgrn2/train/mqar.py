@@ -1,6 +1,6 @@
 """`hgrn2 mqar`: the paper's multi-query associative recall sweep (accuracy vs model width, one panel per length).
 
-    hgrn2 mqar                                   # the `quick` preset on the best device present
+    hgrn2 mqar                                   # `laptop` on a CPU (minutes), `quick` on a GPU
     hgrn2 mqar --preset full --concurrent 8      # the paper's grid
     hgrn2 mqar --cuda-graph                      # each step replayed as one CUDA graph (GPU)
     hgrn2 mqar --mixers hgrn2 --dims 64 --seq-lens 64 --epochs 2 --train-examples 2000   # a smoke run
@@ -344,7 +344,8 @@ def _csv(kind):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="quick", help="a preset of hgrn2/configs/mqar.yaml: quick (default) or full")
+    p.add_argument("--preset", help="a preset of hgrn2/configs/mqar.yaml: laptop (default on a CPU), quick (default "
+                                    "on a GPU) or full")
     p.add_argument("--config", default=str(CONFIG_PATH), help="the YAML file with the protocol and presets")
     p.add_argument("--mixers", type=_csv(str), nargs="+", help="token mixers, e.g. hgrn2 hgrn1_complex attention")
     p.add_argument("--dims", type=_csv(int), nargs="+", help="model widths, e.g. 64 128 256 512")
@@ -381,9 +382,10 @@ def _flat(values):
 
 def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict]:
     """The sweep's runs from the preset and the command-line overrides; also the resolved grid."""
-    if args.preset not in cfg["presets"]:
-        raise ValueError(f"--preset: expected one of {sorted(cfg['presets'])}, got {args.preset!r}")
-    proto, preset = cfg["protocol"], cfg["presets"][args.preset]
+    name = args.preset or "quick"
+    if name not in cfg["presets"]:
+        raise ValueError(f"--preset: expected one of {sorted(cfg['presets'])}, got {name!r}")
+    proto, preset = cfg["protocol"], cfg["presets"][name]
     grid = {k: _flat(getattr(args, k)) or preset[k] for k in ("mixers", "dims", "lrs", "seq_lens")}
     lengths = []
     for item in grid["seq_lens"]:
@@ -402,7 +404,8 @@ def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict
     for mixer in grid["mixers"]:
         options = {**cfg["mixers"].get(mixer, {}), **args.mixer_options.get(mixer, {})}
         for L, kv in lengths:
-            batch = args.batch_size or proto["batch_size"].get(L) or (512 if L <= 128 else 256 if L <= 256 else 128)
+            batch = (args.batch_size or preset.get("batch_size") or proto["batch_size"].get(L)
+                     or (512 if L <= 128 else 256 if L <= 256 else 128))
             for d in grid["dims"]:
                 opts = dict(options)
                 if "expand_ratio" in opts:  # the paper's head dimension: min(d, 128)
@@ -423,13 +426,15 @@ def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    device = args.device or best_device()
+    if args.preset is None:
+        args.preset = "quick" if device.startswith("cuda") else "laptop"
     runs, grid = build_runs(args, cfg)
     out = Path(args.out)
     if args.list:
         for r in runs:
             print(r.run_id, json.dumps(asdict(r), sort_keys=True))
         return 0
-    device = args.device or best_device()
     concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
     if args.cuda_graph and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graph: needs a CUDA device, got --device {device}")

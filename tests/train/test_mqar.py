@@ -130,6 +130,14 @@ def sweep_build(argv: list[str]) -> tuple[list[RunSpec], dict]:
     return sweep_mod.build_runs(parser.parse_args(argv), sweep_mod.load_config())
 
 
+def test_laptop_preset_is_small_and_the_default_on_a_cpu(capsys):
+    runs, grid = sweep_build(["--preset", "laptop"])
+    assert {r.mixer for r in runs} == {"hgrn2", "hgrn1_complex", "attention"} and len(runs) == 3
+    assert sum(r.total_steps for r in runs) <= 2000 and {r.seq_len for r in runs} == {64}
+    assert cli_main(["mqar", "--list", "--device", "cpu"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(runs)
+
+
 def test_build_runs_presets_and_overrides():
     runs, grid = sweep_build([])
     # quick keeps the protocol's data (fewer examples are memorised, not learned) and has no time budget
@@ -160,6 +168,9 @@ def _cli(tmp_path, *extra):
 
 def test_cli_sweep_resumes(tmp_path, capsys):
     assert _cli(tmp_path, "--dims", "16,32") == 0
+    # progress counts optimiser steps: 2 runs × 2 epochs × 2 batches of 32 (early stops count their remainder)
+    assert "MQAR steps" in capsys.readouterr().err and RunSpec(**{**asdict(tiny_spec()), "epochs": 2,
+                                                                  "train_examples": 64}).total_steps == 4
     out = tmp_path / "out"
     files = sorted((out / "runs").glob("*.json"))
     assert len(files) == 2 and (out / "mqar.png").stat().st_size > 0
