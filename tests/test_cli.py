@@ -1,10 +1,13 @@
-"""The `hgrn2` command's own behaviour: fast help, clear errors for unknown commands, the version."""
+"""The `hgrn2` command's own behaviour: fast help, clear errors for unknown commands, the version, and the typed
+entry points of every command module."""
 
+import ast
+import pathlib
 import subprocess
 import sys
 
 from hgrn2 import __version__
-from hgrn2.cli import main
+from hgrn2.cli import COMMANDS, main
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -37,3 +40,14 @@ def test_version_is_the_package_version():
     import importlib.metadata
 
     assert importlib.metadata.version("hgrn2") == __version__
+
+
+def test_every_command_module_has_typed_entry_points():
+    root = pathlib.Path(__file__).resolve().parents[1]
+    want = {"add_arguments": ("argparse.ArgumentParser", "None"), "run": ("argparse.Namespace", "int")}
+    for module in sorted({m for m, _ in COMMANDS.values()}):
+        tree = ast.parse((root / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8"))
+        defs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in want}
+        got = {name: (ast.unparse(f.args.args[0].annotation) if f.args.args[0].annotation else None,
+                      ast.unparse(f.returns) if f.returns else None) for name, f in defs.items()}
+        assert got == want, module
