@@ -5,6 +5,7 @@ Output directory:
                          fits in 16 bits, else uint32; raw little-endian arrays readable with np.memmap
     meta.json            format, dtype, vocab_size, eos_id, token/document counts per split, sources
     tokenizer.json       the tokenizer used (copied or trained), so training and evaluation can decode
+    tokenizer_config.json  its special tokens (end-of-text, padding), so `AutoTokenizer.from_pretrained` loads it
 
 Inputs are local .txt / .jsonl / .json / .parquet files (or directories of them) read through HF `datasets` in
 streaming mode, so corpora larger than memory pass through in batches; or a hub dataset (`--dataset`, online,
@@ -76,7 +77,7 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
             dataset_config=None, split="train", val_split=None, text_field="text", sample_by="line", eos=None,
             add_eos=True, val_fraction=0.005, batch_docs=1000, overwrite=False) -> dict:
     """Tokenise the corpus and write `out/{train,val}.bin`, `meta.json`, `tokenizer.json`; returns the metadata."""
-    from .tokenizer import eos_id, load_tokenizer, train_bpe
+    from .tokenizer import eos_id, load_tokenizer, pretrained_tokenizer, train_bpe
 
     if (tokenizer is None) == (train_tokenizer is None):
         raise ValueError("give exactly one of --tokenizer PATH or --train-tokenizer VOCAB")
@@ -123,6 +124,11 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
     for w in writers.values():
         w.commit()
     tok.save(os.path.join(out, "tokenizer.json"))
+    if tokenizer is not None and os.path.isdir(tokenizer):
+        hf = pretrained_tokenizer(tokenizer, eos_i)
+    else:
+        hf = pretrained_tokenizer(os.path.join(out, "tokenizer.json"), eos_i)
+    hf.save_pretrained(out)  # tokenizer_config.json with the special tokens: `AutoTokenizer` loads `out`
     meta = {
         "format": FORMAT, "dtype": np.dtype(dtype).name, "vocab_size": vocab, "eos_id": eos_i,
         "tokenizer": "tokenizer.json",

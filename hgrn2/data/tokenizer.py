@@ -63,6 +63,31 @@ def eos_id(tok, eos: str | None = None) -> int | None:
     return None
 
 
+def pretrained_tokenizer(source: str, eos_id: int | None = None):
+    """transformers' fast tokenizer for `source` (a tokenizer.json file or a directory holding one), with its
+    special tokens set: a directory's own `tokenizer_config.json` wins; otherwise the token `eos_id` is the
+    end-of-text, beginning-of-text and padding token (GPT-2's convention, as `train_bpe` has one special token).
+    `save_pretrained(dir)` on the result writes what `AutoTokenizer.from_pretrained(dir)` loads."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if os.path.isdir(source) and os.path.isfile(os.path.join(source, "tokenizer_config.json")):
+        hf = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    else:
+        tok = load_tokenizer(source)
+        eos = tok.id_to_token(eos_id) if eos_id is not None else None
+        if eos_id is not None and eos is None:
+            raise ValueError(f"tokenizer: eos id {eos_id} is outside the vocabulary of {source!r}")
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=eos)
+    if hf.pad_token is None and hf.eos_token is not None:
+        hf.pad_token = hf.eos_token  # batched generation pads on the left; the mask hides the padding
+    return hf
+
+
+def special_token_ids(hf) -> dict:
+    """{bos,eos,pad}_token_id of a transformers tokenizer, for a model config."""
+    return {"bos_token_id": hf.bos_token_id, "eos_token_id": hf.eos_token_id, "pad_token_id": hf.pad_token_id}
+
+
 def _batched(texts: Iterable[str], n: int = 1000) -> Iterator[list[str]]:
     batch: list[str] = []
     for t in texts:

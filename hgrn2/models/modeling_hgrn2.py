@@ -126,7 +126,8 @@ class HGRN2Model(HGRN2PreTrainedModel):
         self.padding_idx = config.pad_token_id
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
         L = config.num_hidden_layers
-        self.lower_bounds = nn.Parameter(torch.zeros(L, config.hidden_size)) if config.use_lower_bound else None
+        bounded = config.use_lower_bound and getattr(get_token_mixer(config.token_mixer), "uses_lower_bound", True)
+        self.lower_bounds = nn.Parameter(torch.zeros(L, config.hidden_size)) if bounded else None
         self.layers = nn.ModuleList([HGRN2Block(config, i) for i in range(L)])
         self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.gradient_checkpointing = False

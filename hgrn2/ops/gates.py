@@ -99,8 +99,9 @@ def clamp_forget_logits(g: torch.Tensor, lower_bound: torch.Tensor | None, min_l
 def lower_bounds_from_logits(gamma: torch.Tensor) -> torch.Tensor:
     """The paper's cumax: Γ [L, D] → β [L, D], β = cumsum(softmax(Γ, 0), 0) − that of layer 0.
 
-    Layer 0 gets bound 0 and bounds rise monotonically with depth, staying below 1.
+    Layer 0 gets bound 0 and bounds rise monotonically with depth, staying below 1. Computed in float32 at least,
+    and in float64 for a float64 Γ.
     """
-    p = gamma.float().softmax(dim=0)
+    p = gamma.to(torch.promote_types(gamma.dtype, torch.float32)).softmax(dim=0)
     c = p.cumsum(dim=0)
     return c - c[0]

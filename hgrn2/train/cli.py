@@ -26,14 +26,18 @@ def run(args) -> int:
     if args.list_presets:
         print("\n".join(preset_names()))
         return 0
+    try:
+        cfg = make_config(args.config, args.set)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hgrn2 train: error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:  # needs no data: shows what a run would use
+        print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
+        return 0
     from . import distributed as D
     from .trainer import Trainer
 
     try:  # bad input is reported in one line, before any training starts
-        cfg = make_config(args.config, args.set)
-        if args.print_config:
-            print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
-            return 0
         d = D.init(cfg.device)
         trainer = Trainer(cfg, d)
     except (ValueError, FileNotFoundError, FileExistsError) as e:

@@ -54,7 +54,7 @@ class TrainConfig:
     seed: int = 1234
     log_every: int = 10
     eval_every: int = 1000  # 0 = only at the end
-    eval_sequences: int = 256  # validation sequences per interval evaluation; the final one uses the whole split
+    eval_sequences: int = 256  # validation sequences per evaluation, periodic and final alike; 0 = the whole split
     save_every: int = 1000  # 0 = only at the end
     keep_last: int = 3
     resume: bool = True  # continue from the newest valid checkpoint in out_dir/checkpoints
@@ -79,8 +79,6 @@ class TrainConfig:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
-        if not self.data:
-            raise ValueError("data is not set: --set data=DIR (a directory written by `hgrn2 data prepare`)")
 
     def grad_accum(self, world: int) -> int:
         per_step = self.micro_batch_size * world

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from ..data.packed import PackedDataset, StepSampler, eval_batches, read_meta, train_loader
+from ..data.tokenizer import pretrained_tokenizer, special_token_ids
 from . import checkpoint as ckpt
 from . import distributed as D
 from .config import TrainConfig
@@ -30,6 +31,8 @@ from .optim import build_optimizer, lr_at, set_lr
 class Trainer:
     def __init__(self, cfg: TrainConfig, d: D.Dist | None = None):
         """Everything that can be wrong with the input is checked here, before the first step."""
+        if not cfg.data:
+            raise ValueError("data is not set: --set data=DIR (a directory written by `hgrn2 data prepare`)")
         self.cfg, self.d = cfg, d or D.init(cfg.device)
         self.accum = cfg.grad_accum(self.d.world)
         meta = read_meta(cfg.data)
@@ -41,6 +44,8 @@ class Trainer:
                 dataset.check_token_range()
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = build_model(cfg.arch, cfg.model, meta["vocab_size"], cfg.init_from)
+        self.tokenizer = _corpus_tokenizer(cfg.data, meta)
+        _set_special_tokens(model, self.tokenizer, meta)
         self.n_params = sum(p.numel() for p in model.parameters())
         if cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -70,7 +75,10 @@ class Trainer:
             return torch.autocast(self.d.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def train(self) -> dict:
+    def train(self, after_step=None) -> dict:
+        """Train to max_steps, then validate on the whole split; returns the final validation record.
+        `after_step()` is called after every optimiser step: when it returns True the run stops there, checkpointed
+        (a later run resumes it), and `train` returns {"stopped_at": step}."""
         cfg, d = self.cfg, self.d
         sampler = StepSampler(len(self.train_set), cfg.micro_batch_size, self.accum, d.rank, d.world, cfg.seed,
                               self.step, cfg.max_steps)
@@ -80,7 +88,7 @@ class Trainer:
             print(f"{cfg.arch}: {self.n_params / 1e6:.1f}M parameters; {d.world} rank(s) × micro batch "
                   f"{cfg.micro_batch_size} × accumulation {self.accum} = {cfg.batch_size} sequences × {cfg.seq_len} "
                   f"tokens per step; steps {self.step} -> {cfg.max_steps}")
-        bar = self._progress()
+        bar = self.bar = self._progress()
         t_last, steps_since = time.time(), 0
         self.model.train()
         while self.step < cfg.max_steps:
@@ -113,17 +121,28 @@ class Trainer:
                     bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{rec['tok_per_s']:.0f}")
                 self.loss_sum, self.loss_count, t_last, steps_since = 0.0, 0, time.time(), 0
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
-                self.evaluate(cfg.eval_sequences)
+                self.evaluate(cfg.eval_sequences or None)
             if cfg.save_every and self.step % cfg.save_every == 0:
                 self.save_checkpoint()
+            if after_step is not None and after_step() and self.step < cfg.max_steps:
+                return self._stop(bar)
         if bar is not None:
             bar.close()
-        result = self.evaluate(None)
+        self.bar = None
+        result = self.evaluate(cfg.eval_sequences or None)
         if not (cfg.save_every and self.step % cfg.save_every == 0):
             self.save_checkpoint()
         self.save_final()
         self.log.close()
         return result
+
+    def _stop(self, bar) -> dict:
+        if bar is not None:
+            bar.close()
+        if not (self.cfg.save_every and self.step % self.cfg.save_every == 0):
+            self.save_checkpoint()
+        self.log.close()
+        return {"stopped_at": self.step}
 
     def _log_now(self) -> bool:
         return self.step % self.cfg.log_every == 0 or self.step == self.cfg.max_steps
@@ -165,7 +184,9 @@ class Trainer:
                "sequences": len(self.val_set) if max_sequences is None else min(max_sequences, len(self.val_set))}
         self.log.log(rec)
         if self.d.main:
-            print(f"step {self.step}: val loss {val:.4f}, ppl {rec['val_ppl']:.2f}")
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"step {self.step}: val loss {val:.4f}, ppl {rec['val_ppl']:.2f}")  # above the progress bar
         return rec
 
     # ------------------------------------------------------------------------------------------------------------
@@ -227,9 +248,8 @@ class Trainer:
     def _export(self, out: str, sd: dict) -> None:
         shutil.rmtree(out, ignore_errors=True)
         D.unwrap(self.model).save_pretrained(out, state_dict=sd)
-        tok = os.path.join(self.cfg.data, "tokenizer.json")
-        if os.path.isfile(tok):
-            shutil.copy(tok, os.path.join(out, "tokenizer.json"))
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(out)  # `AutoTokenizer.from_pretrained(out)` and `hgrn2 generate`
         with open(os.path.join(out, "train_config.yaml"), "w") as f:
             yaml.safe_dump(dataclasses.asdict(self.cfg), f, sort_keys=False)
         for name in os.listdir(out):  # on disk before the rename makes them the export
@@ -250,3 +270,23 @@ class Trainer:
                 shutil.rmtree(final + ".old")
             else:
                 os.replace(final + ".old", final)
+
+
+def _corpus_tokenizer(data: str, meta: dict):
+    """The prepared corpus's tokenizer as a transformers tokenizer with its special tokens (None if it has none)."""
+    if not meta.get("tokenizer"):
+        return None
+    has_config = os.path.isfile(os.path.join(data, "tokenizer_config.json"))
+    return pretrained_tokenizer(data if has_config else os.path.join(data, meta["tokenizer"]), meta.get("eos_id"))
+
+
+def _set_special_tokens(model, tokenizer, meta: dict) -> None:
+    """The model's config and generation config get the corpus's bos/eos/pad ids (not the config class defaults),
+    so generation stops at the corpus's end of text."""
+    eos = meta.get("eos_id")
+    ids = special_token_ids(tokenizer) if tokenizer is not None else dict.fromkeys(
+        ("bos_token_id", "eos_token_id", "pad_token_id"), eos)
+    for key, value in ids.items():
+        setattr(model.config, key, value)
+        if getattr(model, "generation_config", None) is not None:
+            setattr(model.generation_config, key, value)

@@ -50,6 +50,11 @@ def test_text_round_trip_and_split_rule(text_corpus):
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == tok.get_vocab_size()
     eos = meta["eos_id"]
     assert tok.id_to_token(eos) == "<|endoftext|>"
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(out))  # the prepared folder is a transformers tokenizer folder
+    assert (hf.eos_token_id, hf.pad_token_id, hf.bos_token_id) == (eos, eos, eos)
+    assert hf(docs[3])["input_ids"] == tok.encode(docs[3], add_special_tokens=False).ids
     want_val = [t for i, t in enumerate(docs) if i % 10 == 0]
     want_train = [t for i, t in enumerate(docs) if i % 10 != 0]
     for split, want in (("train", want_train), ("val", want_val)):

@@ -46,8 +46,7 @@ def test_overrides_typed_and_checked():
         make_config("tiny", ["data"])
     with pytest.raises(ValueError, match="schedule must be one of"):
         make_config("tiny", ["data=d", "schedule=linear"])
-    with pytest.raises(ValueError, match="data is not set"):
-        make_config("tiny", [])
+    assert make_config("tiny", []).data == ""  # a config without data is valid; training it is not
     with pytest.raises(FileNotFoundError, match="presets: "):
         make_config("no-such-preset", ["data=d"])
 
@@ -132,6 +131,18 @@ def test_bad_input_stops_before_training(data, tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "run" / "log.jsonl")
+    assert main(["train", "--config", "tiny"]) == 2
+    assert "data is not set: --set data=DIR" in capsys.readouterr().err
+
+
+def test_print_config_needs_no_data(capsys):
+    import yaml
+
+    assert main(["train", "--config", "tiny", "--print-config", "--set", "lr=2e-3"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"] == "" and printed["lr"] == 2e-3 and printed["model"]["hidden_size"] == 64
+    assert main(["train", "--config", "tiny", "--print-config", "--set", "lrr=1"]) == 2
+    assert "did you mean 'lr'" in capsys.readouterr().err
 
 
 # --- a short run --------------------------------------------------------------------------------------------------
@@ -144,6 +155,7 @@ def test_short_run_logs_saves_and_plots(data, tmp_path, capsys):
     assert main(["train", "--set", *base_overrides(data, out, max_steps=6, eval_every=3, tensorboard=True)]) == 0
     tr, val = losses(out), losses(out, "val", "val_ppl")
     assert sorted(tr) == list(range(1, 7)) and sorted(val) == [3, 6]
+    assert set(losses(out, "val", "sequences").values()) == {8}  # the final validation samples as the periodic ones
     assert all(math.isfinite(v) for v in tr.values())
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(out, "tb")))
     assert "val loss" in capsys.readouterr().out
@@ -177,7 +189,7 @@ def test_accumulation_equals_larger_micro_batch(data, tmp_path):
             assert runs[micro][step] == pytest.approx(loss, rel=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # Inductor compiles C++ for every block: minutes on a 2-core machine
 def test_compiled_blocks_train_like_eager(data, tmp_path):
     """compile=true (torch.compile of each block) follows the eager run's losses: the same model, data order and
     optimiser steps; only the kernels differ (Inductor's fused CPU code here)."""
@@ -192,3 +204,77 @@ def test_compiled_blocks_train_like_eager(data, tmp_path):
     assert runs[True].keys() == runs[False].keys() and len(runs[True]) == 3
     for step, loss in runs[False].items():
         assert runs[True][step] == pytest.approx(loss, rel=1e-4)
+
+
+def test_validation_line_does_not_break_the_progress_bar(data, tmp_path):
+    """Bar and validation lines in one stream (as in a terminal): each validation line starts a line of its own."""
+    import contextlib
+    import io
+
+    from hgrn2.train.trainer import Trainer
+
+    cfg = make_config(None, base_overrides(data, str(tmp_path / "run"), max_steps=4, eval_every=2, save_every=0,
+                                           progress=True))
+    screen = io.StringIO()
+    with contextlib.redirect_stdout(screen), contextlib.redirect_stderr(screen):
+        Trainer(cfg).train()
+    lines = [seg for line in screen.getvalue().split("\n") for seg in [line.split("\r")[-1]] if "val loss" in line]
+    assert len(lines) == 2 and all(seg.startswith("step ") for seg in lines), screen.getvalue()
+    assert "4/4" in screen.getvalue()
+
+
+# --- a saved model is usable by transformers and `hgrn2 generate` --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    """A real text corpus: the python-docs source, a BPE trained on it; its end-of-text id is 0."""
+    from hgrn2.data.corpus import assemble
+    from hgrn2.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("text")
+    src = assemble("python-docs", root / "corpus", max_bytes=60_000, progress=False)
+    prepare([str(src / "train")], str(root / "data"), val_inputs=[str(src / "valid")], sample_by="document",
+            train_tokenizer=320)
+    return str(root / "data")
+
+
+def test_saved_model_carries_tokenizer_and_special_tokens(text_data, tmp_path, capsys):
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hgrn2.data.packed import read_meta
+
+    eos = read_meta(text_data)["eos_id"]
+    out = str(tmp_path / "run")
+    assert main(["train", "--set", *base_overrides(text_data, out, max_steps=2, eval_every=0, save_every=0)]) == 0
+    final = os.path.join(out, "final")
+    tok = AutoTokenizer.from_pretrained(final)
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == ("<|endoftext|>", eos, eos, eos)
+    assert tok.convert_tokens_to_ids('"') != eos  # the quote is an ordinary token
+    for name in ("config.json", "generation_config.json"):
+        with open(os.path.join(final, name)) as f:
+            saved = json.load(f)
+        assert (saved["eos_token_id"], saved["pad_token_id"], saved["bos_token_id"]) == (eos, eos, eos), name
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert model.config.eos_token_id == eos
+    assert tok.decode(tok("The for statement")["input_ids"]) == "The for statement"
+    capsys.readouterr()
+    assert main(["generate", final, "--prompt", "The for", "--prompt", "x", "--max-new-tokens", "4",
+                 "--device", "cpu"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) >= 2
+
+    bare = tmp_path / "bare"
+    shutil.copytree(final, bare)
+    for f in os.listdir(bare):
+        if f.startswith("tokenizer"):
+            os.remove(bare / f)
+    for path, message in ((str(tmp_path / "missing"), "is not a directory"), (str(bare), "has no tokenizer"),
+                          (str(tmp_path), "holds no config.json")):
+        assert main(["generate", path, "--prompt", "a"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert main(["generate", final, "--prompt", "a", "--max-new-tokens", "0"]) == 2
+    assert "--max-new-tokens" in capsys.readouterr().err

@@ -1,0 +1,313 @@
+"""Chunk-parallel backward: a short reverse pass for the per-chunk state gradients, then one program per chunk.
+
+Notation as in `chunk_parallel_fwd.py`. For chunk c with start state h_c and dh_c = the gradient w.r.t. its END state
+(everything later chunks and dht send back):
+
+1. `chunk_parallel_bwd_dh_kernel`, grid (NK·NV, N·H), reverse over chunks: stores dh_c, then
+   dS ← dS ⊙ e^{b_last} + dyᵀ (q ⊙ e^b); d initial_state = dS at the start. K may be split.
+2. `chunk_parallel_bwd_kernel`, grid (NT_total, NV, H), one program per chunk (and V-block):
+
+       dv = Aᵀ dy + (k ⊙ e^{b_last − b}) dh_cᵀ
+       dq = e^b ⊙ (dy h_c) + intra(dA)             dA = dy vᵀ (causal)
+       dk = e^{b_last − b} ⊙ (v dh_c) + intra(dA)
+       d log f_t = Σ_{t ≤ t' in chunk} (q ⊙ dq − k ⊙ dk)_{t'} + Σ_v dh_c ⊙ S_end
+       Σ_v dh_c ⊙ S_end = e^{b_last} ⊙ Σ_v (dh_c ⊙ h_c) + Σ_{s in chunk} k_s ⊙ dk_state_s
+
+   (the GLA identity restarted per chunk: b_t enters the loss through e^{b_t}, e^{b_t − b_s}, and — for
+   the last row — through S_end = h_c e^{b_last} + Σ_s v_s (k_s e^{b_last − b_s})ᵀ; the last term is exact,
+   no running sum crosses chunks). Then dL/df = dlogf / f − dk, dg = kσ(g)·dL/df, dβ = Σ σ(−g)·dL/df,
+   do = dq·scale·act_o', di = dv·act_i'. With V split (NV > 1) do, dg are fp32 partial sums (linear in dq,
+   dk, dlogf), added in torch.
+"""
+
+import triton
+import triton.language as tl
+
+from ._common import (
+    act,
+    act_and_grad,
+    chunk_bounds,
+    chunk_decay,
+    chunk_offset,
+    chunk_tile,
+    expand_rows,
+    fast_exp,
+    fast_rcp,
+    gates,
+    intra_A,
+    load_gates,
+    ref_decay,
+    seq_bounds,
+    sub_decay,
+    take_col,
+    take_row,
+    walk_loads,
+)
+
+
+@triton.jit
+def chunk_parallel_bwd_dh_kernel(
+    o, bb, dy, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    NV: tl.constexpr, O_ACT: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, VARLEN: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Walks one sequence's chunks backwards for a [BV, BK] block of dS, from b (`chunk_parallel_decay_kernel`'s) as the
+    forward walk: no gate, no log, no row scan per step."""
+    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+    i_k, i_v = i_kv // NV, i_kv % NV
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos = seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    ck = i_k * BK + tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    s_pos = cv[:, None] * K + ck[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht + i_nh.to(tl.int64) * V * K + s_pos, mask=s_mask, other=0.0).to(tl.float32)
+    else:
+        dS = tl.zeros([BV, BK], dtype=tl.float32)
+
+    n_c = tl.cdiv(eos - bos, BT)
+    # pointers at the last chunk's first row and this head (int64 scalars), moved back one chunk per step
+    t_last = bos + (n_c - 1) * BT
+    o, bb, dy = o + (t_last * H + i_h) * K, bb + (t_last * H + i_h) * K, dy + (t_last * H + i_h) * V
+    dh += ((chunk_offset(chunk_offsets, i_n, NT, VARLEN) + n_c - 1) * H + i_h) * V * K
+    left = tl.where(n_c > 0, eos - t_last, 0).to(tl.int32)  # rows from the current chunk's start to the end
+    o_nx, b_nx, bl_nx, dy_nx = walk_loads(o, bb, dy, left, ck, cv, H, K, V, BK, BV, BT)
+    for it in range(0, n_c):
+        o_t, b_t, bl_t, dy_t = o_nx, b_nx, bl_nx, dy_nx
+        _, mtk = chunk_tile(left, ck, H, K, BK, BT)
+        o, bb, dy, left = o - BT * H * K, bb - BT * H * K, dy - BT * H * V, left + BT
+        o_nx, b_nx, bl_nx, dy_nx = walk_loads(o, bb, dy, tl.where(it < n_c - 1, left, 0), ck, cv, H, K, V, BK,
+                                               BV, BT)
+
+        tl.store(dh + s_pos, dS.to(dh.dtype.element_ty), mask=s_mask)
+        dh -= H * V * K
+        qe = tl.where(mtk, act(o_t.to(tl.float32), O_ACT) * scale * fast_exp(b_t), 0.0)
+        dS = dS * fast_exp(bl_t)[None, :] + tl.dot(tl.trans(dy_t.to(DT)), qe.to(DT), input_precision=PREC)
+
+    if STORE_DH0:
+        tl.store(dh0 + i_nh.to(tl.int64) * V * K + s_pos, dS, mask=s_mask)
+
+
+@triton.jit
+def chunk_parallel_bwd_kernel(
+    o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr, FALLBACK: tl.constexpr,
+):
+    """One program per (chunk, V-block, head), one loop over K-blocks of BK: dA = dy vᵀ comes first (it needs
+    no gate), then per K-block the gates, the intra-chunk terms, dv's state share, dq, dk, d log f and the
+    stores of do, dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
+
+    Two launches, as the forward's (`chunk_parallel_fwd_o_kernel`): the chunk tier everywhere (grid (NC, NV, H))
+    from the b that `chunk_parallel_decay_kernel` stored in bb, then (FALLBACK, a small grid (P, NV, 1)) the chunks
+    it listed in fb as leaving the chunk tier, in the sub-block or exact tier, over the first launch's output.
+    DV / DQK select the outputs: both (one fused launch, the default) or one each (two launches that recompute the
+    gates and re-read o, g, dy, dh but hold far fewer registers; `ChunkParallelConfig.bwd_split`). LOAD_A: A is the
+    forward's (`ChunkParallelConfig.save_a`), read once instead of rebuilt from every K-block."""
+    i_v = tl.program_id(1)
+    if FALLBACK:
+        for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
+            c_h = tl.load(fb + 1 + NC * H + e)
+            _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
+                       c_h // H, i_v, c_h % H, H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT,
+                       PREC, DV, DQK, LOAD_A, FALLBACK)
+    else:
+        _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
+                   tl.program_id(0), i_v, tl.program_id(2), H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN,
+                   MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
+
+
+@triton.jit
+def _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK, i_c, i_v, i_h,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+               MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr,
+               LOAD_A: tl.constexpr, FALLBACK: tl.constexpr):
+    """`chunk_parallel_bwd_kernel` on chunk i_c, V-block i_v, head i_h: the pointers moved to the chunk, then its
+    work."""
+    t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+    n = (t1 - t0).to(tl.int32)
+    # the chunk's rows and head as one int64 offset per pointer; the tiles' offsets from there are int32
+    base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
+    part = i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice of the partial do / dg
+    o, g, bb, do, dg = o + base_k, g + base_k, bb + base_k, do + part + base_k, dg + part + base_k
+    i, dy, di = i + base_v, dy + base_v, di + base_v
+    h, dh = h + (i_c.to(tl.int64) * H + i_h) * V * K, dh + (i_c.to(tl.int64) * H + i_h) * V * K
+    if LOAD_A:
+        a_in += (i_c.to(tl.int64) * H + i_h) * BT * BT  # the forward's A of this chunk and head
+    if HAS_LB:
+        dlb += ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K  # this program's row of the β partial sums
+    if n > 0:  # padding chunks: their β partial sums stay 0
+        _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H, K, V, BT, BK,
+                      BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
+
+
+@triton.jit
+def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr,
+                  DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr,
+                  FALLBACK: tl.constexpr):
+    """`chunk_parallel_bwd_kernel`'s work on one chunk of n rows (every pointer at the chunk's first row and head)."""
+    rows = tl.arange(0, BT)
+    causal = rows[:, None] >= rows[None, :]
+    cv = i_v * BV + tl.arange(0, BV)
+    offv, mtv = chunk_tile(n, cv, H, V, BV, BT)
+    i_t = tl.load(i + offv, mask=mtv, other=0.0)
+    dy_t = tl.load(dy + offv, mask=mtv, other=0.0)
+    b_do = dy_t.to(DT)
+    if DQK:
+        v_c = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
+        dA = tl.dot(b_do, tl.trans(v_c), input_precision=PREC)
+        dA = tl.where(causal, dA, 0.0).to(DT)
+    if DV:
+        if LOAD_A:  # issued before the K loop: its latency hides behind it
+            A = tl.load(a_in + (rows[:, None] * BT + rows[None, :]))
+        else:
+            A = tl.zeros([BT, BT], dtype=tl.float32)
+        dvT = tl.zeros([BV, BT], dtype=tl.float32)
+
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        offk, mtk, beta, q, a, k = load_gates(o, g, lb, n, ck, i_h, scale, H, K, BK, BT, O_ACT, HAS_LB)
+        s_off = cv[:, None] * K + ck[None, :]
+        s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+        dh_t = tl.load(dh + s_off, mask=s_mask, other=0.0)
+        # intra-chunk terms of dq, dk and their share of d log f's sum, q ⊙ dq − k ⊙ dk: its pairs cancel (the
+        # sum over the chunk is 0), so the share is formed from the rounded dot operands that carry each pair
+        # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)
+        if FALLBACK:
+            a = tl.where(mtk, a, 0.0)
+            c, r, R, b_last = chunk_decay(a, BT, BK)
+            spread = -tl.min(tl.min(c, 1), 0)
+            if DV and not LOAD_A:
+                A_k, ec, enc = intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
+                A += A_k
+            else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
+                ec = fast_exp(c)
+                enc = fast_exp(tl.minimum(-c, 80.0))
+            eb = ec * expand_rows(fast_exp(r), BT, BK)
+            # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
+            if spread < MAX_SPREAD:
+                w_end = enc * expand_rows(fast_exp(b_last[None, :] - r), BT, BK)
+            else:
+                w_end = fast_exp(b_last[None, :] - R - c)
+            if DQK:
+                dq_i, dk_i, db_i = _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
+                                                  DT, PREC)
+        else:
+            e_q, e_k, m = ref_decay(bb, n, offk, mtk, ck, H, K)
+            b_last = 2.0 * m
+            qt = (q * e_q).to(DT)
+            kt = (k * e_k).to(DT)
+            em = fast_exp(m)[None, :]
+            eb = e_q * em
+            w_end = e_k * em  # e^{b_last − b} = e^{m − b}·e^{b_last − m}, and b_last − m = m
+            if DV and not LOAD_A:
+                A += tl.where(causal, tl.dot(qt, tl.trans(kt), input_precision=PREC), 0.0)
+            if DQK:
+                dq_raw = tl.dot(dA, kt, input_precision=PREC)
+                dk_raw = tl.dot(tl.trans(dA), qt, input_precision=PREC)
+                db_i = qt.to(tl.float32) * dq_raw - kt.to(tl.float32) * dk_raw
+                dq_i = e_q * dq_raw
+                dk_i = e_k * dk_raw
+        dh_c = dh_t.to(DT)
+        if DV:
+            # dv's state share, accumulated transposed: dh_c (k e^{b_last − b})ᵀ. The untransposed form
+            # (k e^{b_last − b}) dh_cᵀ breaks Triton 3.6's layout pass for fp32 inputs (k as the left operand).
+            dvT += tl.dot(dh_c, tl.trans((k * w_end).to(DT)), input_precision=PREC)
+        if DQK:
+            _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c,
+                        beta, offk, mtk, s_off, s_mask, ck, scale, K, O_ACT, HAS_LB, DT, PREC)
+
+    if DV:
+        dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
+        _, dv_act = act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reloaded
+        tl.store(di + offv, (dv * dv_act).to(di.dtype.element_ty), mask=mtv)
+
+
+@triton.jit
+def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, BK: tl.constexpr,
+                   MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """The sub-block and exact tiers of the intra-chunk dq, dk and q ⊙ dq − k ⊙ dk [BT, BK] from dA."""
+    NB: tl.constexpr = BT // 16
+    blk = rows // 16
+    if spread < MAX_SPREAD:
+        qt = q * ec
+        kt = (k * enc).to(DT)
+        dq_i = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+        db_i = tl.zeros([BT, BK], dtype=tl.float32)
+        # sub-block j of the sources: mask the K-block side, not dA (a masked dA would be loop-invariant,
+        # and the compiler would keep NB converted copies of it alive across the K loop)
+        for j in tl.static_range(NB):
+            Ej = sub_decay(r, j, BT, BK)
+            qt_j = (qt * Ej).to(DT)
+            dq_j = tl.dot(dA, tl.where((blk == j)[:, None], kt, 0.0), input_precision=PREC)
+            dq_i += Ej * dq_j
+            db_i += qt_j.to(tl.float32) * dq_j
+            dk_i += tl.where((blk == j)[:, None], tl.dot(tl.trans(dA), qt_j, input_precision=PREC), 0.0)
+        db_i -= kt.to(tl.float32) * dk_i
+        dq_i = dq_i * ec
+        dk_i = dk_i * enc
+    else:
+        b = R + c
+        dAf = dA.to(tl.float32)
+        dq_i = tl.zeros([BT, BK], dtype=tl.float32)
+        for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
+            b_j = take_row(b, rows, j)
+            wq = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            dq_i += take_col(dAf, rows, j)[:, None] * take_row(k, rows, j)[None, :] * wq
+        dk_i = tl.zeros([BT, BK], dtype=tl.float32)
+        for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
+            b_j = take_row(b, rows, j)
+            wk = fast_exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            dk_i += take_row(dAf, rows, j)[:, None] * take_row(q, rows, j)[None, :] * wk
+        db_i = q * dq_i - k * dk_i
+    return dq_i, dk_i, db_i
+
+
+@triton.jit
+def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c, beta, offk,
+                mtk, s_off, s_mask, ck, scale, K: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr,
+                DT: tl.constexpr, PREC: tl.constexpr):
+    """One K-block of `chunk_parallel_bwd_kernel`'s dq, dk (the intra terms given), d log f and the stores of do,
+    dg and the β partial sums (pointers at the chunk's first row and head)."""
+    # state terms (operands in the dot dtype: h and dh are stored in it anyway)
+    h_t = tl.load(h + s_off, mask=s_mask, other=0.0)
+    dq_s = eb * tl.dot(b_do, h_t.to(DT), input_precision=PREC)
+    b_dq = dq_s + dq_i
+    dk_s = w_end * tl.dot(v_c, dh_c, input_precision=PREC)
+    b_dk = dk_s + dk_i
+    _, dq_act = act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
+    tl.store(do + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
+
+    # d log f_t = e^{b_last} Σ_v dh_c ⊙ h_c + Σ_s y_s + Σ_{t' ≥ t} (x − y)_t' with x = q ⊙ dq_s + the intra share,
+    # y = k ⊙ dk_s; as Σ_{t' ≥ t} x + Σ_{t' < t} y it takes a forward scan and a sum over the chunk (a reverse
+    # scan takes half as many instructions again, and the scans and sums are a large share of this kernel)
+    x = q * dq_s + db_i
+    y = k * dk_s
+    tail = fast_exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(x, 0)
+    # The scan also hands dk and y − x over, unchanged ('keep the later' operand): the compiler then runs d log f's
+    # rest, dg and dβ in the scan's layout, not back in the dot layout through five layout conversions (each a
+    # shared-memory round trip with a barrier).
+    cz, z, b_dk = tl.associative_scan((y - x, y - x, b_dk), 0, _sum_keep_later)
+    b_dlogf = tail[None, :] + cz - z
+    # σ(±g), f recomputed from a reloaded tile (fewer live registers)
+    g_2 = tl.load(g + offk, mask=mtk, other=0.0)
+    _, _, s_pos, s_neg, f = gates(g_2.to(tl.float32), beta, HAS_LB)
+    d_f = b_dlogf * fast_rcp(tl.maximum(f, 1e-30)) - b_dk
+    tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+    if HAS_LB:
+        dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
+        tl.store(dlb + ck, dlb_p, mask=ck < K)
+
+
+@triton.jit
+def _sum_keep_later(s1, z1, k1, s2, z2, k2):
+    """Scan combine: a sum, and two operands passed through (the later one kept: the scan returns them as given)."""
+    return s1 + s2, z2, k2
