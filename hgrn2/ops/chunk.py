@@ -98,12 +98,12 @@ class _Chunked(torch.autograd.Function):
         q, logf, k, v, starts = ctx.saved_tensors
         y, s, leaves = ctx.graph
         wrt = [x for x in leaves if x is not None and x.requires_grad]
-        if wrt and y.grad_fn is None:  # a traced forward (torch.compile) keeps no graph: recompute it
+        if wrt and (y.grad_fn is None or s.grad_fn is None):  # a traced forward (torch.compile) keeps no graph
             leaves = [x.detach().requires_grad_(x.requires_grad) if x is not None else None for x in leaves]
             wrt = [x for x in leaves if x is not None and x.requires_grad]
             with torch.enable_grad():
                 y, s, _ = _forward(leaves[0], logf.detach(), *leaves[1:])
-        outs = [(t, d) for t, d in ((y, dy), (s, ds)) if t.requires_grad]
+        outs = [(t, d) for t, d in ((y, dy), (s, ds)) if t.grad_fn is not None]
         # retained: a backward may run twice over one graph (retain_graph=True); freed with the outer graph
         grads = iter(torch.autograd.grad([t for t, _ in outs], wrt, [d for _, d in outs], allow_unused=True,
                                          retain_graph=True) if wrt else ())
