@@ -19,7 +19,6 @@ TRITON = pytest.param("triton", marks=pytest.mark.skipif(importlib.util.find_spe
 BACKENDS = ["reference", "chunk", TRITON]
 # Cases the Triton kernels still get wrong (issue 25): expected failures, strict, so a fix shows up as XPASS.
 TRITON_OPEN_EDGES = {(-30.0, 0.0), (-30.0, 1e-6), ("mixed", 0.0), ("mixed", None)}
-TRITON_OPEN_CAUSAL = {("g", "nan")}
 TRITON_OPEN_GRID = {(g, b, d) for g in (-80.0, -30.0, "mixed") for b in (0.0, 1e-6)
                     for d in (torch.float32, torch.bfloat16)} | {("mixed", None, torch.float32)}
 
@@ -133,15 +132,17 @@ def test_gate_edge_gradients_long_gpu(gate, beta):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["o", "g", "i"])
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
-def test_bad_value_stays_in_the_future(request, backend, name, bad):
-    """A non-finite input at t = 40 leaves every output before t = 40 finite and unchanged."""
-    known_triton_gap(request, backend, (name, str(bad)), TRITON_OPEN_CAUSAL)
+def test_bad_value_stays_in_the_future(backend, name, bad):
+    """A non-finite input at t = 40 leaves every output before t = 40 finite and unchanged (to rounding: a Triton
+    block picks its exact or factorised form from all of its tokens' gates)."""
     o, g, i, lb, _ = (None if x is None else x.to(device(backend)) for x in inputs("random", "random", torch.float32))
     y0, _ = hgrn2(o, g, i, lb, backend=backend)
     x = {"o": o, "g": g, "i": i}[name]
     x[:, 40] = bad
     y, _ = hgrn2(o, g, i, lb, backend=backend)
-    assert torch.equal(y[:, :40], y0[:, :40])
+    gate_limit = name == "g" and bad in (float("inf"), float("-inf"))  # f = 1 or f = β: a valid gate
+    assert torch.isfinite(y[:, :40]).all() and torch.isfinite(y[:, 40]).all() == gate_limit
+    assert torch.allclose(y[:, :40], y0[:, :40], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("gate, beta", [(-30.0, 0.0), (30.0, 0.999), (-80.0, 1e-6), (3.0, 0.5)])
@@ -165,4 +166,5 @@ def test_bad_value_stays_in_the_future_chunk_parallel(bad):
     y0, _ = hgrn2_chunk_parallel_triton(o, g, i, lb)
     i[:, 40] = bad
     y, _ = hgrn2_chunk_parallel_triton(o, g, i, lb)
-    assert torch.equal(y[:, :40], y0[:, :40]) and not torch.isfinite(y[:, 40]).all()
+    assert torch.isfinite(y[:, :40]).all() and not torch.isfinite(y[:, 40]).all()
+    assert torch.allclose(y[:, :40], y0[:, :40], rtol=1e-5, atol=1e-5)
