@@ -1,11 +1,14 @@
-"""Issue 4's multi-GPU claim at a real size: the 0.15b preset in bf16 on one GPU with gradient accumulation, then on
-2 GPUs under torchrun with DDP and with FSDP2, same global batch, same data; per-step losses side by side, and
-tokens/s.
+"""Do DDP and FSDP2 on several GPUs give the one-GPU loss curve, and how do they scale?
 
-    python3 benchmarks/gpu_ddp.py --out DIR [--steps 40] [--preset hgrn2-0.15b] [--nproc 2]
+The 0.15b preset in bf16 on one GPU with gradient accumulation, then on --nproc GPUs under torchrun with DDP and
+with FSDP2, same global batch, same data: per-step losses side by side, and tokens/s (median of each run's second
+half). A standalone tool, not an `hgrn2 bench` command: it launches `hgrn2 train` under torchrun.
 
-The corpus is synthetic (a noisy periodic source over the preset's vocabulary, so the loss falls) and written to
-DIR/data. Each run's log.jsonl stays under DIR/<run>/; the table goes to stdout and DIR/ddp.json.
+    python3 benchmarks/gpu_ddp.py [--steps 40] [--preset hgrn2-0.15b] [--nproc 2] [--work DIR] [--out DIR]
+
+The corpus is synthetic (a noisy periodic source over the preset's vocabulary, so the loss falls), written to
+--work (default: a temporary folder) with each run's log.jsonl; the result goes to --out (default
+benchmarks/results/<device>x<nproc>/)/ddp.json.
 """
 
 from __future__ import annotations
@@ -13,15 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from hgrn2.bench.common import add_output_argument, environment, write_result  # noqa: E402
 from hgrn2.data.prepare import write_corpus  # noqa: E402
 
 
@@ -36,8 +43,8 @@ def corpus(path: str, vocab: int, n_train: int, n_val: int) -> None:
 
 
 def train(args, name: str, nproc: int, parallel: str) -> dict:
-    out = os.path.join(args.out, name)
-    overrides = [f"data={args.out}/data", f"out_dir={out}", f"max_steps={args.steps}", "warmup_steps=5",
+    out = os.path.join(args.work, name)
+    overrides = [f"data={args.work}/data", f"out_dir={out}", f"max_steps={args.steps}", "warmup_steps=5",
                  f"batch_size={args.batch}", f"micro_batch_size={args.micro}", f"seq_len={args.seq_len}",
                  f"parallel={parallel}", "log_every=1", "eval_every=0", "eval_sequences=16", "save_every=0",
                  "resume=false", "progress=false", "tensorboard=false", "num_workers=2", f"device={args.device}",
@@ -63,9 +70,15 @@ def train(args, name: str, nproc: int, parallel: str) -> dict:
             "tok_per_s": float(np.median([r["tok_per_s"] for r in late]))}
 
 
+def _max_diff(loss: dict, ref: dict) -> float | None:
+    """The largest relative difference of a run's per-step losses from the one-GPU run's."""
+    return max(abs(loss[s] - ref[s]) / ref[s] for s in ref) if ref else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    add_output_argument(ap)
+    ap.add_argument("--work", default=None, help="corpus and run logs (default: a temporary folder)")
     ap.add_argument("--preset", default="hgrn2-0.15b")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=32, help="sequences per optimiser step, all GPUs together")
@@ -76,15 +89,25 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a plumbing check with gloo")
     ap.add_argument("--set", nargs="*", default=[], help="more overrides (KEY=VALUE), after the ones above")
     args = ap.parse_args()
+    args.work = args.work or tempfile.mkdtemp(prefix="hgrn2_ddp_")
     tokens = (args.steps + 1) * args.batch * (args.seq_len + 1)
-    corpus(os.path.join(args.out, "data"), args.vocab, tokens, 64 * (args.seq_len + 1))
+    corpus(os.path.join(args.work, "data"), args.vocab, tokens, 64 * (args.seq_len + 1))
 
     runs = {"1 GPU": train(args, "one", 1, "ddp")}
     for parallel in ("ddp", "fsdp"):
         runs[f"{args.nproc} GPU {parallel}"] = train(args, parallel, args.nproc, parallel)
     runs = {k: v for k, v in runs.items() if v}
-    with open(os.path.join(args.out, "ddp.json"), "w") as f:
-        json.dump({"args": vars(args), "runs": runs}, f, indent=1)
+    rows = [{"run": name, "tok_per_s": r["tok_per_s"], "val_loss": r["val_loss"],
+             "max_rel_loss_diff_vs_1gpu": _max_diff(r["loss"], runs.get("1 GPU", {}).get("loss", {})),
+             "loss": r["loss"]} for name, r in runs.items()]
+    one = next((r["tok_per_s"] for r in rows if r["run"] == "1 GPU"), None)
+    for r in rows:
+        r["speedup_vs_1gpu"] = r["tok_per_s"] / one if one else None
+    env = environment(args.device if args.device != "cuda" else "cuda:0", gpus=args.nproc)
+    path = write_result(args.out, "ddp", env, rows, shlex.join(["python3", *sys.argv]),
+                        args={k: v for k, v in vars(args).items() if k not in ("out", "work")},
+                        torch_cuda_devices=torch.cuda.device_count())
+    print(f"wrote {path}")
 
     names = list(runs)
     print(f"\n{args.preset} {' '.join(args.set)}, {args.batch}×{args.seq_len} tokens per step, micro {args.micro}")
@@ -94,9 +117,9 @@ def main() -> None:
         if step in (1, 2, 5) or step % 5 == 0:
             print(f"{step:4d} " + "".join(f"{runs[n]['loss'].get(step, float('nan')):14.4f}" for n in names))
     for n in names:
-        diff = max(abs(runs[n]["loss"][s] - ref[s]) / ref[s] for s in ref) if ref else float("nan")
+        diff = _max_diff(runs[n]["loss"], ref)
         print(f"{n:>12}: tokens/s {runs[n]['tok_per_s']:9.0f}, final val loss {runs[n]['val_loss']}, "
-              f"max rel. loss diff vs 1 GPU {diff:.2e}")
+              f"max rel. loss diff vs 1 GPU {'-' if diff is None else f'{diff:.2e}'}")
 
 
 if __name__ == "__main__":

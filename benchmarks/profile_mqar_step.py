@@ -1,4 +1,5 @@
-"""Where an MQAR training step spends its time (steps/s and a torch.profiler table), one run alone on the device.
+"""Is an MQAR training step bound by the GPU's work or by launching its kernels? Steps/s and a torch.profiler table
+of one run alone on the device.
 
     PYTHONPATH=. python benchmarks/profile_mqar_step.py [--mixer hgrn2] [--d 128] [--L 512] [--batch 128]
         [--compile | --cuda-graph]

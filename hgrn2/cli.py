@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 # command words -> (module, one-line help). Modules are imported only when their command runs.
@@ -14,15 +15,29 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "ops"): ("hgrn2.bench.ops", "time the recurrence against fla and SDPA"),
     ("bench", "train"): ("hgrn2.bench.train", "training throughput against fla HGRN2 and Llama/SDPA"),
     ("data", "corpus"): ("hgrn2.data.corpus", "assemble a plain-text corpus from installed documentation"),
+    ("bench", "layer"): ("hgrn2.bench.layer", "the HGRU2 layer with projections against fla's HGRN2Attention"),
+    ("bench", "profile"): ("hgrn2.bench.profile", "where a layer's or a training step's time goes"),
+    ("bench", "accuracy"): ("hgrn2.bench.accuracy", "every output and gradient against the fp64 reference"),
+    ("bench", "convert-fla"): ("hgrn2.bench.convert_fla", "a converted fla checkpoint against fla: logits, greedy"),
+    ("bench", "memory"): ("hgrn2.bench.memory", "activation bytes a training step keeps for the backward"),
+    ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
+    ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),
     ("train",): ("hgrn2.train.cli", "train a language model (works under torchrun)"),
     ("plot",): ("hgrn2.train.plot", "draw loss curves from training logs"),
+    ("eval", "ppl"): ("hgrn2.eval.ppl", "perplexity and the per-position loss curve of a saved model"),
+    ("eval", "lm-eval"): ("hgrn2.eval.harness", "lm-evaluation-harness tasks on a saved model"),
+    ("eval", "needle"): ("hgrn2.eval.needle", "needle-in-a-haystack grid (context length x depth) and heatmap"),
+    ("eval", "scrolls"): ("hgrn2.eval.scrolls", "SCROLLS-format long-document tasks scored by ROUGE-1/2/L"),
     ("mqar",): ("hgrn2.train.mqar", "multi-query associative recall sweep (the paper's MQAR figure)"),
+    ("ablate",): ("hgrn2.train.ablate", "the paper's LM ablations (expand ratio, PESE, HGRN1, lower bound)"),
+    ("lra",): ("hgrn2.train.lra", "Long Range Arena: train, evaluate, resume; --report for the paper's table"),
+    ("vision",): ("hgrn2.train.vision", "image classification: `vision train` (works under torchrun), `vision eval`"),
 }
 
 
 def _usage() -> str:
-    rows = [f"  {' '.join(k):<14} {h}" for k, (_, h) in COMMANDS.items()]
+    rows = [f"  {' '.join(k):<18} {h}" for k, (_, h) in COMMANDS.items()]
     head = "usage: hgrn2 <command> [options]   (hgrn2 <command> --help for its options)"
     return head + "\n\ncommands:\n" + "\n".join(rows)
 
@@ -53,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             mod = importlib.import_module(module)
             parser = argparse.ArgumentParser(prog="hgrn2 " + " ".join(words), description=help_)
             mod.add_arguments(parser)
-            return int(mod.run(parser.parse_args(argv[len(words):])) or 0)
+            args = parser.parse_args(argv[len(words):])
+            args.command_line = shlex.join(["hgrn2", *argv])  # what results record as their command
+            return int(mod.run(args) or 0)
     print(f"hgrn2: {_what_was_wrong(argv)}\n\n{_usage()}", file=sys.stderr)
     return 2
 

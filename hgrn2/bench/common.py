@@ -1,8 +1,30 @@
-"""Shared measuring helpers: one error measure for every accuracy check (tests, benchmarks)."""
+"""Shared measuring helpers of every `hgrn2 bench` command: one error measure, one timer, one result record.
+
+A result is one JSON per benchmark and device, `benchmarks/results/<device slug>/<benchmark>.json`, holding the
+command that produced it, the device, the versions, the commit, the date and the rows (`write_result`).
+"""
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
+
+RESULTS_DIR = Path("benchmarks") / "results"
+REQUIRED_KEYS = ("benchmark", "command", "device", "versions", "commit", "date", "rows")
+PACKAGES = {"torch": "torch", "triton": "triton", "fla": "flash-linear-attention", "transformers": "transformers"}
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -10,3 +32,130 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
     den = ref.norm().item()
     return (x - ref).norm().item() / den if den > 0 else (x - ref).norm().item()
+
+
+def time_ms(fn: Callable[[], object], *, device: torch.device | str | None = None,
+            inputs: list[torch.Tensor] | None = None, warmup: int = 25, rep: int = 100,
+            grad_to_none: list[torch.Tensor] | None = None) -> float:
+    """Median milliseconds of `fn()`. On CUDA (`device`, else that of `inputs`, else CUDA when available):
+    triton's do_bench (CUDA events, L2 flushed between calls, `warmup` and `rep` in ms); on the CPU: a
+    perf_counter loop of `max(3, rep // 20)` calls after one warm-up call. `inputs` must not be all zeros: kernels
+    that skip work on zero gates or inputs would time a case no model runs. `grad_to_none`: tensors whose .grad is
+    reset before each call, so that backward passes do not time the accumulation."""
+    for t in inputs or ():
+        if t.numel() and not bool(t.detach().ne(0).any()):
+            raise ValueError(f"inputs: a tensor of shape {tuple(t.shape)} is all zeros; time on random data")
+    if device is not None:
+        cuda = torch.device(device).type == "cuda"
+    else:
+        cuda = inputs[0].is_cuda if inputs else torch.cuda.is_available()
+    if cuda:
+        import triton
+
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none,
+                                             return_mode="median"))
+    fn()
+    times = []
+    for _ in range(max(3, rep // 20)):
+        for t in grad_to_none or ():
+            t.grad = None
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def fla_available() -> bool:
+    """fla's kernels run here: it is installed and there is a GPU (its Triton kernels have no CPU path)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import fla  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "no fla column"
+        return False
+    return True
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_slug(name: str, count: int = 1) -> str:
+    """A short folder name for a GPU: "NVIDIA H100 80GB HBM3" → "h100", "NVIDIA GeForce RTX 4090" → "rtx4090", two
+    H200s → "h200x2"."""
+    words = [w for w in re.split(r"[\s_]+", name.lower()) if w not in ("nvidia", "geforce", "amd", "radeon")]
+    head = []
+    for w in words:
+        head.append(w.split("-")[0])
+        if any(c.isdigit() for c in w):
+            break
+    slug = re.sub(r"[^a-z0-9]", "", "".join(head)) or "gpu"
+    return f"{slug}x{count}" if count > 1 else slug
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return None
+
+
+def environment(device: torch.device | str, gpus: int = 1) -> dict:
+    """Device name and slug, package versions, the commit of the working tree (with "+dirty" when it has changes)
+    and today's UTC date."""
+    name = device_name(device)
+    slug = device_slug(name, gpus) if torch.device(device).type == "cuda" else "cpu"
+    return {"device": name if gpus == 1 else f"{gpus} × {name}", "device_slug": slug,
+            "versions": {k: _version(p) for k, p in PACKAGES.items()} | {"python": platform.python_version()},
+            "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+
+
+def _commit() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def command_of(args) -> str:
+    """The command that produced a result: as the CLI received it, else this process's own command line."""
+    return getattr(args, "command_line", None) or shlex.join(["python", *sys.argv])
+
+
+def add_output_argument(parser) -> None:
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help=f"folder of the result JSON (default: {RESULTS_DIR}/<device slug>/)")
+
+
+def write_result(out_dir: str | Path | None, benchmark: str, env: dict, rows: list[dict], command: str,
+                 quick: bool = False, **extra) -> Path:
+    """Write {benchmark, command, device, versions, commit, date, rows, quick, **extra} to
+    `out_dir/<benchmark>.json` (default folder: benchmarks/results/<device slug>/), atomically; returns the path.
+    `quick`: a smoke run at tiny shapes, which `hgrn2 bench report` leaves out of BENCHMARKS.md."""
+    folder = Path(out_dir) if out_dir else RESULTS_DIR / env["device_slug"]
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"benchmark": benchmark, "command": command, **env, "rows": rows, "quick": quick, **extra}
+    path = folder / f"{benchmark}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """A Markdown table: columns are (header, row key, format spec); a missing or None value prints as "-"."""
+    def cell(row, key, spec):
+        v = row.get(key)
+        return "-" if v is None else format(v, spec)
+
+    lines = ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r, k, s) for _, k, s in columns) + " |" for r in rows]
+    return "\n".join(lines)

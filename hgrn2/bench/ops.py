@@ -6,7 +6,6 @@ Rows (bf16, H = 16, K = V = 128):
           fla   = the glue of fla's HGRN2Attention.forward + chunk_gla(state_v_first=True)
           sdpa  = causal scaled_dot_product_attention on the FlashAttention backend, same B, T, H, D
   decode  one token from a state, B ∈ {1, 64}: ours vs fla's fused_recurrent_gla (with the same glue)
-  layer   HGRU2 with its projections (d = 2048) vs fla's HGRN2Attention, forward+backward
   hgrn1   the element-wise HGRN1 scan at an MQAR shape vs fla's fused_recurrent_hgrn, forward+backward
   rmsnorm hgrn2.ops.norm.rms_norm vs fla's fused RMSNorm (16K rows of 2048), forward+backward; add+rmsnorm
           the residual step (fp32 stream + branch, then the norm) fused, vs fla's prenorm RMSNorm
@@ -17,37 +16,50 @@ Rows (bf16, H = 16, K = V = 128):
 
 Before timing, ours is checked against fla (relative error of outputs and input gradients). The floor of a row
 is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured at the start of the run. Times are
-medians of `triton.testing.do_bench`; inputs rotate through several copies when one copy fits in L2.
-Anything that cannot run (no fla, no CUDA, a missing layer) becomes a note in its row, never a crash.
+medians of `hgrn2.bench.common.time_ms`; inputs rotate through several copies when one copy fits in L2.
+Columns that need CUDA (fla, SDPA's FlashAttention, the Triton decode kernel) are skipped on a CPU with one
+"skipped: needs CUDA" line; anything else that cannot run becomes a note in its row, never a crash. The result
+goes to `--out DIR`/ops.json (default benchmarks/results/<device>/), rewritten after every row.
+
+    hgrn2 bench ops --skip hgrn1          # the GPU run (a few minutes; fla autotunes on its first calls)
+    hgrn2 bench ops --quick               # tiny shapes, also on a CPU
 """
 
 from __future__ import annotations
 
 import json
 import math
-import platform
-import statistics
 import time
 import traceback
 
 import torch
 import torch.nn.functional as F
 
-from hgrn2.bench.common import rel_err
+from hgrn2.bench.common import (
+    add_output_argument,
+    command_of,
+    environment,
+    fla_available,
+    rel_err,
+    time_ms,
+    write_result,
+)
+from hgrn2.bench.report import decode_table, ops_tables
 
 H, D = 16, 128  # heads and head size of every row (quick runs: 2 and 32)
 TOKENS = 16384
 SEQ_LENS = (512, 2048, 8192, 32768)
+SKIPPABLE = {"seq", "decode", "glue", "hgrn1"}
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a smoke run (works on the CPU)")
-    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    add_output_argument(parser)
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--backend", default=None, help="our backend (default: triton on CUDA, reference on CPU)")
     parser.add_argument("--budget-s", type=float, default=360.0, help="skip the remaining rows after this long")
     parser.add_argument("--skip", default="",
-                        help="comma-separated row kinds to skip: seq,decode,layer,glue,hgrn1 (glue: rmsnorm,swiglu,ce)")
+                        help="comma-separated row kinds to skip: seq,decode,glue,hgrn1 (glue: rmsnorm,swiglu,ce)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -55,36 +67,27 @@ def add_arguments(parser) -> None:
 
 
 class Timer:
-    """Median time in ms of a callable: triton's do_bench on CUDA, a perf_counter loop on the CPU."""
+    """`time_ms` at this run's warm-up and repetitions (fewer for --quick)."""
 
     def __init__(self, device: torch.device, quick: bool):
-        self.cuda = device.type == "cuda"
+        self.device = device
         self.warmup, self.rep = (5, 20) if quick else (25, 100)
 
-    def __call__(self, fn, grad_to_none=None) -> float:
-        if self.cuda:
-            import triton
-            return float(triton.testing.do_bench(fn, warmup=self.warmup, rep=self.rep, grad_to_none=grad_to_none,
-                                                 return_mode="median"))
-        fn()
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+    def __call__(self, fn, grad_to_none=None, inputs=None) -> float:
+        return time_ms(fn, device=self.device, inputs=inputs, warmup=self.warmup, rep=self.rep,
+                       grad_to_none=grad_to_none)
 
 
 def ceilings(device: torch.device, timer: Timer, quick: bool) -> dict:
     """Device copy bandwidth (bytes read + written per second) and bf16 matmul rate, measured now."""
     n = (16 if quick else 512) << 20
-    a = torch.empty(n, dtype=torch.uint8, device=device)
+    a = torch.randint(1, 255, (n,), dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
-    t_copy = timer(lambda: b.copy_(a))
+    t_copy = timer(lambda: b.copy_(a), inputs=[a])
     m = 512 if quick else 8192
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
     x, y = torch.randn(m, m, device=device, dtype=dt), torch.randn(m, m, device=device, dtype=dt)
-    t_mm = timer(lambda: x @ y)
+    t_mm = timer(lambda: x @ y, inputs=[x, y])
     return {"copy_bytes_per_s": 2 * n / (t_copy * 1e-3), "matmul_flops_per_s": 2 * m**3 / (t_mm * 1e-3)}
 
 
@@ -104,6 +107,8 @@ def copies_for(nbytes: int, device: torch.device) -> int:
 
 
 def fla_modules() -> dict | None:
+    if not fla_available():
+        return None
     try:
         from fla.layers.hgrn2 import HGRN2Attention
         from fla.modules import FusedLinearCrossEntropyLoss, RMSNorm
@@ -215,7 +220,8 @@ def seq_rows(B, T, ctx) -> list[dict]:
         with torch.no_grad() if mode == "fwd" else torch.enable_grad():
             row["ours_ms"] = try_time(row, "ours", lambda m=mode: measure(timer, ours_fn, args, dy, m))
             row["fla_ms"] = try_time(row, "fla", lambda m=mode: measure(timer, fla_fn, args, dy, m)) if fla else None
-        row["sdpa_ms"] = try_time(row, "sdpa", lambda m=mode: sdpa_ms(B, T, ctx, m))
+        if ctx["cuda"]:
+            row["sdpa_ms"] = try_time(row, "sdpa", lambda m=mode: sdpa_ms(B, T, ctx, m))
         rows.append(row)
     return rows
 
@@ -284,32 +290,10 @@ def decode_rows(B, ctx) -> list[dict]:
             y_ref, s_ref = fla_fn(*sets[0])
             y, s = kernel_fn(*sets[0])
             row["err_vs_fla_y"], row["err_vs_fla_state"] = rel_err(y, y_ref), rel_err(s, s_ref)
-        row["ours_ms"] = try_time(row, "ours", lambda: timer(rotate(kernel_fn)))
+        if ctx["cuda"]:
+            row["ours_ms"] = try_time(row, "ours", lambda: timer(rotate(kernel_fn)))
         row["ours_api_ms"] = try_time(row, "ours_api", lambda: timer(rotate(api_fn)))
         row["fla_ms"] = timer(rotate(fla_fn)) if fla else None
-    return [row]
-
-
-def layer_rows(ctx) -> list[dict]:
-    """HGRU2 (d = 2048, 16 heads) with projections, forward+backward, vs fla HGRN2Attention, B=8, T=2048."""
-    dev, dt, timer, fla = ctx["device"], ctx["dtype"], ctx["timer"], ctx["fla"]
-    d, (B, T) = (ctx["H"] * ctx["D"], (1, 64)) if ctx["quick"] else (H * D, (8, 2048))
-    row = {"kind": "layer", "mode": "fwd+bwd", "shape": f"B={B} T={T} d={d}", "B": B, "T": T}
-    try:
-        from hgrn2.layers.hgru2 import HGRU2
-    except ImportError as e:
-        row["note"] = f"skipped: hgrn2.layers.hgru2 not importable ({e})"
-        return [row]
-    x = torch.randn(B, T, d, device=dev, dtype=dt, requires_grad=True)
-    dy = torch.randn_like(x)
-    lb = torch.rand(d, device=dev) * 0.9
-    mine = HGRU2(d, layer_idx=1, expand_ratio=ctx["D"]).to(dev, dt)
-    row["ours_ms"] = try_time(row, "ours", lambda: timer(lambda: mine(x, lower_bound=lb)[0].backward(dy),
-                                                         grad_to_none=[x]))
-    if fla:
-        theirs = fla["HGRN2Attention"](hidden_size=d, expand_ratio=ctx["D"], layer_idx=1).to(dev, dt)
-        row["fla_ms"] = try_time(row, "fla", lambda: timer(lambda: theirs(x, lower_bound=lb)[0].backward(dy),
-                                                           grad_to_none=[x]))
     return [row]
 
 
@@ -431,75 +415,51 @@ def floor_ms(ctx, nbytes, flops) -> float:
 # report
 
 
-def ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def table(rows) -> str:
-    cols = ["kind", "mode", "shape", "ours_ms", "fla_ms", "sdpa_ms", "ours/fla", "ours/sdpa", "floor_ms",
-            "ours/floor", "err_vs_fla"]
-    lines = [" | ".join(f"{c:>10}" if i > 2 else f"{c:<18}" if c == "shape" else f"{c:<7}"
-                        for i, c in enumerate(cols))]
-    for r in rows:
-        err = r.get("err_vs_fla_y")
-        vals = [r["kind"], r["mode"], r["shape"], r.get("ours_ms"), r.get("fla_ms"), r.get("sdpa_ms"),
-                ratio(r.get("ours_ms"), r.get("fla_ms")), ratio(r.get("ours_ms"), r.get("sdpa_ms")),
-                r.get("floor_ms"), ratio(r.get("ours_ms"), r.get("floor_ms")), err]
-        cells = []
-        for i, (c, v) in enumerate(zip(cols, vals)):
-            if i <= 2:
-                cells.append(f"{v:<18}" if c == "shape" else f"{v:<7}")
-            elif v is None:
-                cells.append(f"{'-':>10}")
-            else:
-                cells.append(f"{v:>10.2e}" if c == "err_vs_fla" else f"{v:>10.4f}")
-        lines.append(" | ".join(cells))
-        notes = [f"{k}: {v}" for k, v in r.items() if k.endswith("_error") or k == "note"]
-        lines += [f"    {n}" for n in notes]
-    return "\n".join(lines)
+def notes(rows) -> str:
+    """The rows' notes and errors, one line each (the table leaves them out)."""
+    return "\n".join(f"{r['kind']} {r['shape']}: {k}: {v}" for r in rows for k, v in r.items()
+                     if v and (k.endswith("_error") or k == "note") and not str(v).startswith("composite"))
 
 
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    quick = args.quick
-    timer = Timer(device, quick)
-    fla = fla_modules() if device.type == "cuda" else None
-    ctx = {"device": device, "quick": quick, "H": 2 if quick else H, "D": 32 if quick else D, "timer": timer,
-           "fla": fla,
-           "dtype": torch.bfloat16 if device.type == "cuda" else torch.float32,
-           "backend": args.backend or ("triton" if device.type == "cuda" else "reference"),
-           "hgrn1_backend": args.backend or ("triton" if device.type == "cuda" else "reference")}
-    ctx["ceilings"] = ceilings(device, timer, quick)
-    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-            "torch": torch.__version__, "fla": fla is not None, "quick": quick, "ceilings": ctx["ceilings"]}
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = None
-    print(f"# {info['device']}  torch {info['torch']}  triton {info['triton']}  fla {'yes' if fla else 'no'}  "
-          f"copy {ctx['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s  "
-          f"matmul {ctx['ceilings']['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
-
     skip = set(filter(None, args.skip.split(",")))
+    if skip - SKIPPABLE:
+        raise SystemExit(f"--skip: unknown row kinds {sorted(skip - SKIPPABLE)}; choose from {sorted(SKIPPABLE)}")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    quick, cuda = args.quick, device.type == "cuda"
+    timer = Timer(device, quick)
+    fla = fla_modules() if cuda else None
+    backend = args.backend or ("triton" if cuda else "reference")
+    ctx = {"device": device, "quick": quick, "cuda": cuda, "H": 2 if quick else H, "D": 32 if quick else D,
+           "timer": timer, "fla": fla, "dtype": torch.bfloat16 if cuda else torch.float32, "backend": backend,
+           "hgrn1_backend": backend}
+    ctx["ceilings"] = ceilings(device, timer, quick)
+    env = environment(device)
+    extra = {"quick": quick, "ceilings": ctx["ceilings"], "backend": backend}
+    print(f"# {env['device']}  torch {env['versions']['torch']}  triton {env['versions']['triton']}  "
+          f"fla {env['versions']['fla'] if fla else 'no'}  copy {ctx['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s  "
+          f"matmul {ctx['ceilings']['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
+    if not cuda:
+        print("skipped: the fla and SDPA-flash columns and the Triton decode kernel: needs CUDA", flush=True)
+    elif fla is None:
+        print("skipped: the fla columns: flash-linear-attention is not importable", flush=True)
+
     seq_lens = (32, 64) if quick else SEQ_LENS
     tokens = 64 if quick else TOKENS
     if "seq" not in skip:
-        info["first_call_s"] = first_calls(ctx, max(1, tokens // seq_lens[1]), seq_lens[1])
-        print(f"# first calls (compile / autotune), s: {info['first_call_s']}", flush=True)
-    # the target shape, the decode step and the layer first: the long seq rows must not crowd them out
+        extra["first_call_s"] = first_calls(ctx, max(1, tokens // seq_lens[1]), seq_lens[1])
+        print(f"# first calls (compile / autotune), s: {extra['first_call_s']}", flush=True)
+    # the target shape, the decode step and the glue first: the long seq rows must not crowd them out
     jobs = [(f"seq T={T}", lambda T=T: seq_rows(max(1, tokens // T), T, ctx))
             for T in sorted(seq_lens, key=lambda T: T != seq_lens[1]) if "seq" not in skip]
     if "decode" not in skip:
         jobs[1:1] = [(f"decode B={B}", lambda B=B: decode_rows(B, ctx)) for B in ((1, 4) if quick else (1, 64))]
-    if "layer" not in skip:
-        jobs.insert(1, ("layer", lambda: layer_rows(ctx)))
     if "glue" not in skip:
-        jobs.insert(2, ("glue", lambda: glue_rows(ctx)))
+        jobs.insert(1, ("glue", lambda: glue_rows(ctx)))
     if "hgrn1" not in skip:
         jobs.append(("hgrn1", lambda: hgrn1_rows(ctx)))
 
-    rows, t0 = [], time.time()
+    rows, t0, path = [], time.time(), None
     for name, job in jobs:
         if time.time() - t0 > args.budget_s:
             rows.append({"kind": name, "mode": "-", "shape": "-", "note": f"skipped: over --budget-s {args.budget_s}"})
@@ -512,15 +472,15 @@ def run(args) -> int:
         for r in new:
             print(json.dumps({k: v for k, v in r.items() if k != "traceback"}), flush=True)
         rows += new
-        save(args.out, info, rows)  # after every row: a run killed by a time limit keeps what it measured
-        if device.type == "cuda":
+        # after every row: a run killed by a time limit keeps what it measured
+        path = write_result(args.out, "ops", env, rows, command_of(args), **extra)
+        if cuda:
             torch.cuda.empty_cache()
-    print(table(rows))
-    save(args.out, info, rows)
+    if path is None:
+        path = write_result(args.out, "ops", env, rows, command_of(args), **extra)
+    print(f"wrote {path}")
+    if notes(rows):
+        print(notes(rows))
+    tables = (ops_tables({"rows": rows}), decode_table({"rows": rows}))
+    print("\n\n".join(t for t in tables if t.count("\n") > 1))
     return 0
-
-
-def save(path, info, rows) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump({"info": info, "rows": rows, "table": table(rows)}, f, indent=1)

@@ -4,19 +4,20 @@ Models of the same width, depth and MLP size (default ~370M parameters: d=1024, 
 2816, vocab 32000): our HGRN2, fla's HGRN2ForCausalLM (when importable; its default fused settings) and
 transformers' LlamaForCausalLM with SDPA (head dim 64). Each step is forward + backward + AdamW on random tokens
 under bf16 autocast with fp32 weights; `--warmup` untimed steps, then `--rounds` rounds of `--steps` steps timed
-between CUDA synchronises, the rounds interleaved over the models (one process gave 102k–130k tokens/s for the
-same model from one run to the next on an H200: single short timings do not compare). Reported: the median
-round, the range of the rounds, and our HGRN2's ratio to each other model per shape.
+between CUDA synchronises, the rounds interleaved over the models (a GPU's speed drifts between runs and within one,
+so single short timings do not compare). Reported: the median round, the range of the rounds, and our HGRN2's
+ratio to each other model per shape.
 
-    hgrn2 bench train --out bench_train.json
+    hgrn2 bench train                    # writes benchmarks/results/<device>/train.json
     hgrn2 bench train --quick            # tiny CPU smoke run of the same code path
 """
 
 from __future__ import annotations
 
 import json
-import platform
 import time
+
+from hgrn2.bench.common import add_output_argument, command_of, environment, write_result
 
 
 def add_arguments(parser) -> None:
@@ -36,7 +37,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, profile one step and print its N costliest kernels (GPU time)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    add_output_argument(parser)
     parser.add_argument("--quick", action="store_true", help="tiny CPU-sized smoke run (d=64, 2 layers, 2x64)")
 
 
@@ -64,10 +65,8 @@ def run(args) -> int:
                 rows[name, b, t]["status"] = f"unavailable: {e}"
     timed_rounds(models, rows, shapes, args, device)
     rows = list(rows.values())
+    print(f"wrote {save(args, device, rows)}")
     print_table(rows, args.rounds)
-    save(args.out, device, args, rows)
-    if args.out:
-        print(f"wrote {args.out}")
     return 0
 
 
@@ -94,7 +93,7 @@ def timed_rounds(models: dict, rows: dict, shapes, args, device) -> None:
                               args.profile if r == args.rounds - 1 else 0)
                 _record(row, res, model, first=r == 0)
                 print(json.dumps({"round": r, **row}), flush=True)
-                save(args.out, device, args, list(rows.values()))  # a run cut short keeps what it measured
+                save(args, device, list(rows.values()))  # a run cut short keeps what it measured
             if offload:
                 _place(model, opt, torch.device("cpu"))
                 torch.cuda.empty_cache()
@@ -146,10 +145,10 @@ def _record(row: dict, res: dict, model, first: bool) -> None:
         row.update(peak_gib=res["peak_gib"], warmup_s=res["warmup_s"])
 
 
-def save(path, device, args, rows) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump({"env": environment(device), "args": vars(args), "results": rows}, f, indent=2)
+def save(args, device, rows):
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "command_line")}
+    return write_result(args.out, "train", environment(device), rows, command_of(args), quick=args.quick,
+                        args=settings)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -297,19 +296,3 @@ def ratios(rows) -> list[str]:
         if parts:
             lines.append(f"hgrn2 {b}x{t}: " + "; ".join(parts))
     return lines
-
-
-def environment(device) -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    def version(pkg):
-        try:
-            return md.version(pkg)
-        except md.PackageNotFoundError:
-            return None
-
-    return {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-            "torch": torch.__version__, "transformers": version("transformers"),
-            "fla": version("flash-linear-attention"), "triton": version("triton"), "python": platform.python_version()}

@@ -36,6 +36,8 @@ class Attention(nn.Module):
     while training, as zoology's MHA; its MQAR runs use 0.1). `lower_bound` is accepted and ignored.
     """
 
+    uses_lower_bound = False  # models then create no bound, a parameter DDP would find without a gradient
+
     def __init__(self, hidden_size: int, *, layer_idx: int = 0, num_heads: int | None = None, head_dim: int = 64,
                  rope: bool = True, rope_theta: float = 10000.0, bias: bool = False, attention_dropout: float = 0.0):
         super().__init__()

@@ -13,6 +13,8 @@ log decay at −3 (`ops.gates.clamp_forget_logits`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
@@ -45,8 +47,8 @@ class HGRU2(nn.Module):
                 raise ValueError(f"`{name}`: expected one of {ACTIVATIONS}, got {act!r}")
         if scale == "auto":
             scale = expand_ratio ** -0.5
-        if not isinstance(scale, (int, float)):
-            raise ValueError(f"`scale`: expected 'auto' or a number, got {scale!r}")
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+            raise ValueError(f"`scale`: expected 'auto' or a finite number, got {scale!r}")
         self.hidden_size, self.layer_idx = hidden_size, layer_idx
         self.num_heads, self.head_dim = hidden_size // expand_ratio, expand_ratio
         self.o_act, self.i_act, self.scale, self.backend = o_act, i_act, float(scale), backend
@@ -70,6 +72,11 @@ class HGRU2(nn.Module):
 
         Returns (y [B, T, hidden], new state or None).
         """
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"`x`: expected a [batch, seq_len, {self.hidden_size}] tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if lower_bound is not None and tuple(lower_bound.shape) != (self.hidden_size,):
+            raise ValueError(f"`lower_bound`: expected shape ({self.hidden_size},), got {tuple(lower_bound.shape)}")
         B, T, D = x.shape
         H, K = self.num_heads, self.head_dim
         rec, convs = (state, (None,) * 3) if not isinstance(state, tuple) else (state[0], state[1:])

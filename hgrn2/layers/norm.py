@@ -3,12 +3,21 @@ and keep only their input and per-row statistics for the backward (`hgrn2.ops.no
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
 from ..ops.norm import add_rms_norm, layer_norm, rms_norm
 
 NORMS = ("rmsnorm", "layernorm", None)
+
+
+def check_eps(name: str, eps) -> None:
+    """A norm's epsilon must be a positive finite number (0 divides by zero on a zero row, < 0 takes a root of a
+    negative number)."""
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not (0 < eps < math.inf):
+        raise ValueError(f"`{name}`: expected a positive finite number, got {eps!r}")
 
 
 class RMSNorm(nn.Module):
@@ -19,6 +28,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
+        check_eps("eps", eps)
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
@@ -44,6 +54,7 @@ class LayerNorm(nn.LayerNorm):
 
 def build_norm(kind: str | None, hidden_size: int, eps: float) -> nn.Module:
     """One of `NORMS`: "rmsnorm", "layernorm" or None (identity)."""
+    check_eps("norm_eps", eps)
     if kind == "rmsnorm":
         return RMSNorm(hidden_size, eps=eps)
     if kind == "layernorm":

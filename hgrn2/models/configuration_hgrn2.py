@@ -8,10 +8,12 @@ with eps 1e-5 (fla 0.6.0 calls `rms_norm_linear` without an eps, so `norm_eps` n
 
 from __future__ import annotations
 
+import math
+
 from transformers import PretrainedConfig
 
 from ..layers import TOKEN_MIXERS
-from ..layers.norm import NORMS
+from ..layers.norm import NORMS, check_eps
 from ..ops.gates import ACTIVATIONS
 
 
@@ -53,8 +55,11 @@ class HGRN2Config(PretrainedConfig):
                 raise ValueError(f"`{name}`: expected one of {ACTIVATIONS}, got {act!r}")
         if g_norm not in NORMS:
             raise ValueError(f"`g_norm`: expected one of {NORMS}, got {g_norm!r}")
-        if attn_scale != "auto" and not isinstance(attn_scale, (int, float)):
-            raise ValueError(f"`attn_scale`: expected 'auto' or a number, got {attn_scale!r}")
+        if attn_scale != "auto" and (isinstance(attn_scale, bool) or not isinstance(attn_scale, int | float)
+                                     or not math.isfinite(attn_scale)):
+            raise ValueError(f"`attn_scale`: expected 'auto' or a finite number, got {attn_scale!r}")
+        check_eps("norm_eps", norm_eps)
+        check_eps("g_norm_eps", g_norm_eps)
         if hidden_act not in ("swish", "silu"):
             raise ValueError(f"`hidden_act`: expected 'swish', got {hidden_act!r}")
         if mixer_options is not None and not isinstance(mixer_options, dict):

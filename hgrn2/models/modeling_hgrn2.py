@@ -126,7 +126,8 @@ class HGRN2Model(HGRN2PreTrainedModel):
         self.padding_idx = config.pad_token_id
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
         L = config.num_hidden_layers
-        self.lower_bounds = nn.Parameter(torch.zeros(L, config.hidden_size)) if config.use_lower_bound else None
+        bounded = config.use_lower_bound and getattr(get_token_mixer(config.token_mixer), "uses_lower_bound", True)
+        self.lower_bounds = nn.Parameter(torch.zeros(L, config.hidden_size)) if bounded else None
         self.layers = nn.ModuleList([HGRN2Block(config, i) for i in range(L)])
         self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.gradient_checkpointing = False
@@ -146,6 +147,8 @@ class HGRN2Model(HGRN2PreTrainedModel):
         past_key_values = _one_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("`input_ids` / `inputs_embeds`: expected exactly one of them")
+        if input_ids is not None:
+            _check_ids(input_ids, self.config.vocab_size)
         x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         B, T = x.shape[:2]
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
@@ -310,3 +313,13 @@ class HGRN2ForSequenceClassification(HGRN2PreTrainedModel):
                 loss = F.cross_entropy(logits.float(), labels.view(-1))
         result = SequenceClassifierOutputWithPast(loss=loss, logits=logits)
         return result if return_dict else result.to_tuple()
+
+
+def _check_ids(ids: torch.Tensor, vocab_size: int) -> None:
+    """Token ids in [0, vocab_size), read on the host for CPU tensors (on a GPU the embedding asserts on its own;
+    a host read there would stall every forward)."""
+    if ids.is_cuda or ids.numel() == 0 or torch.compiler.is_compiling():
+        return
+    lo, hi = ids.min().item(), ids.max().item()
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"`input_ids`: expected token ids in [0, vocab_size={vocab_size}), got ids in [{lo}, {hi}]")

@@ -16,7 +16,7 @@ import importlib.util
 
 import torch
 
-from .checks import _fail, check_cu_seqlens, check_float, check_same, check_state
+from .checks import _fail, check_cu_seqlens, check_float, check_lower_bound_range, check_same, check_scale, check_state
 from .gates import ACTIVATIONS, activate, clamp_forget_logits, log_forget, lower_bounds_from_logits, one_minus_forget
 from .reference import hgrn1_reference, hgrn2_reference
 
@@ -62,10 +62,19 @@ def _check_common(name, x, lower_bound, lb_shape, initial_state, state_shape, cu
         _fail(name, "at least one token (T >= 1)", f"shape {tuple(x.shape)}")
     n = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T)
     if lower_bound is not None:
-        check_float("lower_bound", lower_bound, len(lb_shape))
+        check_float("lower_bound", lower_bound, len(lb_shape), complex_ok=False)
         check_state("lower_bound", lower_bound, lb_shape, x.device)
+        check_lower_bound_range(lower_bound)
     if initial_state is not None:
         check_state("initial_state", initial_state, (n, *state_shape), x.device)
+    return n
+
+
+def _empty(y: torch.Tensor, final_shape: tuple, final_dtype: torch.dtype, output_final_state: bool, *inputs):
+    """The result for inputs without elements (B, H or a channel count of 0), the same on every backend; linked
+    to the inputs by empty sums so that autograd gives them zero gradients."""
+    y = y + sum(x.flatten()[:0].sum() for x in inputs if x is not None and x.requires_grad)
+    return y, (y.new_zeros(final_shape, dtype=final_dtype) if output_final_state else None)
 
 
 def hgrn2(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
@@ -89,16 +98,22 @@ def hgrn2(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initi
     Returns:
         (y [B, T, H, V] in i's dtype, final state or None)
     """
-    check_float("o", o, 4)
+    for name, x in (("o", o), ("g", g), ("i", i)):
+        check_float(name, x, 4, complex_ok=False)
     check_same("g", g, "o", o)
-    check_float("i", i, 4)
     check_same("i", i, "o", o, slice(0, 3))
+    check_scale(scale)
     B, T, H, K = o.shape
-    _check_common("o", o, lower_bound, (H, K), initial_state, (H, i.shape[-1], K), cu_seqlens)
+    V = i.shape[-1]
+    n = _check_common("o", o, lower_bound, (H, K), initial_state, (H, V, K), cu_seqlens)
     for name, act in (("o_act", o_act), ("i_act", i_act)):
         if act not in ACTIVATIONS:
             _fail(name, f"one of {ACTIVATIONS}", repr(act))
     name = _pick(backend, HGRN2_BACKENDS, o, "chunk")
+    if o.numel() == 0 or i.numel() == 0:
+        dt = torch.float64 if o.dtype == torch.float64 else torch.float32
+        return _empty(i.new_zeros(B, T, H, V), (n, H, V, K), dt, output_final_state, o, g, i, lower_bound,
+                      initial_state)
     kw = dict(scale=scale, o_act=o_act, i_act=i_act, initial_state=initial_state,
               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     if name == "reference":
@@ -137,8 +152,11 @@ def hgrn1(i, g, lower_bound=None, *, theta=None, initial_state=None, output_fina
     if theta is not None:
         check_float("theta", theta, 1)
         check_state("theta", theta, (D,), i.device)
-    _check_common("i", i, lower_bound, (D,), initial_state, (D,), cu_seqlens)
+    n = _check_common("i", i, lower_bound, (D,), initial_state, (D,), cu_seqlens)
     name = _pick(backend, HGRN1_BACKENDS, i, "scan")
+    if i.numel() == 0:
+        dt = torch.promote_types(torch.promote_types(g.dtype, torch.float32), i.dtype)
+        return _empty(i.new_zeros(i.shape), (n, D), dt, output_final_state, i, g, lower_bound, initial_state, theta)
     kw = dict(theta=theta, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     if name == "reference":
         return hgrn1_reference(i, g, lower_bound, **kw)

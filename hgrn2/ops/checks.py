@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -11,13 +13,34 @@ def _fail(name: str, expected: str, got) -> None:
     raise ValueError(f"`{name}`: expected {expected}, got {got}")
 
 
-def check_float(name: str, x: torch.Tensor, ndim: int) -> None:
+def check_tensor(name: str, x) -> None:
     if not isinstance(x, torch.Tensor):
         _fail(name, "a torch.Tensor", type(x).__name__)
+
+
+def check_float(name: str, x: torch.Tensor, ndim: int, complex_ok: bool = True) -> None:
+    check_tensor(name, x)
     if x.ndim != ndim:
         _fail(name, f"a {ndim}-D tensor", f"shape {tuple(x.shape)}")
-    if x.dtype not in FLOAT_DTYPES and not x.is_complex():
-        _fail(name, f"a floating dtype {FLOAT_DTYPES}", x.dtype)
+    if x.dtype not in FLOAT_DTYPES and not (complex_ok and x.is_complex()):
+        _fail(name, f"a {'floating or complex' if complex_ok else 'real floating'} dtype {FLOAT_DTYPES}", x.dtype)
+
+
+def check_scale(scale) -> None:
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+        _fail("scale", "a finite number", repr(scale))
+
+
+def check_lower_bound_range(lower_bound: torch.Tensor) -> None:
+    """β in [0, 1): read on the host for CPU tensors; on a GPU an asynchronous device-side assertion (no sync)."""
+    if torch.compiler.is_compiling():
+        return
+    ok = (lower_bound >= 0).all() & (lower_bound < 1).all()
+    if lower_bound.is_cuda:
+        torch._assert_async(ok, "`lower_bound`: expected values in [0, 1)")
+    elif not bool(ok):
+        lo, hi = lower_bound.min().item(), lower_bound.max().item()
+        _fail("lower_bound", "values in [0, 1)", f"values in [{lo}, {hi}]")
 
 
 def check_same(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor, dims: slice | None = None) -> None:
@@ -33,6 +56,7 @@ def check_same(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor, dim
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, seq_len: int) -> int:
     """Validate packed-sequence offsets [N + 1] and return N. Packed input must have batch size 1."""
+    check_tensor("cu_seqlens", cu_seqlens)
     if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
         _fail("cu_seqlens", "a 1-D tensor of N + 1 offsets (N >= 1)", f"shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -48,6 +72,7 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, seq_len: int) -> int:
 
 
 def check_state(name: str, s: torch.Tensor, shape: tuple, device: torch.device) -> None:
+    check_tensor(name, s)
     if s.device != device:
         _fail(name, f"a tensor on {device}", s.device)
     if tuple(s.shape) != tuple(shape):

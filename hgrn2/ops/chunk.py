@@ -54,52 +54,135 @@ def _packed(o, g, i, lower_bound, *, initial_state, cu_seqlens, output_final_sta
 
 def _chunked(q, logf, k, v, h0):
     """q, logf, k: [B, T, H, K]; v: [B, T, H, V]; h0: [B, H, V, K] or None → y [B, T, H, V], state [B, H, V, K]."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    pad = (-T) % CHUNK
-    # Padding tokens have f = 1 (log f = 0) and k = v = q = 0: they leave the state alone and write nothing.
-    q, logf, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, logf, k, v))
-    N = (T + pad) // CHUNK
-    # [B, T, H, D] -> [B, H, N, C, D]
-    q, logf, k, v = (x.view(B, N, CHUNK, H, -1).permute(0, 3, 1, 2, 4) for x in (q, logf, k, v))
+    T = q.shape[1]
+    y, s = _Chunked.apply(*(_to_chunks(x) for x in (q, logf, k, v)), h0)
+    return _from_chunks(y, T), s
+
+
+def _to_chunks(x):
+    """[B, T, H, D] → [B, H, N, C, D], padded with zeros: such tokens have f = 1 (log f = 0) and k = v = q = 0, so they
+    leave the state alone and write nothing."""
+    B, T, H, D = x.shape
+    x = F.pad(x, (0, 0, 0, 0, 0, (-T) % CHUNK))
+    return x.view(B, -1, CHUNK, H, D).permute(0, 3, 1, 2, 4)
+
+
+def _from_chunks(x, T):
+    B, H, N, C, D = x.shape
+    return x.permute(0, 2, 3, 1, 4).reshape(B, N * C, H, D)[:, :T]
+
+
+class _Chunked(torch.autograd.Function):
+    """The chunked recurrence; q, k, v and h0 get autograd's gradients of a recomputed forward, log f gets a sum
+    over only the pairs (s < t ≤ r) whose decay holds f_t.
+
+    ∂L/∂log f_t is f_t·∂L/∂f_t, tiny where the gate is closed. The usual form, a reverse cumulative sum over t of
+    per-token terms, reaches it by cancelling O(1) terms and leaves an absolute error of rounding size, which the
+    chain rule to β and g then divides by f_t. Summing only the pairs that straddle t makes every term carry f_t.
+    """
+
+    @staticmethod
+    def forward(ctx, q, logf, k, v, h0):
+        y, s, starts = _forward(q, logf, k, v, h0)
+        ctx.save_for_backward(q, logf, k, v, h0)
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, ds):
+        q, logf, k, v, h0 = ctx.saved_tensors
+        leaves = [x.detach().requires_grad_() if x is not None else None for x in (q, k, v, h0)]
+        with torch.enable_grad():
+            y, s, starts = _forward(leaves[0], logf, leaves[1], leaves[2], leaves[3])
+            wrt = [x for x in leaves if x is not None]
+            grads = iter(torch.autograd.grad((y, s), wrt, (dy, ds)))
+        dq, dk, dv, dh0 = (next(grads) if x is not None else None for x in leaves)
+        dlogf = _dlogf(q, logf, k, v, dy, starts.detach(), ds)
+        return dq, dlogf, dk, dv, dh0
+
+
+def _forward(q, logf, k, v, h0):
+    """[B, H, N, C, ·] chunks → y [B, H, N, C, V], final state [B, H, V, K], chunk start states [B, H, N, K, V]."""
+    B, H, N, _, K = q.shape
     b = logf.cumsum(dim=3)
-
-    y = _intra(q, k, v, b)
-
+    y = _intra(q, k, v, logf)
     b_last = b[..., -1:, :]  # [B, H, N, 1, K]
-    u = (k * (b_last - b).exp()).transpose(-1, -2) @ v  # [B, H, N, K, V]: chunk's own contribution to S
+    after = _exclusive_cumsum(logf.flip(3), 3).flip(3)  # b_C − b_s summed directly, without cancellation
+    u = (k * after.exp()).transpose(-1, -2) @ v  # [B, H, N, K, V]: chunk's own contribution to S
     decay = b_last.exp().transpose(-1, -2)  # [B, H, N, K, 1]
-    s = q.new_zeros(B, H, K, V) if h0 is None else h0.transpose(-1, -2)
+    s = q.new_zeros(B, H, K, v.shape[-1]) if h0 is None else h0.transpose(-1, -2)
     starts = []
     for n in range(N):
         starts.append(s)
         s = decay[:, :, n] * s + u[:, :, n]
-    y = y + (q * b.exp()) @ torch.stack(starts, dim=2)
-    y = y.permute(0, 2, 3, 1, 4).reshape(B, N * CHUNK, H, V)[:, :T]
-    return y, s.transpose(-1, -2)
+    starts = torch.stack(starts, dim=2)
+    return y + (q * b.exp()) @ starts, s.transpose(-1, -2), starts
 
 
-def _intra(q, k, v, b):
-    """Σ_{s≤t in chunk} (q_t ⊙ e^{b_t − b_s}) · k_s  v_s for [B, H, N, C, ·] inputs → [B, H, N, C, V]."""
+def _dlogf(q, logf, k, v, dy, starts, ds):
+    """∂L/∂log f_t [B, H, N, C, K] as Σ over pairs (source s < t ≤ reader r), the chunk start state counting as a
+    source before every token and the gradient of the chunk's end state as a reader after every token."""
+    b = logf.cumsum(dim=3)
+    b_last = b[..., -1:, :]
+    # Gradient of each chunk's end state: that of the next chunk's start, the last one's from the final state.
+    ends = torch.empty_like(starts)
+    g = ds.transpose(-1, -2)
+    decay, reads = b_last.exp().transpose(-1, -2), (q * b.exp()).transpose(-1, -2) @ dy  # [B, H, N, K, ·]
+    for n in reversed(range(q.shape[2])):
+        ends[:, :, n] = g
+        g = decay[:, :, n] * g + reads[:, :, n]
+    readers = q * b.exp() * (dy @ starts.transpose(-1, -2))  # start state → token r: holds f_t for t ≤ r
+    after = _exclusive_cumsum(logf.flip(3), 3).flip(3)  # b_C − b_s summed directly, without cancellation
+    sources = k * after.exp() * (v @ ends.transpose(-1, -2))  # token s → end state: holds f_t for t > s
+    d = readers.flip(3).cumsum(3).flip(3) + _exclusive_cumsum(sources, 3)
+    d = d + b_last.exp() * (starts * ends).sum(-1)[..., None, :]  # start state → end state
+    return d + torch.stack([_intra_dlogf(q[:, :, n], k[:, :, n], v[:, :, n], logf[:, :, n], dy[:, :, n])
+                            for n in range(q.shape[2])], dim=2)
+
+
+def _intra_dlogf(q, k, v, logf, dy):
+    """Pairs inside one chunk ([B, H, C, ·] tensors): Σ_{s<t≤r} q_r k_s e^{b_r − b_s} (dy_r·v_s) → [B, H, C, K]."""
+    C = q.shape[-2]
+    strict = _lower(C, q.device, -1)[:, :, None]  # [r, s, 1]: s < r
+    # b_r − b_s as a sum from s on, not a difference of two sums from the chunk start (which cancel when both are
+    # large, leaving an error of rounding relative to them in the exponent)
+    diff = torch.where(strict, logf[..., :, None, :], 0).cumsum(-3).masked_fill(~strict, float("-inf"))
+    pairs = q[..., :, None, :] * k[..., None, :, :] * diff.exp() * (dy @ v.transpose(-1, -2))[..., None]
+    pairs = torch.where(strict, pairs, 0)  # [B, H, r, s, K]
+    before = _exclusive_cumsum(pairs, -2)  # [r, t]: Σ_{s<t} pairs[r, s]
+    return torch.where(_lower(C, q.device)[:, :, None], before, 0).sum(-3)  # Σ_{r≥t}
+
+
+def _exclusive_cumsum(x, dim):
+    """Σ of the entries strictly before each position along `dim` (no subtraction, so no cancellation)."""
+    c = x.cumsum(dim).narrow(dim, 0, x.shape[dim] - 1)
+    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), c], dim)
+
+
+def _intra(q, k, v, logf):
+    """Σ_{s≤t in chunk} (q_t ⊙ e^{b_t − b_s}) · k_s  v_s for [B, H, N, C, ·] inputs → [B, H, N, C, V].
+
+    Every exponent is a sum of log f over the tokens it spans, never a difference of two sums from the chunk start
+    (those cancel when both are large and leave an error of rounding relative to them). No product pairs a
+    position with a later one, not even by a zero weight: 0·inf = NaN would carry a bad value at s back to every
+    t < s (an output may depend only on inputs at or before its position).
+    """
+    lower = _lower(SUB, q.device)[:, :, None]
+    strict = _lower(SUB, q.device, -1)[:, :, None]
     rows = []
     for i in range(CHUNK // SUB):
         blk = slice(i * SUB, (i + 1) * SUB)
-        qi, bi = q[..., blk, :], b[..., blk, :]
-        # Diagonal sub-block, exact: e^{b_t − b_s} with the exponent masked to −inf above the diagonal first.
-        diff = bi[..., :, None, :] - bi[..., None, :, :]  # [..., SUB, SUB, K]
-        diff = diff.masked_fill(~_lower(SUB, q.device)[:, :, None], float("-inf"))
-        diag = torch.einsum("...tk,...sk,...tsk->...ts", qi, k[..., blk, :], diff.exp())
-        parts = [diag]
-        if i > 0:
-            r = b[..., i * SUB - 1 : i * SUB, :]  # b at the end of the previous sub-block
+        qi, li = q[..., blk, :], logf[..., blk, :]
+        # Diagonal sub-block, exact: e^{Σ_{s<u≤t} log f_u}, the exponent −inf above the diagonal.
+        diff = torch.where(strict, li[..., :, None, :], 0).cumsum(-3)
+        diag = torch.einsum("...tk,...sk,...tsk->...ts", qi, k[..., blk, :], diff.masked_fill(~lower, -torch.inf).exp())
+        y = torch.where(lower, diag[..., None] * v[..., None, blk, :], 0).sum(-2)
+        if i > 0:  # earlier sub-blocks, factorised at the end of the previous one: both factors ≤ 1
             before = slice(0, i * SUB)
-            k_before = k[..., before, :] * (r - b[..., before, :]).exp()
-            parts.insert(0, (qi * (bi - r).exp()) @ k_before.transpose(-1, -2))
-        if i < CHUNK // SUB - 1:
-            parts.append(qi.new_zeros(*qi.shape[:-1], CHUNK - (i + 1) * SUB))
-        rows.append(torch.cat(parts, dim=-1))
-    return torch.cat(rows, dim=-2) @ v
+            k_before = k[..., before, :] * _exclusive_cumsum(logf[..., before, :].flip(-2), -2).flip(-2).exp()
+            y = y + ((qi * li.cumsum(-2).exp()) @ k_before.transpose(-1, -2)) @ v[..., before, :]
+        rows.append(y)
+    return torch.cat(rows, dim=-2)
 
 
-def _lower(n: int, device) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+def _lower(n: int, device, diagonal: int = 0) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril(diagonal)

@@ -31,14 +31,35 @@ def activate(x: torch.Tensor, act: str | None) -> torch.Tensor:
 
 def log_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tensor:
     """log f for logits `g` [..., H, K] and bound `lower_bound` [H, K] (or None for β = 0)."""
-    log_sig = F.logsigmoid(g)
     if lower_bound is None:
-        return log_sig
-    beta = lower_bound.to(log_sig.dtype)
-    # β is floored at the dtype's tiny before the log: log(0) = −inf would give 0·inf = NaN in the backward (a
-    # layer whose bound is exactly 0), while f only changes where it is below ~1e-38 anyway.
-    log_beta = torch.log(beta.clamp_min(torch.finfo(beta.dtype).tiny))
-    return torch.logaddexp(log_beta, torch.log1p(-beta) + log_sig)
+        return F.logsigmoid(g)
+    return _LogForget.apply(g, lower_bound.to(torch.promote_types(g.dtype, lower_bound.dtype)))
+
+
+class _LogForget(torch.autograd.Function):
+    """log f with its derivatives in closed form: ∂/∂g = σ(−g)·(1 − β)σ(g)/f and ∂/∂β = σ(−g)/f.
+
+    Autograd through logaddexp would form ∂/∂β as 1/f − σ(g)/f (cancelling when f → 1) and lose the log β branch
+    entirely where β is floored for the log (β = 0 exactly).
+    """
+
+    @staticmethod
+    def forward(ctx, g, beta):
+        log_sig = F.logsigmoid(g)
+        # β is floored at the dtype's tiny before the log: log(0) = −inf stays out of every intermediate.
+        log_beta = torch.log(beta.clamp_min(torch.finfo(beta.dtype).tiny))
+        out = torch.logaddexp(log_beta, torch.log1p(-beta) + log_sig)
+        ctx.save_for_backward(g, beta, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, d):
+        g, beta, out = ctx.saved_tensors
+        log_sig_neg = F.logsigmoid(-g)
+        dg = d * log_sig_neg.exp() * (torch.log1p(-beta) + F.logsigmoid(g) - out).exp()
+        # d·σ(−g)/f through logs: d carries a factor f, so the product is finite where 1/f alone overflows.
+        dbeta = d.sign() * (d.abs().log() + log_sig_neg - out).exp()
+        return dg, dbeta.sum_to_size(beta.shape)
 
 
 def one_minus_forget(g: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tensor:
@@ -78,8 +99,9 @@ def clamp_forget_logits(g: torch.Tensor, lower_bound: torch.Tensor | None, min_l
 def lower_bounds_from_logits(gamma: torch.Tensor) -> torch.Tensor:
     """The paper's cumax: Γ [L, D] → β [L, D], β = cumsum(softmax(Γ, 0), 0) − that of layer 0.
 
-    Layer 0 gets bound 0 and bounds rise monotonically with depth, staying below 1.
+    Layer 0 gets bound 0 and bounds rise monotonically with depth, staying below 1. Computed in float32 at least,
+    and in float64 for a float64 Γ.
     """
-    p = gamma.float().softmax(dim=0)
+    p = gamma.to(torch.promote_types(gamma.dtype, torch.float32)).softmax(dim=0)
     c = p.cumsum(dim=0)
     return c - c[0]

@@ -2,7 +2,7 @@
 
 Written as the obvious composite (upcast, statistics, scale), autograd would save the float32 copy of the input
 and the float32 normalised tensor: two full-size fp32 tensors per norm, three norms per HGRN2 layer, most of a
-training step's activation memory (`benchmarks/saved_activations.py`). These functions save the input in its
+training step's activation memory (`hgrn2 bench memory`). These functions save the input in its
 own dtype and the per-row statistics, and recompute the normalised tensor in the backward (one element-wise
 pass). The forward arithmetic is the composite's, operation for operation.
 

@@ -1,6 +1,6 @@
 """`hgrn2 mqar`: the paper's multi-query associative recall sweep (accuracy vs model width, one panel per length).
 
-    hgrn2 mqar                                   # the `quick` preset on the best device present
+    hgrn2 mqar                                   # `laptop` on a CPU (minutes), `quick` on a GPU
     hgrn2 mqar --preset full --concurrent 8      # the paper's grid
     hgrn2 mqar --cuda-graph                      # each step replayed as one CUDA graph (GPU)
     hgrn2 mqar --mixers hgrn2 --dims 64 --seq-lens 64 --epochs 2 --train-examples 2000   # a smoke run
@@ -29,11 +29,8 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 import time
-import traceback
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -47,6 +44,7 @@ from hgrn2.data import mqar
 from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train import checkpoint
 from hgrn2.train.graphed import GraphedStep
+from hgrn2.train.sweep import best_device, finished_results, sweep, write_json
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
 
@@ -81,6 +79,10 @@ class RunSpec:
         digest = hashlib.md5(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
         name = re.sub(r"[^A-Za-z0-9_]+", "_", self.mixer)
         return f"{name}-L{self.seq_len}-d{self.d_model}-lr{self.lr:g}-{digest}"
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * math.ceil(self.train_examples / self.batch_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -127,12 +129,12 @@ def _set_rng_state(state: dict, dev: torch.device) -> None:
 
 def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str | Path | None = None,
               deadline: float | None = None, on_epoch=None, checkpoint_dir: str | Path | None = None,
-              cuda_graph: bool = False) -> dict:
+              cuda_graph: bool = False, on_step=None) -> dict:
     """Train and test one run; returns its result (spec, final/best accuracy, per-epoch history, timing).
 
     `deadline` (a `time.time()` value) cuts the run after the step that passes it: the result then has
     complete=False. A run whose training loss turns non-finite stops (diverged=True, complete=True).
-    `on_epoch(record)` is called after every epoch with that epoch's record (for progress bars).
+    `on_epoch(record)` is called after every epoch with that epoch's record, `on_step()` after every step.
     `checkpoint_dir`: save the state after every epoch there, and start from the newest one found (exactly:
     the batches come in a fixed order and the RNG is restored).
     `cuda_graph`: replay each training step as one CUDA graph (`hgrn2.train.graphed`; the same updates, the
@@ -191,6 +193,8 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
                 opt.step()
             loss_sum += loss.detach()
             steps, batches = steps + 1, batches + 1
+            if on_step is not None:
+                on_step()
             if deadline is not None and time.time() > deadline:
                 cut = True
                 break
@@ -227,47 +231,6 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
 # the sweep
 
 
-def _write_json(path: Path, obj) -> None:
-    """Write atomically: a temporary file in the same folder, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-        json.dump(obj, f, indent=1)
-    os.replace(f.name, path)
-
-
-def _read_result(path: Path) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _run_and_save(spec: RunSpec, device: str, data_dir, out: Path, deadline: float | None, threads: int | None,
-                  events=None, cuda_graph: bool = False) -> dict:
-    """Train one run (unless the budget is spent) and save its result. A failing run is reported, not raised,
-    so that one bad setting does not end the sweep. `events`: a queue (or callable) told of every epoch."""
-    if threads:
-        torch.set_num_threads(threads)
-    if deadline is not None and time.time() > deadline:
-        return dict(run_id=spec.run_id, spec=asdict(spec), not_run=True)
-    ckpt = out / "checkpoints" / spec.run_id
-    try:
-        on_epoch = events if callable(events) or events is None else (lambda rec: events.put(spec.run_id))
-        result = train_run(spec, device, data_dir, deadline, on_epoch, checkpoint_dir=ckpt, cuda_graph=cuda_graph)
-    except Exception:
-        return dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
-    _write_json(out / "runs" / f"{spec.run_id}.json", result)
-    if result["complete"]:
-        shutil.rmtree(ckpt, ignore_errors=True)
-    return result
-
-
-def finished_results(runs: list[RunSpec], out: Path) -> list[dict]:
-    """The saved results (complete or cut) of those of `runs` that have one in `out`/runs, in the order of `runs`."""
-    return [res for r in runs if (res := _read_result(out / "runs" / f"{r.run_id}.json"))]
-
-
 def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
     """Draw (or find cached) every split the runs need, in parallel processes (the draws are sequential per split)."""
     jobs = sorted({(split, r.seq_len, r.kv_pairs, n, r.data_seed, r.vocab_size)
@@ -292,79 +255,16 @@ def _summary_line(r: dict) -> str:
             f"{r['seconds']:.0f}s ({r['steps_per_second']:.0f} steps/s){flags}")
 
 
-def sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data_dir=None,
-          max_minutes: float | None = None, cuda_graph: bool = False) -> tuple[list[dict], int]:
-    """Run (or resume) the sweep; returns the results of the runs in `runs` (finished before or now) and the
-    number of runs that failed. `cuda_graph`: see `train_run`."""
-    deadline = time.time() + 60 * max_minutes if max_minutes else None
-    done = {res["run_id"]: res for res in finished_results(runs, out)}
-    todo = [r for r in runs if not done.get(r.run_id, {}).get("complete")]
+def run_sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, data_dir=None,
+              max_minutes: float | None = None, cuda_graph: bool = False) -> tuple[list[dict], int]:
+    """Run (or resume) the sweep (`hgrn2.train.sweep`); returns the results and the number of failed runs."""
     # longest first (packs the workers better); mixers interleaved, so a budget cut leaves every mixer covered
-    todo.sort(key=lambda r: (-r.seq_len * r.train_examples * r.epochs, r.d_model, r.lr))
-    print(f"MQAR: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to train on {device}"
-          + (f" ({concurrent} at a time)" if concurrent > 1 else "") + f"; results in {out}")
-    if not todo:
-        return [done[r.run_id] for r in runs], 0
-    _prepare_data(todo, data_dir, workers=min(os.cpu_count() or 1, 8))
-    devices = _devices(device)
-    threads = max(1, (os.cpu_count() or 1) // max(concurrent, 1))
-    # one bar over all epochs of all runs; a run that stops early (or is cut) counts its remaining epochs
-    bar = tqdm(total=sum(r.epochs for r in todo), desc="MQAR epochs", unit="ep")
-    seen = dict.fromkeys((r.run_id for r in todo), 0)
-    errors, finished = 0, 0
-
-    def advance(run_id: str) -> None:
-        seen[run_id] += 1
-        bar.update()
-
-    def report(spec: RunSpec, result: dict) -> None:
-        nonlocal errors, finished
-        if "error" in result:
-            errors += 1
-            # the whole traceback once; after that, its last line
-            tqdm.write(f"{result['run_id']} failed:\n" + (result["error"] if errors == 1 else
-                                                            result["error"].strip().splitlines()[-1]))
-        elif not result.get("not_run"):
-            done[result["run_id"]] = result
-            tqdm.write(_summary_line(result))
-        finished += 1
-        bar.update(max(0, spec.epochs - seen[spec.run_id]))
-        bar.set_postfix(runs=f"{finished}/{len(todo)}")
-
-    if concurrent <= 1:
-        for i, spec in enumerate(todo):
-            result = _run_and_save(spec, devices[i % len(devices)], data_dir, out, deadline, None,
-                                   lambda rec, rid=spec.run_id: advance(rid), cuda_graph)
-            report(spec, result)
-    else:
-        ctx = get_context("spawn")
-        with ctx.Manager() as manager, ProcessPoolExecutor(concurrent, mp_context=ctx) as pool:
-            events = manager.Queue()
-            futures = {pool.submit(_run_and_save, spec, devices[i % len(devices)], data_dir, out, deadline,
-                                   threads, events, cuda_graph): spec for i, spec in enumerate(todo)}
-            pending = set(futures)
-            while pending:
-                ready, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                while not events.empty():  # every epoch a worker reported before its result arrived
-                    advance(events.get())
-                for f in ready:
-                    spec = futures[f]
-                    try:
-                        result = f.result()
-                    except Exception:  # a worker died (out of memory, a crash in a kernel)
-                        result = dict(run_id=spec.run_id, spec=asdict(spec), error=traceback.format_exc())
-                    report(spec, result)
-    bar.close()
-    if errors:
-        print(f"{errors} run(s) failed; their results are missing from the table")
-    return [done[r.run_id] for r in runs if r.run_id in done], errors
-
-
-def _devices(device: str) -> list[str]:
-    """`cuda` with several GPUs spreads the runs over all of them."""
-    if device == "cuda" and torch.cuda.device_count() > 1:
-        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return [device]
+    order = sorted(runs, key=lambda r: (-r.seq_len * r.train_examples * r.epochs, r.d_model, r.lr))
+    results, errors = sweep(order, out, device, train_run, concurrent=concurrent, max_minutes=max_minutes,
+                            name="MQAR", summary=_summary_line, options=dict(data_dir=data_dir, cuda_graph=cuda_graph),
+                            prepare=lambda todo: _prepare_data(todo, data_dir, workers=min(os.cpu_count() or 1, 8)))
+    by_id = {r["run_id"]: r for r in results}
+    return [by_id[r.run_id] for r in runs if r.run_id in by_id], errors
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -444,7 +344,8 @@ def _csv(kind):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="quick", help="a preset of hgrn2/configs/mqar.yaml: quick (default) or full")
+    p.add_argument("--preset", help="a preset of hgrn2/configs/mqar.yaml: laptop (default on a CPU), quick (default "
+                                    "on a GPU) or full")
     p.add_argument("--config", default=str(CONFIG_PATH), help="the YAML file with the protocol and presets")
     p.add_argument("--mixers", type=_csv(str), nargs="+", help="token mixers, e.g. hgrn2 hgrn1_complex attention")
     p.add_argument("--dims", type=_csv(int), nargs="+", help="model widths, e.g. 64 128 256 512")
@@ -481,9 +382,10 @@ def _flat(values):
 
 def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict]:
     """The sweep's runs from the preset and the command-line overrides; also the resolved grid."""
-    if args.preset not in cfg["presets"]:
-        raise ValueError(f"--preset: expected one of {sorted(cfg['presets'])}, got {args.preset!r}")
-    proto, preset = cfg["protocol"], cfg["presets"][args.preset]
+    name = args.preset or "quick"
+    if name not in cfg["presets"]:
+        raise ValueError(f"--preset: expected one of {sorted(cfg['presets'])}, got {name!r}")
+    proto, preset = cfg["protocol"], cfg["presets"][name]
     grid = {k: _flat(getattr(args, k)) or preset[k] for k in ("mixers", "dims", "lrs", "seq_lens")}
     lengths = []
     for item in grid["seq_lens"]:
@@ -502,7 +404,8 @@ def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict
     for mixer in grid["mixers"]:
         options = {**cfg["mixers"].get(mixer, {}), **args.mixer_options.get(mixer, {})}
         for L, kv in lengths:
-            batch = args.batch_size or proto["batch_size"].get(L) or (512 if L <= 128 else 256 if L <= 256 else 128)
+            batch = (args.batch_size or preset.get("batch_size") or proto["batch_size"].get(L)
+                     or (512 if L <= 128 else 256 if L <= 256 else 128))
             for d in grid["dims"]:
                 opts = dict(options)
                 if "expand_ratio" in opts:  # the paper's head dimension: min(d, 128)
@@ -521,23 +424,17 @@ def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict
     return runs, grid
 
 
-def best_device() -> str:
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    device = args.device or best_device()
+    if args.preset is None:
+        args.preset = "quick" if device.startswith("cuda") else "laptop"
     runs, grid = build_runs(args, cfg)
     out = Path(args.out)
     if args.list:
         for r in runs:
             print(r.run_id, json.dumps(asdict(r), sort_keys=True))
         return 0
-    device = args.device or best_device()
     concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
     if args.cuda_graph and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graph: needs a CUDA device, got --device {device}")
@@ -546,12 +443,13 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             print(_summary_line(r))
     else:
-        results, errors = sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"], args.cuda_graph)
+        results, errors = run_sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"],
+                                    args.cuda_graph)
     text = table(results, grid["mixers"], grid["dims"], grid["seq_lens"])
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.txt").write_text(text + "\n")
-    _write_json(out / "results.json", results)
+    write_json(out / "results.json", results)
     figure = plot(results, grid["mixers"], grid["dims"], grid["seq_lens"], out / "mqar.png")
     print(f"\nresults: {out / 'results.json'} (one JSON per run in {out / 'runs'})"
           + (f"; figure: {figure}" if figure else ""))
@@ -562,4 +460,4 @@ def run(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
-__all__ = ["RunSpec", "train_run", "evaluate", "sweep", "table", "plot", "build_runs", "add_arguments", "run"]
+__all__ = ["RunSpec", "train_run", "evaluate", "run_sweep", "table", "plot", "build_runs", "add_arguments", "run"]

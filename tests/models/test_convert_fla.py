@@ -150,7 +150,7 @@ def test_convert_bf16_cuda_long_sequence(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_convert_script_reports_divergences_as_near_ties(tmp_path):
-    """benchmarks/gpu_convert_fla.py (the GPU evidence of the conversion) runs on the CPU too; where bf16
+    """`hgrn2 bench convert-fla` (the GPU evidence of the conversion) runs on the CPU too; where bf16
     greedy generations of fla and ours part, the fp64 reference finds the two tokens a near-tie."""
     import os
     import subprocess
@@ -159,7 +159,7 @@ def test_gpu_convert_script_reports_divergences_as_near_ties(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    subprocess.run([sys.executable, "benchmarks/gpu_convert_fla.py", "--device", "cpu", "--hidden", "64",
+    subprocess.run([sys.executable, "-m", "hgrn2.cli", "bench", "convert-fla", "--device", "cpu", "--hidden", "64",
                     "--expand", "16", "--layers", "2", "--prompt-len", "20", "--new-tokens", "60",
                     "--out", str(tmp_path)], cwd=root, env=env, check=True, capture_output=True)
     fp32, bf16 = json.loads((tmp_path / "convert_fla.json").read_text())["rows"]

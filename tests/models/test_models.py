@@ -69,7 +69,7 @@ def test_presets():
     with pytest.raises(ValueError, match="name"):
         HGRN2Config.from_preset("gpt-5")
     c = HGRN2Config.from_preset("paper-385m")
-    assert (c.o_act, c.i_act, c.attn_scale, c.hidden_size, c.num_hidden_layers) == ("sigmoid", "silu", 1.0, 1024, 24)
+    assert (c.o_act, c.i_act, c.attn_scale, c.hidden_size, c.num_hidden_layers) == ("sigmoid", "silu", 1.0, 1024, 26)
     assert HGRN2Config(hidden_size=64, expand_ratio=None, num_heads=4).expand_ratio == 16
 
 

@@ -16,7 +16,7 @@ from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train import mqar as sweep_mod
 from hgrn2.train.mqar import RunSpec, train_run
 
-STAND_IN = "test_mqar_train:ShiftedKeyAttention"
+STAND_IN = "tests.train.test_mqar:ShiftedKeyAttention"
 
 
 class ShiftedKeyAttention(nn.Module):
@@ -130,6 +130,14 @@ def sweep_build(argv: list[str]) -> tuple[list[RunSpec], dict]:
     return sweep_mod.build_runs(parser.parse_args(argv), sweep_mod.load_config())
 
 
+def test_laptop_preset_is_small_and_the_default_on_a_cpu(capsys):
+    runs, grid = sweep_build(["--preset", "laptop"])
+    assert {r.mixer for r in runs} == {"hgrn2", "hgrn1_complex", "attention"} and len(runs) == 3
+    assert sum(r.total_steps for r in runs) <= 2000 and {r.seq_len for r in runs} == {64}
+    assert cli_main(["mqar", "--list", "--device", "cpu"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(runs)
+
+
 def test_build_runs_presets_and_overrides():
     runs, grid = sweep_build([])
     # quick keeps the protocol's data (fewer examples are memorised, not learned) and has no time budget
@@ -160,6 +168,9 @@ def _cli(tmp_path, *extra):
 
 def test_cli_sweep_resumes(tmp_path, capsys):
     assert _cli(tmp_path, "--dims", "16,32") == 0
+    # progress counts optimiser steps: 2 runs × 2 epochs × 2 batches of 32 (early stops count their remainder)
+    assert "MQAR steps" in capsys.readouterr().err and RunSpec(**{**asdict(tiny_spec()), "epochs": 2,
+                                                                  "train_examples": 64}).total_steps == 4
     out = tmp_path / "out"
     files = sorted((out / "runs").glob("*.json"))
     assert len(files) == 2 and (out / "mqar.png").stat().st_size > 0
@@ -195,7 +206,7 @@ def test_cli_concurrent_workers(tmp_path):
 
 
 def test_cli_reports_failing_runs(tmp_path, capsys):
-    assert _cli(tmp_path, "--mixers", STAND_IN, "test_mqar_train:Broken") == 1
+    assert _cli(tmp_path, "--mixers", STAND_IN, "tests.train.test_mqar:Broken") == 1
     out = capsys.readouterr().out
     assert "broken mixer" in out and "1 run(s) failed" in out
     assert len(json.loads((tmp_path / "out" / "results.json").read_text())) == 1
@@ -306,13 +317,12 @@ def test_cuda_graph_training_learns_like_eager(tmp_path, mixer):
 
 
 def test_recorded_quick_runs_are_the_presets_runs():
-    """README's MQAR table comes from the per-run JSONs committed under benchmarks/results/: each of the quick
-    preset's runs (ids hash the whole spec) has a complete result there, so a change of protocol or preset that
-    makes those results stale fails here."""
-    root = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    recorded = {p.stem: p for p in root.glob("h200-*/mqar/runs/*.json")}
-    runs, _ = sweep_build([])
+    """README's MQAR table comes from benchmarks/results/h200/mqar.json: each of the quick preset's runs (ids hash
+    the whole spec) has a complete result there, so a change of protocol or preset that makes those results stale
+    fails here."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200" / "mqar.json"
+    recorded = {r["run_id"]: r for r in json.loads(path.read_text())["rows"]}
+    runs, _ = sweep_build(["--preset", "quick"])
     missing = [r.run_id for r in runs if r.run_id not in recorded]
     assert not missing, f"quick-preset runs without a recorded result: {missing}"
-    results = [json.loads(recorded[r.run_id].read_text()) for r in runs]
-    assert all(res["complete"] and res["spec"] == asdict(r) for res, r in zip(results, runs))
+    assert all(recorded[r.run_id]["complete"] and recorded[r.run_id]["spec"] == asdict(r) for r in runs)

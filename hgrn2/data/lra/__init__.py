@@ -1,0 +1,1 @@
+"""Long Range Arena data: generators (ListOps, Pathfinder / Path-X) and readers for the public data sets."""

@@ -1,0 +1,113 @@
+"""The LRA tasks as arrays: `load(task, ...)` → {"train", "val", "test": Split} plus what the model needs to know.
+
+Generated tasks (ListOps, Pathfinder, Path-X) are written once under `data_dir` and read back, unless `data_root`
+holds LRA's released files for them; the others are read from `data_root` (see `readers`). Token tasks pad with 0;
+pixel tasks are uint8 sequences.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import listops, pathfinder, readers
+from .readers import Split
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    num_classes: int
+    vocab_size: int | None  # None: pixels
+    max_len: int
+    dual: bool = False
+    generated: bool = False
+
+
+TASKS: dict[str, TaskInfo] = {
+    "listops": TaskInfo(10, len(listops.VOCAB), 2048, generated=True),
+    "text": TaskInfo(2, readers.BYTE_VOCAB, 4096),
+    "retrieval": TaskInfo(2, readers.BYTE_VOCAB, 4000, dual=True),
+    "image": TaskInfo(10, None, 1024),
+    "pathfinder": TaskInfo(2, None, 1024, generated=True),
+    "pathx": TaskInfo(2, None, 16384, generated=True),
+    "fashion_mnist": TaskInfo(10, None, 784),
+}
+# images in LRA's pathfinder32 / path-x sets (the LRA code's data set length); `--examples` can lower it
+PATHFINDER_IMAGES = 600_000
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("HGRN2_CACHE", Path.home() / ".cache" / "hgrn2")) / "lra"
+
+
+def check_task(task: str) -> TaskInfo:
+    if task not in TASKS:
+        raise ValueError(f"`task`: expected one of {sorted(TASKS)}, got {task!r}")
+    return TASKS[task]
+
+
+def load(task: str, *, data_root: str | None = None, data_dir: str | Path | None = None, seed: int = 0,
+         examples: int | None = None, level: str = "hard", workers: int | None = None) -> dict[str, Split]:
+    """Splits of `task`. Generated tasks: `examples` in total (ListOps: 96K/2K/2K when None), `seed`, `level`."""
+    check_task(task)
+    data_dir = Path(data_dir) if data_dir else default_data_dir()
+    if task == "listops":
+        return _listops(data_root, data_dir, seed, examples, workers)
+    if task in ("pathfinder", "pathx"):
+        if data_root is not None:
+            return readers.read_pathfinder(data_root, 32 if task == "pathfinder" else 128, level, workers=workers)
+        return _pathfinder(task, data_dir, seed, examples, level, workers)
+    if task == "fashion_mnist":
+        return readers.read_fashion_mnist(data_root or readers.FASHION_MNIST_DIR)
+    if data_root is None:
+        raise ValueError(f"`--data`: task {task!r} reads public files from a local folder; pass its path")
+    read = {"text": readers.read_text, "retrieval": readers.read_retrieval, "image": readers.read_image}[task]
+    return read(data_root)
+
+
+def _listops(root, data_dir: Path, seed: int, examples: int | None, workers) -> dict[str, Split]:
+    if root is not None:
+        base = Path(root)
+        base = next((b for b in (base / "lra_release" / "listops-1000", base / "listops-1000", base)
+                     if (b / "basic_train.tsv").is_file()), None)
+        if base is None:
+            raise readers.MissingData(f"listops: no data under {root}; expected "
+                                      "ROOT/[lra_release/]listops-1000/basic_{train,val,test}.tsv")
+    else:
+        sizes = dict(listops.SPLITS)
+        if examples is not None:
+            sizes = {"train": examples - 2 * max(1, examples // 50), "val": max(1, examples // 50),
+                     "test": max(1, examples // 50)}
+        base = data_dir / f"listops-seed{seed}-{'-'.join(str(v) for v in sizes.values())}"
+        if not (base / "basic_test.tsv").is_file():
+            listops.write_splits(base, seed, sizes, workers)
+    out = {}
+    for split in ("train", "val", "test"):
+        sources, labels = listops.read_split(base / f"basic_{split}.tsv")
+        tokens = [listops.tokenize(s) for s in sources]
+        lengths = np.array([len(t) for t in tokens], np.int64)
+        if lengths.max(initial=0) > TASKS["listops"].max_len:
+            raise ValueError(f"{base}/basic_{split}.tsv: an expression has {lengths.max()} tokens, more than 2048")
+        x = np.zeros((len(tokens), max(lengths.max(initial=1), 1)), np.int64)
+        for k, t in enumerate(tokens):
+            x[k, : len(t)] = t
+        out[split] = Split(x, lengths, labels)
+    return out
+
+
+def _pathfinder(task: str, data_dir: Path, seed: int, examples: int | None, level: str, workers) -> dict[str, Split]:
+    res = 32 if task == "pathfinder" else 128
+    n = examples or PATHFINDER_IMAGES
+    spec = pathfinder.Spec.for_resolution(res, level)
+    base = data_dir / f"pathfinder{res}-{level}-seed{seed}-n{n}"
+    if not (base / "test.npz").is_file():
+        pathfinder.write_splits(base, spec, n, seed, workers)
+    out = {}
+    for split in ("train", "val", "test"):
+        with np.load(base / f"{split}.npz") as z:
+            images, labels = z["images"], z["labels"]
+        out[split] = Split(images.reshape(len(images), -1), np.full(len(images), res * res, np.int64), labels)
+    return out

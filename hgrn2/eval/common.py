@@ -1,0 +1,142 @@
+"""What every eval command shares: loading a model directory and its tokenizer, the cache keyword, the context
+limit, greedy generation, atomic JSON and the argument-error type."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+import torch
+
+from hgrn2.models import HGRN2ForCausalLM
+from hgrn2.models.modeling_hgrn2 import CACHE_FIELD
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EvalError(ValueError):
+    """Bad input to an eval command; the CLI prints it as one line."""
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(name: str | None, device: str) -> torch.dtype:
+    """bf16 on GPU, fp32 on CPU unless named."""
+    if name is None:
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if name not in DTYPES:
+        raise EvalError(f"--dtype: expected one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def load_model(path: str, device: str | None = None, dtype: str | torch.dtype | None = None):
+    """A causal LM from a local directory (ours, a converted fla checkpoint, or any transformers model), in eval
+    mode on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        raise EvalError(f"MODEL: {path!r} is not a model directory (no config.json)")
+    device = device or default_device()
+    dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    return model.to(device).eval()
+
+
+def load_tokenizer(path: str):
+    """The model directory's tokenizer (AutoTokenizer), or a bare tokenizer.json wrapped as a fast tokenizer."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not os.path.isdir(path) or not any(os.path.isfile(os.path.join(path, n)) for n in names):
+        raise EvalError(f"--tokenizer: no tokenizer files ({', '.join(names)}) in {path!r}")
+    if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    else:  # a bare tokenizer.json (as `hgrn2 data prepare` writes): its end-of-text token named as data prepare does
+        from hgrn2.data.tokenizer import EOS_CANDIDATES
+
+        tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
+        tok.eos_token = next((t for t in EOS_CANDIDATES if tok.convert_tokens_to_ids(t) != tok.unk_token_id
+                              and t in tok.get_vocab()), None)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    return tok
+
+
+def is_recurrent(model) -> bool:
+    """True when the model has no position limit (an HGRN2-family model: its cache is a constant-size state)."""
+    return isinstance(model, HGRN2ForCausalLM)
+
+
+def context_limit(model) -> int | None:
+    """The longest context the model accepts: None for recurrent models, else max_position_embeddings."""
+    if is_recurrent(model):
+        return None
+    cfg = model.config
+    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+
+def check_length(model, length: int, what: str) -> None:
+    limit = context_limit(model)
+    if limit is not None and length > limit:
+        raise EvalError(f"{what}: {length} tokens exceed the model's context limit of {limit} "
+                        f"(max_position_embeddings)")
+
+
+def forward(model, ids: torch.Tensor, cache=None, attention_mask=None, keep: int = 0):
+    """One causal-LM forward carrying `cache`; returns (logits [B, T or keep, V], the updated cache)."""
+    out = model(input_ids=ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=keep,
+                **{CACHE_FIELD: cache})
+    return out.logits, getattr(out, CACHE_FIELD)
+
+
+@torch.no_grad()
+def greedy_generate(model, tok, prompts: Sequence[list[int]], max_new_tokens: int, batch_size: int = 8,
+                    stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = ()) -> list[list[int]]:
+    """Greedy continuations of token-id prompts (left-padded batches), cut before the first stop id. Decoding of a
+    batch ends early once every row has produced one of `stop_strings` (the caller cuts the text there)."""
+    device = next(model.parameters()).device
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    out: list[list[int]] = [[] for _ in prompts]
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        T = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), T), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), T), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, T - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[r, T - len(prompts[i]):] = 1
+        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                             max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=list(stop_ids) or None,
+                             **({"stop_strings": list(stop_strings), "tokenizer": tok} if stop_strings else {}))
+        for r, i in enumerate(idx):
+            new = gen[r, T:].tolist()
+            cut = next((k for k, t in enumerate(new) if t in stop_ids), len(new))
+            out[i] = new[:cut]
+    return out
+
+
+def model_label(path: str) -> str:
+    """A model directory's last two path components, for plot titles ("run/final" rather than "final")."""
+    return os.path.join(*os.path.normpath(os.path.abspath(path)).split(os.sep)[-2:])
+
+
+def write_json(path: str, obj) -> None:
+    """Write JSON atomically (a temporary file renamed into place)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def save_figure(fig, path: str) -> None:
+    """Save a matplotlib figure atomically."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=150, bbox_inches="tight")
+    os.replace(tmp, path)

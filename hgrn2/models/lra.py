@@ -1,0 +1,318 @@
+"""Long Range Arena classifiers: HGRN2, HGRN1 and softmax-attention encoders with HGRN1's LRA settings.
+
+The layout follows the authors' LRA code (OpenNLPLab/lra `src/models/sequence/model.py`, mixers from
+Doraemonzzz/hgru-pytorch and hgru2-pytorch):
+
+    x → embedding (tokens) or linear (pixels) → + sinusoidal positions ("position" encoder; none for "id")
+      → L × [pre-norm → token mixer → residual, pre-norm → GLU → residual] → norm → pool → head
+
+Token mixers scan in both directions with shared projections and sum the directions' outputs before the output
+norm (`BiHgru1d`, `BiHgru2_1d`), or in four directions over the image grid (`Hgru2d`, `Hgru2_2d_parallel`: along
+rows and columns, forward and reverse). Lower bounds are HGRN's cumax over layers. Retrieval is a dual encoder: one
+encoder reads both documents and the head sees [a, b, a − b, a·b] (LRA's NLI-style `RetrievalHead`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..layers.glu import GLU
+from ..layers.hgru1 import HGRU1Complex
+from ..layers.hgru2 import HGRU2
+from ..ops import hgrn1, hgrn2
+from ..ops.gates import lower_bounds_from_logits
+
+MIXERS = ("hgrn2", "hgrn1", "attention")
+DIRECTIONS = ("causal", "bi", "2d")
+NORMS = ("batch", "layer")
+POOLINGS = ("mean", "last")
+
+
+@dataclass
+class LRAModelConfig:
+    """One LRA encoder. `vocab_size` None means real-valued inputs of `in_channels` per position (pixels)."""
+
+    mixer: str = "hgrn2"
+    num_classes: int = 10
+    vocab_size: int | None = None
+    in_channels: int = 1
+    hidden_size: int = 128
+    num_layers: int = 4
+    expand_ratio: int = 2
+    glu_expand: float = 1.0
+    directions: str = "bi"
+    norm: str = "batch"
+    dropout: float = 0.0
+    pooling: str = "mean"
+    positional: bool = True
+    max_len: int = 16384
+    dual: bool = False
+    use_lower_bound: bool = True
+    num_heads: int = 8
+
+    def __post_init__(self) -> None:
+        for name, value, choices in (("mixer", self.mixer, MIXERS), ("directions", self.directions, DIRECTIONS),
+                                     ("norm", self.norm, NORMS), ("pooling", self.pooling, POOLINGS)):
+            if value not in choices:
+                raise ValueError(f"`{name}`: expected one of {choices}, got {value!r}")
+        for name in ("num_classes", "hidden_size", "num_layers", "expand_ratio", "in_channels", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"`{name}`: expected a positive int, got {value!r}")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 0):
+            raise ValueError(f"`vocab_size`: expected a positive int or None (pixels), got {self.vocab_size!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"`dropout`: expected a probability in [0, 1), got {self.dropout!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def scan_directions(run: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], directions: str
+                    ) -> torch.Tensor:
+    """Sum of `run(reverse, *tensors)` over the scan directions; tensors [B, T, ...] share B and T.
+
+    "causal": forward only; "bi": forward plus the flipped sequence's output flipped back; "2d": T = S², forward and
+    reverse along the rows and along the columns of the S × S grid (row-major positions).
+    """
+    if directions == "causal":
+        return run(False, *tensors)
+    if directions == "bi":
+        return run(False, *tensors) + run(True, *(t.flip(1) for t in tensors)).flip(1)
+    B, T = tensors[0].shape[:2]
+    side = math.isqrt(T)
+    if side * side != T:
+        raise ValueError(f"`directions`: '2d' needs a square number of positions, got {T}")
+
+    def grid(t: torch.Tensor, transpose: bool) -> torch.Tensor:
+        g = t.reshape(B, side, side, *t.shape[2:])
+        return (g.transpose(1, 2) if transpose else g).reshape(B * side, side, *t.shape[2:])
+
+    out = 0
+    for transpose in (False, True):
+        y = scan_directions(run, tuple(grid(t, transpose) for t in tensors), "bi")
+        y = y.reshape(B, side, side, *y.shape[2:])
+        out = out + (y.transpose(1, 2) if transpose else y).reshape(B, T, *y.shape[3:])
+    return out
+
+
+ELEMENTWISE_MAX_K = 8  # at or below this head size the V·K state channels run as HGRN1's element-wise scan
+
+
+def hgrn2_elementwise(o, g, i, lower_bound=None, *, scale: float = 1.0, o_act: str | None = None,
+                      backend: str | None = None) -> torch.Tensor:
+    """`hgrn2.ops.hgrn2`'s output through HGRN1's element-wise scan over the H·V·K state entries.
+
+    h_t[v, k] = f_t[k]·h_{t−1}[v, k] + (1 − f_t[k])·i_t[v] is element-wise once i is repeated over k and f over v,
+    as the authors' LRA code runs it (`HgruRealFunction` on the expanded state). For small heads (the LRA presets'
+    2 × 2 states) this beats the chunked matrix form, whose tiles are at least 16 wide.
+    """
+    B, T, H, K = o.shape
+    V = i.shape[-1]
+    x = i[..., :, None].expand(B, T, H, V, K).reshape(B, T, H * V * K)
+    gate = g[..., None, :].expand(B, T, H, V, K).reshape(B, T, H * V * K)
+    lb = None if lower_bound is None else lower_bound[:, None, :].expand(H, V, K).reshape(-1)
+    h = hgrn1(x, gate, lb, backend=backend)[0].view(B, T, H, V, K)
+    gate_o = o if o_act is None else (torch.sigmoid(o) if o_act == "sigmoid" else F.silu(o))
+    return scale * torch.einsum("bthvk,bthk->bthv", h, gate_o.to(h.dtype))
+
+
+class BiHGRU2(HGRU2):
+    """HGRU2 (paper parameterisation) scanning in several directions with shared projections (`BiHgru2_1d`)."""
+
+    def __init__(self, hidden_size: int, *, directions: str = "bi", **options):
+        options = {"expand_ratio": 2, "o_act": "sigmoid", "i_act": "silu", "scale": 1.0, "norm": "layernorm",
+                   "bias": True, **options}
+        super().__init__(hidden_size, **options)
+        self.directions = directions
+
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, attention_mask=None):
+        B, T, D = x.shape
+        H, K = self.num_heads, self.head_dim
+        q, f, i = (p(x).view(B, T, H, K) for p in (self.q_proj, self.f_proj, self.i_proj))
+        i = F.silu(i) if self.i_act == "silu" else i
+        if attention_mask is not None:
+            # padding contributes no input and keeps the state, in either direction
+            keep = attention_mask.to(torch.bool)[..., None, None]
+            i, f = i * keep, f.masked_fill(~keep, 1e4)
+        lb = None if lower_bound is None else lower_bound.view(H, K)
+
+        def run(reverse: bool, q, f, i):
+            if K <= ELEMENTWISE_MAX_K:
+                return hgrn2_elementwise(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)
+            return hgrn2(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)[0]
+
+        y = scan_directions(run, (q, f, i), self.directions)
+        return self.o_proj(self.g_norm(y.reshape(B, T, D)))
+
+
+class BiHGRU1(HGRU1Complex):
+    """Complex HGRU scanning in several directions with shared projections and one θ per direction (`BiHgru1d`)."""
+
+    def __init__(self, hidden_size: int, *, directions: str = "bi", **options):
+        super().__init__(hidden_size, **options)
+        self.directions = directions
+        self.theta_reverse = nn.Parameter(self.theta.detach().clone())
+
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, attention_mask=None):
+        u = F.silu(self.input_proj(x)) if self.act == "silu" else self.input_proj(x)
+        u = u.float().unflatten(-1, (self.hidden_size, 2))
+        i, g = torch.complex(u[..., 0], u[..., 1]), self.lambda_proj(x).float()
+        if attention_mask is not None:
+            # the state still rotates through padding; padding sits at the end, so only the reverse scan sees
+            # it, and it starts from a zero state there
+            keep = attention_mask.to(torch.bool)[..., None]
+            i, g = i * keep, g.masked_fill(~keep, 1e4)
+
+        def run(reverse: bool, i, g):
+            return hgrn1(i, g, lower_bound, theta=self.theta_reverse if reverse else self.theta,
+                         backend=self.backend)[0]
+
+        h = scan_directions(run, (i, g), self.directions)
+        feature = self.norm(torch.cat([h.real, h.imag], -1).to(x.dtype))
+        gate = self.gate(x)
+        return self.out_proj(feature * (F.silu(gate) if self.act == "silu" else gate))
+
+
+class BiAttention(nn.Module):
+    """Multi-head softmax attention over the whole sequence (no causal mask), padded keys masked."""
+
+    def __init__(self, hidden_size: int, *, num_heads: int = 8, dropout: float = 0.0):
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"`num_heads`: expected a divisor of hidden_size={hidden_size}, got {num_heads}")
+        self.num_heads, self.dropout = num_heads, dropout
+        self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size)
+        self.o_proj = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x: torch.Tensor, lower_bound=None, attention_mask=None):
+        B, T, D = x.shape
+        q, k, v = self.qkv_proj(x).view(B, T, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        mask = None if attention_mask is None else attention_mask.to(torch.bool)[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class SeqNorm(nn.Module):
+    """LayerNorm over channels, or BatchNorm over (batch, positions) per channel (SyncBatchNorm under DDP)."""
+
+    def __init__(self, kind: str, hidden_size: int):
+        super().__init__()
+        self.kind = kind
+        self.norm = nn.BatchNorm1d(hidden_size) if kind == "batch" else nn.LayerNorm(hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "batch":
+            return self.norm(x.transpose(1, 2)).transpose(1, 2)
+        return self.norm(x)
+
+
+class Block(nn.Module):
+    """Pre-norm residual token mixer, then pre-norm residual GLU (the LRA code's two residual layers per block)."""
+
+    def __init__(self, cfg: LRAModelConfig, layer_idx: int):
+        super().__init__()
+        d = cfg.hidden_size
+        self.mixer_norm, self.mlp_norm = SeqNorm(cfg.norm, d), SeqNorm(cfg.norm, d)
+        if cfg.mixer == "hgrn2":
+            self.mixer = BiHGRU2(d, layer_idx=layer_idx, expand_ratio=cfg.expand_ratio, directions=cfg.directions)
+        elif cfg.mixer == "hgrn1":
+            self.mixer = BiHGRU1(d, layer_idx=layer_idx, directions=cfg.directions)
+        else:
+            self.mixer = BiAttention(d, num_heads=cfg.num_heads, dropout=cfg.dropout)
+        self.mlp = GLU(d, intermediate_size=max(1, int(d * cfg.glu_expand)), bias=True)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, lower_bound=None, attention_mask=None):
+        x = x + self.drop(self.mixer(self.mixer_norm(x), lower_bound=lower_bound, attention_mask=attention_mask))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))
+
+
+def sinusoidal(max_len: int, d: int) -> torch.Tensor:
+    """[max_len, d] sin/cos position table (the LRA code's `PositionalEncoder`)."""
+    pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+    div = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, dtype=torch.float32) / d)
+    pe = torch.zeros(max_len, d)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)[:, : d // 2]
+    return pe
+
+
+class LRAEncoder(nn.Module):
+    """Inputs [B, T] token ids or [B, T, C] pixels (+ mask [B, T]) → pooled features [B, hidden]."""
+
+    def __init__(self, cfg: LRAModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.embed = nn.Embedding(cfg.vocab_size, d) if cfg.vocab_size else nn.Linear(cfg.in_channels, d)
+        if cfg.positional:
+            self.register_buffer("positions", sinusoidal(cfg.max_len, d), persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = SeqNorm(cfg.norm, d)
+        use_lb = cfg.use_lower_bound and cfg.mixer != "attention"
+        self.lower_bounds = nn.Parameter(torch.zeros(cfg.num_layers, d)) if use_lb else None
+
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        T = inputs.shape[1]
+        if T > self.cfg.max_len:
+            raise ValueError(f"`inputs`: {T} positions exceed max_len={self.cfg.max_len}")
+        x = self.embed(inputs if self.cfg.vocab_size else inputs.to(self.embed.weight.dtype))
+        if self.cfg.positional:
+            x = x + self.positions[:T].to(x.dtype)
+        x = self.drop(x)
+        betas = lower_bounds_from_logits(self.lower_bounds).unbind(0) if self.lower_bounds is not None else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None if betas is None else betas[i], attention_mask)
+        x = self.norm(x)
+        return pool(x, attention_mask, self.cfg.pooling)
+
+
+def pool(x: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
+    """Mean over real positions, or the last real position; x [B, T, D], mask [B, T] 0/1 (right padding)."""
+    if mask is None:
+        return x.mean(1) if how == "mean" else x[:, -1]
+    m = mask.to(x.dtype)
+    if how == "mean":
+        return (x * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
+    last = (mask.long().sum(1) - 1).clamp(min=0)
+    return x[torch.arange(x.shape[0], device=x.device), last]
+
+
+class LRAClassifier(nn.Module):
+    """`logits = model(inputs, mask)`; with `cfg.dual`, inputs/mask are pairs ([2, B, T] or a tuple of two)."""
+
+    def __init__(self, cfg: LRAModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = LRAEncoder(cfg)
+        d = cfg.hidden_size
+        if cfg.dual:
+            self.head = nn.Sequential(nn.Linear(4 * d, d), nn.GELU(), nn.Linear(d, cfg.num_classes))
+        else:
+            self.head = nn.Linear(d, cfg.num_classes)
+
+    def forward(self, inputs, attention_mask=None) -> torch.Tensor:
+        if not self.cfg.dual:
+            return self.head(self.encoder(inputs, attention_mask))
+        a, b = inputs[0], inputs[1]
+        masks = (None, None) if attention_mask is None else (attention_mask[0], attention_mask[1])
+        # both documents in one batch, so batch statistics (BatchNorm) see them together as in the LRA code
+        feats = self.encoder(torch.cat([a, b]), None if masks[0] is None else torch.cat(masks))
+        fa, fb = feats.chunk(2)
+        return self.head(torch.cat([fa, fb, fa - fb, fa * fb], -1))
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["LRAModelConfig", "LRAClassifier", "LRAEncoder", "BiHGRU2", "BiHGRU1", "BiAttention", "scan_directions",
+           "pool", "num_parameters", "MIXERS"]

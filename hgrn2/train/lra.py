@@ -1,0 +1,342 @@
+"""`hgrn2 lra TASK...`: train and evaluate Long Range Arena classifiers with the authors' per-task presets.
+
+    hgrn2 lra listops pathfinder --models hgrn2 hgrn1 --out runs/lra --max-minutes 60
+    torchrun --nproc-per-node 4 -m hgrn2.cli lra pathx --out runs/lra
+    hgrn2 lra --report --out runs/lra            # the paper-style table and the curves
+
+Each (task, model) run lives in `<out>/<task>-<model>/`: `result.json` (settings, learning curve per epoch, time
+per epoch, best validation accuracy and the test accuracy at that epoch, as LRA reports), `log.jsonl`, and
+checkpoints under `ckpt/` (every `--ckpt-every` steps, at each epoch end and when a time or step limit stops the
+run). Running the same command again resumes exactly: model, optimiser, step, data order and random state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+from tqdm.auto import tqdm
+
+from ..data.lra import tasks as lra_tasks
+from ..data.lra.readers import Split
+from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
+from . import checkpoint, distributed
+from .logger import RunLogger
+from .optim import build_optimizer, lr_at, set_lr
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
+PAPER_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+# HGRN2 paper, Table "Results on LRA" (test accuracy, %)
+PAPER = {"HGRN1 (paper)": (59.95, 88.14, 94.23, 88.69, 92.92, 97.50),
+         "HGRN2 (paper)": (60.52, 88.97, 95.07, 89.33, 93.95, 98.12)}
+
+
+def load_preset(task: str, config_dir: str | Path = CONFIG_DIR) -> dict:
+    path = Path(config_dir) / f"{task}.yaml"
+    if not path.is_file():
+        raise ValueError(f"`--config`: no preset {path} for task {task!r}")
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def batch_tensors(split: Split, idx: np.ndarray, pixels: bool, device: torch.device):
+    """(inputs, mask or None, labels) for the examples `idx`, trimmed to the batch's longest sequence.
+
+    Pixels become floats in [−1, 1] with a channel dim [B, T, 1]; token pairs (retrieval) become [2, B, T]."""
+    labels = torch.from_numpy(split.labels[idx]).to(device)
+    if pixels:
+        x = torch.from_numpy(split.inputs[idx].astype(np.float32) / 127.5 - 1.0)[..., None]
+        return x.to(device), None, labels
+    lengths = split.lengths[idx]
+    T = int(lengths.max())
+    x = torch.from_numpy(split.inputs[idx][..., :T])
+    mask = torch.arange(T)[None] < torch.from_numpy(lengths)[..., None]
+    if x.ndim == 3:  # pairs [B, 2, T] -> [2, B, T]
+        x, mask = x.transpose(0, 1), mask.transpose(0, 1)
+    return x.to(device), mask.to(device), labels
+
+
+@torch.no_grad()
+def evaluate(model, split: Split, pixels: bool, batch_size: int, d: distributed.Dist, amp: bool) -> dict:
+    """Accuracy and mean loss over a split, sharded over ranks."""
+    model.eval()
+    idx = np.arange(d.rank, len(split.labels), d.world)
+    stats = torch.zeros(3, dtype=torch.float64, device=d.device)
+    for k in range(0, len(idx), batch_size):
+        x, mask, y = batch_tensors(split, idx[k:k + batch_size], pixels, d.device)
+        with torch.autocast(d.device.type, torch.bfloat16, enabled=amp):
+            logits = model(x, mask).float()
+        stats += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
+                              (logits.argmax(-1) == y).sum().double(), torch.tensor(len(y), device=d.device)])
+    model.train()
+    loss, correct, n = distributed.total(stats, d).tolist()
+    return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConfig, dict]:
+    """The model config and training settings of (task, mixer): the preset, then command-line overrides."""
+    info = lra_tasks.check_task(task)
+    preset = load_preset(task, args.config)
+    model_opts = dict(preset["model"])
+    if mixer == "attention":
+        model_opts["positional"] = True  # attention alone is blind to order (the HGRN presets' "id" encoder)
+    model_opts.update(args.model_options or {})
+    train = dict(preset["train"])
+    for key in ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay"):
+        if getattr(args, key, None) is not None:
+            train[key] = getattr(args, key)
+    cfg = LRAModelConfig(mixer=mixer, num_classes=info.num_classes, vocab_size=info.vocab_size,
+                         max_len=info.max_len, dual=info.dual, **model_opts)
+    return cfg, train
+
+
+def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist) -> dict:
+    """Train one (task, mixer) run to its epochs (or a time / step limit) and return its result record."""
+    cfg, tr = build(task, mixer, args)
+    run_dir = Path(args.out) / f"{task}-{mixer}"
+    pixels = cfg.vocab_size is None
+    examples = args.images if task in ("pathfinder", "pathx") else args.examples
+    load = dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
+                level=args.level, workers=args.workers)
+    if d.main:  # generated data sets are written once, by rank 0
+        data = lra_tasks.load(task, **load)
+    distributed.barrier(d)
+    if not d.main:
+        data = lra_tasks.load(task, **load)
+    train_split = data["train"]
+    batch = tr["batch_size"]
+    if batch % d.world:
+        raise ValueError(f"`--batch-size`: {batch} is not divisible by the {d.world} processes")
+    per_rank = batch // d.world
+    steps_per_epoch = len(train_split.labels) // batch
+    if steps_per_epoch == 0:
+        raise ValueError(f"`--batch-size`: {batch} exceeds the {len(train_split.labels)} training examples")
+
+    torch.manual_seed(args.seed)
+    model = LRAClassifier(cfg).to(d.device)
+    params = num_parameters(model)
+    if d.world > 1 and cfg.norm == "batch" and d.device.type == "cuda":
+        # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    ddp = distributed.wrap(model, "ddp", d)
+    opt = build_optimizer(model, "adamw", tr["lr"], (0.9, 0.999), 1e-8, tr["weight_decay"])
+    amp = d.device.type == "cuda" and not args.fp32
+
+    step, epoch, start_it, history = 0, 0, 0, []
+    state = checkpoint.load_latest(str(run_dir / "ckpt"))
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, epoch, start_it, history = state["step"], state["epoch"], state["iteration"], state["history"]
+        checkpoint.set_rng_state(state["rng"][d.rank] if d.rank < len(state["rng"]) else state["rng"][0])
+    logger = RunLogger(str(run_dir), enabled=d.main, start_step=step, tensorboard=False)
+
+    def save(it: int) -> None:
+        rngs = distributed.gather_objects(checkpoint.rng_state(), d)
+        if d.main:
+            checkpoint.save(str(run_dir / "ckpt"), step, {
+                "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
+                "iteration": it, "history": history, "rng": rngs}, keep_last=2)
+        distributed.barrier(d)
+
+    def record(stopped: str | None) -> dict:
+        best = max(history, key=lambda h: h["val_acc"], default=None)
+        times = [h["epoch_time"] for h in history if h.get("complete")]
+        result = {"task": task, "model": mixer, "parameters": params, "config": cfg.to_dict(), "train": tr,
+                  "device": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu",
+                  "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch, "epochs_done": epoch,
+                  "history": history, "time_per_epoch_s": float(np.mean(times)) if times else None,
+                  "best_val_acc": best and best["val_acc"], "test_acc_at_best_val": best and best["test_acc"],
+                  "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
+                  "stopped": stopped}
+        if d.main:
+            _write_json(run_dir / "result.json", result)
+        return result
+
+    t_start, first_step = time.time(), step
+    deadline = t_start + 60 * args.max_minutes if args.max_minutes else math.inf
+    stopped = None
+    model.train()
+    bar = tqdm(total=tr["epochs"] * steps_per_epoch, initial=step, desc=f"{task}-{mixer}", disable=not d.main,
+               unit="step")
+    sums = torch.zeros(3, dtype=torch.float64, device=d.device)
+    while epoch < tr["epochs"] and stopped is None:
+        t_epoch = time.time()
+        order = np.random.default_rng([args.seed, epoch]).permutation(len(train_split.labels))
+        for it in range(start_it, steps_per_epoch):
+            idx = order[it * batch + d.rank * per_rank: it * batch + (d.rank + 1) * per_rank]
+            x, mask, y = batch_tensors(train_split, idx, pixels, d.device)
+            lr = lr_at(step, schedule="cosine", lr=tr["lr"], warmup_steps=tr["warmup_steps"],
+                       max_steps=tr["schedule_steps"])
+            set_lr(opt, lr)
+            with torch.autocast(d.device.type, torch.bfloat16, enabled=amp):
+                logits = ddp(x, mask).float()
+            loss = F.cross_entropy(logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            bar.update(1)
+            sums += torch.stack([loss.detach().double() * len(y), (logits.argmax(-1) == y).sum().double(),
+                                 torch.tensor(len(y), device=d.device)])
+            if step % args.log_every == 0:
+                s = distributed.total(sums, d).tolist()
+                logger.log({"kind": "train", "step": step, "loss": s[0] / s[2], "acc": s[1] / s[2], "lr": lr})
+                bar.set_postfix(loss=f"{s[0] / s[2]:.3f}", acc=f"{s[1] / s[2]:.3f}")
+                sums.zero_()
+            limit = (args.max_steps is not None and step >= args.max_steps) or time.time() > deadline
+            if limit and (it + 1) < steps_per_epoch:
+                stopped = "max_steps" if args.max_steps is not None and step >= args.max_steps else "max_minutes"
+                save(it + 1)
+                break
+            if args.ckpt_every and step % args.ckpt_every == 0 and (it + 1) < steps_per_epoch:
+                save(it + 1)
+        else:
+            ev_batch = 2 * per_rank
+            val = evaluate(ddp, data["val"], pixels, ev_batch, d, amp)
+            test = evaluate(ddp, data["test"], pixels, ev_batch, d, amp)
+            history.append({"epoch": epoch + 1, "step": step, "val_acc": val["acc"], "val_loss": val["loss"],
+                            "test_acc": test["acc"], "test_loss": test["loss"],
+                            "epoch_time": time.time() - t_epoch, "complete": start_it == 0})
+            logger.log({"kind": "val", "step": step, "epoch": epoch + 1, "val_acc": val["acc"],
+                        "test_acc": test["acc"]})
+            if d.main:
+                tqdm.write(f"{task}-{mixer} epoch {epoch + 1}: val {val['acc']:.4f} test {test['acc']:.4f} "
+                           f"({history[-1]['epoch_time']:.1f}s)")
+            epoch, start_it = epoch + 1, 0
+            save(0)
+            record(None)
+            if args.max_steps is not None and step >= args.max_steps:
+                stopped = "max_steps"
+            elif time.time() > deadline:
+                stopped = "max_minutes"
+    bar.close()
+    logger.close()
+    return record(stopped)
+
+
+def report(out: str | Path) -> str:
+    """The paper-style table (test accuracy at the best validation epoch, %) over the runs under `out`."""
+    results = [json.loads(p.read_text()) for p in sorted(Path(out).glob("*/result.json"))]
+    names = ("ListOps", "Text", "Retrieval", "Image", "Pathfinder", "Path-X")
+    rows = [f"| model | {' | '.join(names)} | Avg |", "|---" * (len(names) + 2) + "|"]
+    for label, values in PAPER.items():
+        rows.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {np.mean(values):.2f} |")
+    for mixer in MIXERS:
+        got = {r["task"]: r for r in results if r["model"] == mixer}
+        if not got:
+            continue
+        cells = []
+        for task in PAPER_ORDER:
+            r = got.get(task)
+            acc = r and r["test_acc_at_best_val"]
+            cells.append("–" if acc is None else f"{100 * acc:.2f}" + ("" if r["stopped"] is None else "*"))
+        rows.append(f"| {mixer} (here) | " + " | ".join(cells) + " | |")
+    rows.append("\n(*: stopped early by a time or step limit; – : no run)")
+    return "\n".join(rows)
+
+
+def plot(out: str | Path) -> Path | None:
+    """Validation accuracy per epoch, one panel per task, one line per model; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    results = [json.loads(p.read_text()) for p in sorted(Path(out).glob("*/result.json"))]
+    if not results:
+        return None
+    task_list = [t for t in (*PAPER_ORDER, "fashion_mnist") if any(r["task"] == t for r in results)]
+    fig, axes = plt.subplots(1, len(task_list), figsize=(4 * len(task_list), 3.2), squeeze=False)
+    for ax, task in zip(axes[0], task_list):
+        for r in results:
+            if r["task"] == task and r["history"]:
+                ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]], label=r["model"])
+        ax.set(title=task, xlabel="epoch", ylabel="val accuracy")
+        ax.legend()
+    path = Path(out) / "curves.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("tasks", nargs="*", help=f"tasks: {', '.join(lra_tasks.TASKS)}")
+    p.add_argument("--models", nargs="+", default=["hgrn2"], choices=MIXERS, help="encoders to train (default hgrn2)")
+    p.add_argument("--out", default="runs/lra", help="output folder (one subfolder per task and model)")
+    p.add_argument("--data", help="folder holding the public data (text, retrieval, image; ListOps files optional)")
+    p.add_argument("--data-dir", help="cache for generated data (default ~/.cache/hgrn2/lra or $HGRN2_CACHE/lra)")
+    p.add_argument("--config", default=str(CONFIG_DIR), help="folder of per-task preset YAML files")
+    p.add_argument("--examples", type=int, help="ListOps: expressions in all splits (default LRA's 96K/2K/2K)")
+    p.add_argument("--images", type=int, help="Pathfinder / Path-X: images in all splits (default 600K, 80/10/10)")
+    p.add_argument("--level", default="hard", choices=["easy", "intermediate", "hard"], help="Pathfinder difficulty")
+    p.add_argument("--workers", type=int, help="processes for data generation (default: all cores)")
+    p.add_argument("--epochs", type=int, help="override the preset's epochs")
+    p.add_argument("--batch-size", type=int, help="override the preset's (global) batch size")
+    p.add_argument("--lr", type=float, help="override the preset's learning rate")
+    p.add_argument("--warmup-steps", type=int, help="override the preset's warmup steps")
+    p.add_argument("--schedule-steps", type=int, help="override the preset's cosine length in steps")
+    p.add_argument("--weight-decay", type=float, help="override the preset's weight decay")
+    p.add_argument("--model-options", type=json.loads, help='JSON overrides of the model preset, e.g. '
+                   '\'{"hidden_size": 16, "num_layers": 1}\'')
+    p.add_argument("--max-minutes", type=float, help="stop each run after this many minutes (checkpointed)")
+    p.add_argument("--max-steps", type=int, help="stop each run at this optimiser step (checkpointed)")
+    p.add_argument("--ckpt-every", type=int, default=1000, help="checkpoint every N steps as well (0: epochs only)")
+    p.add_argument("--log-every", type=int, default=50, help="log the training loss every N steps")
+    p.add_argument("--seed", type=int, default=2222, help="initialisation and data-order seed (the authors' 2222)")
+    p.add_argument("--data-seed", type=int, default=0, help="seed of the generated data sets")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
+    p.add_argument("--report", action="store_true", help="print the table over the runs in --out and plot curves")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.report:
+        print(report(args.out))
+        path = plot(args.out)
+        if path:
+            print(f"wrote {path}")
+        return 0
+    if not args.tasks:
+        raise SystemExit("hgrn2 lra: error: give at least one task (or --report)")
+    for task in args.tasks:
+        lra_tasks.check_task(task)
+    d = distributed.init(args.device)
+    summary = []
+    try:
+        for task in args.tasks:
+            for mixer in args.models:
+                r = train_run(task, mixer, args, d)
+                summary.append(r)
+    finally:
+        distributed.shutdown()
+    if d.main:
+        print("| task | model | params | epochs | best val | test at best val | s/epoch | stopped |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in summary:
+            best = r["best_val_acc"]
+            fmt = (lambda v: "–" if v is None else f"{v:.4f}")  # noqa: E731
+            sec = r["time_per_epoch_s"]
+            print(f"| {r['task']} | {r['model']} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
+                  f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
+    return 0
+
+
+__all__ = ["train_run", "evaluate", "report", "plot", "build", "load_preset", "add_arguments", "run"]

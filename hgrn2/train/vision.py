@@ -1,0 +1,539 @@
+"""`hgrn2 vision train|eval`: image classification with the HGRN2 vision models, the authors' DeiT-style recipe.
+
+    hgrn2 vision train --config deit_tiny --set data=/data/imagenet out_dir=runs/deit_tiny
+    torchrun --nproc_per_node=8 -m hgrn2.cli vision train --config deit_tiny --set data=/data/imagenet
+    hgrn2 vision train --config fashion_mnist            # offline demo on the Debian `dataset-fashion-mnist` files
+    hgrn2 vision eval --run runs/deit_tiny [--ema]
+
+The recipe is the authors' `main.py` (OpenNLPLab/im, DeiT's) as their HGRN2 launch script calls it: AdamW with
+timm's defaults, lr scaled by global batch / 512, cosine per epoch with linear warmup from 1e-6 to a floor of
+1e-5, RandAugment, random erasing, Mixup/CutMix with label smoothing, repeated augmentation, gradient clipping.
+Model EMA (torch's `AveragedModel`) is available but off in the presets, as in the authors' code.
+
+Data: `dataset: imagefolder` reads `<data>/train/<class>/*` and `<data>/val/<class>/*` (ImageNet-1k layout) with
+torchvision and timm's transforms (the `vision` extra); `dataset: fashion_mnist` reads the four idx files of
+Fashion-MNIST (gzipped or not) with plain torch, no augmentation, and runs without timm unless Mixup/CutMix is on.
+
+A checkpoint is written at the end of every epoch (model, optimiser, EMA, RNG states); a restarted run continues
+from the newest intact one and trains the same weights as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+
+from ..models.vision import HGRN2ForImageClassification, VisionConfig, num_parameters, preset
+from . import checkpoint as ckpt
+from . import distributed as D
+from .config import parse_overrides, unknown_key_error
+from .logger import RunLogger
+from .optim import build_optimizer, set_lr
+
+PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "vision")
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # where Debian's dataset-fashion-mnist puts its files
+FASHION_MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+                       "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+FASHION_MNIST_MEAN_STD = (0.2860, 0.3530)
+
+
+@dataclass
+class VisionTrainConfig:
+    # model: a preset of hgrn2.models.vision plus field overrides; image size and channels come from the data set
+    model: str = "deit_tiny"
+    model_args: dict = field(default_factory=dict)
+    # data
+    dataset: str = "imagefolder"  # "imagefolder" (<data>/train, <data>/val) or "fashion_mnist"
+    data: str = ""
+    image_size: int = 224
+    num_workers: int = 8
+    # optimisation (lr is scaled by batch_size / lr_batch, as the authors' main.py does)
+    epochs: int = 300
+    batch_size: int = 1024  # global: divided over the ranks
+    lr: float = 7.5e-4
+    lr_batch: int = 512
+    min_lr: float = 1e-5
+    warmup_lr: float = 1e-6
+    warmup_epochs: int = 20
+    weight_decay: float = 0.05
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    clip_grad: float = 5.0  # 0 = off
+    # augmentation and regularisation
+    smoothing: float = 0.1
+    mixup: float = 0.8
+    cutmix: float = 1.0
+    auto_augment: str = "rand-m9-mstd0.5-inc1"  # timm's RandAugment spec; "" = off
+    color_jitter: float = 0.4
+    reprob: float = 0.25  # random erasing
+    interpolation: str = "bicubic"
+    repeated_aug: bool = True
+    ema_decay: float = 0.0  # 0 = no EMA model; DeiT's value is 0.99996
+    # run
+    precision: str = "bf16"  # bf16 autocast on CUDA; CPU always computes in fp32
+    device: str = "auto"
+    seed: int = 3407
+    out_dir: str = "runs/vision"
+    max_steps_per_epoch: int = 0  # 0 = whole epochs; > 0 cuts each epoch short (smoke runs)
+    log_every: int = 50
+    keep_last: int = 2
+    progress: bool = True
+
+    def validate(self) -> None:
+        choices = {"dataset": ("imagefolder", "fashion_mnist"), "precision": ("bf16", "fp32"),
+                   "device": ("auto", "cuda", "cpu")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"`{key}`: expected one of {allowed}, got {getattr(self, key)!r}")
+        for key in ("epochs", "batch_size", "lr_batch", "image_size", "log_every", "keep_last"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"`{key}`: expected >= 1, got {getattr(self, key)}")
+        for key in ("warmup_epochs", "num_workers", "max_steps_per_epoch", "clip_grad", "weight_decay", "mixup",
+                    "cutmix", "reprob", "color_jitter", "warmup_lr", "min_lr"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"`{key}`: expected >= 0, got {getattr(self, key)}")
+        if not self.lr > 0:
+            raise ValueError(f"`lr`: expected > 0, got {self.lr}")
+        if not 0 <= self.smoothing < 1 or not 0 <= self.ema_decay < 1:
+            raise ValueError(f"`smoothing` and `ema_decay`: expected values in [0, 1), got {self.smoothing}, "
+                             f"{self.ema_decay}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"`betas`: expected two numbers in [0, 1), got {self.betas}")
+        if not self.data:
+            raise ValueError("`data`: not set; --set data=DIR")
+
+    def uses_timm(self) -> bool:
+        return self.dataset == "imagefolder" or self.mixup > 0 or self.cutmix > 0 or self.repeated_aug
+
+    def peak_lr(self) -> float:
+        return self.lr * self.batch_size / self.lr_batch
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(VisionTrainConfig)}
+
+
+def preset_names() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".yaml"))
+
+
+def make_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> VisionTrainConfig:
+    """A preset (`hgrn2/configs/vision/<name>.yaml`) or YAML file, then `key=value` overrides; keys are checked."""
+    raw: dict = {}
+    if name_or_path:
+        path = name_or_path if os.path.isfile(name_or_path) else os.path.join(PRESET_DIR, f"{name_or_path}.yaml")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"`--config`: {name_or_path!r} is neither a file nor a preset; presets: "
+                                    f"{preset_names()}")
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    for key, value in parse_overrides(overrides or []):
+        if key.startswith("model_args."):
+            raw.setdefault("model_args", {})[key[len("model_args."):]] = value
+        else:
+            raw[key] = value
+    for key in raw:
+        if key not in FIELDS:
+            raise unknown_key_error(key, list(FIELDS) + ["model_args.<name>"])
+    defaults = VisionTrainConfig()
+    values = {k: _coerce(k, v, getattr(defaults, k)) for k, v in raw.items()}
+    cfg = VisionTrainConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+def _coerce(key: str, value, default):
+    try:
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if isinstance(default, float):
+            return float(value)
+        if isinstance(default, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if isinstance(default, list):
+            return [float(v) for v in value]
+        if isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise ValueError
+            return dict(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"`{key}`: expects {type(default).__name__}, got {value!r}") from None
+
+
+def epoch_lr(cfg: VisionTrainConfig, epoch: int) -> float:
+    """The lr of training epoch `epoch` (0-based): timm's per-epoch cosine with linear warmup, t_initial = epochs.
+    The authors' loop steps the scheduler after each epoch with that epoch's index, so epoch e trains with the
+    schedule's value at e − 1 (epochs 0 and 1 both at the warmup start)."""
+    t, peak = max(epoch - 1, 0), cfg.peak_lr()
+    if t < cfg.warmup_epochs:
+        return cfg.warmup_lr + t * (peak - cfg.warmup_lr) / cfg.warmup_epochs
+    return cfg.min_lr + 0.5 * (peak - cfg.min_lr) * (1 + math.cos(math.pi * t / cfg.epochs))
+
+
+# --- data ---------------------------------------------------------------------------------------------------------
+
+
+def read_idx(path: str) -> np.ndarray:
+    """An idx file (the MNIST format: magic 0x0000 08 NDIM, big-endian sizes, uint8 data), gzipped or not."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] != 8:
+        raise ValueError(f"`data`: {path} is not an idx file of unsigned bytes")
+    ndim = raw[3]
+    shape = tuple(int(x) for x in np.frombuffer(raw, ">u4", ndim, 4))
+    data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+    if data.size != math.prod(shape):
+        raise ValueError(f"`data`: {path} holds {data.size} bytes for shape {shape} (truncated?)")
+    return data.reshape(shape)
+
+
+def _find(directory: str, stem: str) -> str:
+    for name in (stem + ".gz", stem):
+        if os.path.isfile(os.path.join(directory, name)):
+            return os.path.join(directory, name)
+    expected = ", ".join(f"{a}[.gz], {b}[.gz]" for a, b in FASHION_MNIST_FILES.values())
+    raise FileNotFoundError(f"`data`: no {stem}[.gz] in {directory}; expected the Fashion-MNIST files {expected} "
+                            f"(Debian's dataset-fashion-mnist installs them in {FASHION_MNIST_DIR})")
+
+
+def fashion_mnist(directory: str, split: str) -> torch.utils.data.TensorDataset:
+    """Images [N, 1, S, S] float32 (S = 28 in the real files), normalised, and labels [N] int64 of one split
+    ("train" or "val")."""
+    images, labels = (read_idx(_find(directory, stem)) for stem in FASHION_MNIST_FILES[split])
+    square = images.ndim == 3 and images.shape[1] == images.shape[2]
+    if not square or labels.ndim != 1 or len(images) != len(labels):
+        raise ValueError(f"`data`: {split} images {images.shape} (expected [N, S, S]) and labels {labels.shape} "
+                         "do not match")
+    if labels.max(initial=0) > 9:
+        raise ValueError(f"`data`: {split} labels go up to {labels.max()}; Fashion-MNIST has classes 0-9")
+    mean, std = FASHION_MNIST_MEAN_STD
+    x = (torch.from_numpy(images.astype(np.float32)) / 255 - mean) / std
+    return torch.utils.data.TensorDataset(x.unsqueeze(1), torch.from_numpy(labels.astype(np.int64)))
+
+
+def image_folder(cfg: VisionTrainConfig, split: str):
+    """torchvision's ImageFolder of `<data>/<split>` with timm's train (RandAugment, erasing) or eval transform."""
+    from timm.data import create_transform
+    from torchvision.datasets import ImageFolder
+
+    root = os.path.join(cfg.data, split)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"`data`: no directory {root}; expected the ImageNet layout "
+                                f"<data>/train/<class>/<image> and <data>/val/<class>/<image>")
+    if split == "train":
+        tf = create_transform(cfg.image_size, is_training=True, color_jitter=cfg.color_jitter,
+                              auto_augment=cfg.auto_augment or None, interpolation=cfg.interpolation,
+                              re_prob=cfg.reprob, re_mode="pixel", re_count=1)
+    else:
+        tf = create_transform(cfg.image_size, is_training=False, interpolation=cfg.interpolation, crop_pct=224 / 256)
+    return ImageFolder(root, transform=tf)
+
+
+def datasets(cfg: VisionTrainConfig):
+    """(train, val, num_classes, in_channels, image_size)."""
+    if cfg.dataset == "fashion_mnist":
+        train, val = fashion_mnist(cfg.data, "train"), fashion_mnist(cfg.data, "val")
+        if train.tensors[0].shape[1:] != val.tensors[0].shape[1:]:
+            raise ValueError(f"`data`: train images {tuple(train.tensors[0].shape[1:])} and val images "
+                             f"{tuple(val.tensors[0].shape[1:])} differ in size")
+        return train, val, 10, 1, train.tensors[0].shape[-1]
+    train, val = image_folder(cfg, "train"), image_folder(cfg, "val")
+    if train.classes != val.classes:
+        raise ValueError(f"`data`: train has {len(train.classes)} classes and val {len(val.classes)}; they must match")
+    return train, val, len(train.classes), 3, cfg.image_size
+
+
+def require_timm(cfg: VisionTrainConfig) -> None:
+    if not cfg.uses_timm():
+        return
+    try:
+        import timm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a torchvision that does not match torch fails with RuntimeError
+        raise ValueError("this config needs timm and torchvision (dataset=imagefolder, mixup/cutmix or repeated_aug):"
+                         f" pip install 'hgrn2[vision]' ({type(e).__name__}: {e})") from None
+
+
+def train_sampler(cfg: VisionTrainConfig, dataset, d: D.Dist):
+    if cfg.repeated_aug:
+        from timm.data.distributed_sampler import RepeatAugSampler
+
+        return RepeatAugSampler(dataset, num_replicas=d.world, rank=d.rank, shuffle=True)
+    return torch.utils.data.DistributedSampler(dataset, d.world, d.rank, shuffle=True, seed=cfg.seed, drop_last=True)
+
+
+# --- training -----------------------------------------------------------------------------------------------------
+
+
+def build_model(cfg: VisionTrainConfig, num_classes: int, in_channels: int, image_size: int):
+    return HGRN2ForImageClassification(preset(cfg.model, num_classes=num_classes, in_channels=in_channels,
+                                              image_size=image_size, **cfg.model_args))
+
+
+def soft_target_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross entropy against class probabilities [B, classes] (mixed and smoothed labels)."""
+    return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+
+
+class VisionTrainer:
+    def __init__(self, cfg: VisionTrainConfig, d: D.Dist | None = None):
+        """Everything that can be wrong with the input is checked here, before the first step."""
+        self.cfg, self.d = cfg, d or D.init(cfg.device)
+        require_timm(cfg)
+        if cfg.batch_size % self.d.world:
+            raise ValueError(f"`batch_size`: {cfg.batch_size} is not a multiple of the world size {self.d.world}")
+        self.train_set, self.val_set, classes, channels, size = datasets(cfg)
+        self.local_batch = cfg.batch_size // self.d.world
+        if len(self.train_set) < cfg.batch_size:
+            raise ValueError(f"`batch_size`: {cfg.batch_size} exceeds the {len(self.train_set)} training images")
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        model = build_model(cfg, classes, channels, size).to(self.d.device)
+        self.n_params = num_parameters(model)
+        self.ema = None
+        if cfg.ema_decay:
+            from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+            self.ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay))
+        self.model = D.wrap(model, "ddp", self.d)
+        self.optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay)
+        self.mixup = None
+        if cfg.mixup > 0 or cfg.cutmix > 0:
+            from timm.data import Mixup
+
+            self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
+                               num_classes=classes)
+        self.ckpt_dir = os.path.join(cfg.out_dir, "checkpoints")
+        self.epoch, self.step, self.best = 0, 0, 0.0
+        state = ckpt.load_latest(self.ckpt_dir)
+        if state is not None:
+            self._restore(state)
+        else:
+            torch.manual_seed(cfg.seed + 1 + self.d.rank)  # per-rank augmentation streams
+            np.random.seed(cfg.seed + 1 + self.d.rank)
+        if self.d.main:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            _write_json(os.path.join(cfg.out_dir, "config.json"), dataclasses.asdict(cfg))
+        self.log = RunLogger(cfg.out_dir, enabled=self.d.main, start_step=self.step, tensorboard=False)
+
+    def _restore(self, state: dict) -> None:
+        D.unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.ema is not None:
+            if state.get("ema") is None:
+                raise ValueError("`ema_decay`: the checkpoint has no EMA weights; resume with ema_decay=0")
+            self.ema.load_state_dict(state["ema"])
+        self.epoch, self.step, self.best = state["epoch"], state["step"], state["best_acc1"]
+        ckpt.set_rng_state(state["rng"][self.d.rank])
+
+    def autocast(self):
+        if self.cfg.precision == "bf16" and self.d.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train(self) -> dict:
+        cfg, d = self.cfg, self.d
+        sampler = train_sampler(cfg, self.train_set, d)
+        loader = torch.utils.data.DataLoader(self.train_set, batch_size=self.local_batch, sampler=sampler,
+                                             num_workers=cfg.num_workers, pin_memory=d.device.type == "cuda",
+                                             drop_last=True, persistent_workers=cfg.num_workers > 0)
+        steps = len(loader) if not cfg.max_steps_per_epoch else min(len(loader), cfg.max_steps_per_epoch)
+        if d.main:
+            print(f"hgrn2 vision: {cfg.model}, {self.n_params / 1e6:.2f}M parameters; {len(self.train_set)} training "
+                  f"images, {d.world} rank(s) × {self.local_batch} = {cfg.batch_size} per step, {steps} steps per "
+                  f"epoch; epochs {self.epoch} -> {cfg.epochs}", flush=True)
+        result = {}
+        while self.epoch < cfg.epochs:
+            sampler.set_epoch(self.epoch)
+            lr = epoch_lr(cfg, self.epoch)
+            set_lr(self.optimizer, lr)
+            t0, seen, loss_sum = time.time(), 0, torch.zeros((), device=d.device)
+            self.model.train()
+            bar = self._bar(steps, f"epoch {self.epoch}")
+            for k, (x, y) in enumerate(loader):
+                if k == steps:
+                    break
+                loss = self._train_step(x, y)
+                loss_sum += loss.detach()
+                seen += len(x)
+                if bar is not None:
+                    bar.update(1)
+                if self.step % cfg.log_every == 0:
+                    self.log.log({"kind": "train", "step": self.step, "epoch": self.epoch, "loss": loss.item(),
+                                  "lr": lr})
+            if bar is not None:
+                bar.close()
+            train_loss = (D.mean(loss_sum, d) / max(steps, 1)).item()
+            images_per_s = seen * d.world / (time.time() - t0)
+            self.epoch += 1
+            result = self._end_epoch(train_loss, images_per_s, lr)
+        return result
+
+    def _train_step(self, x, y) -> torch.Tensor:
+        cfg = self.cfg
+        x, y = x.to(self.d.device, non_blocking=True), y.to(self.d.device, non_blocking=True)
+        if self.mixup is not None:
+            x, target = self.mixup(x, y)  # soft targets, label smoothing included
+        with self.autocast():
+            logits = self.model(x)
+        if self.mixup is not None:
+            loss = soft_target_cross_entropy(logits, target)
+        else:
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.smoothing)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss.item()} at step {self.step}; stopping")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_grad:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update_parameters(D.unwrap(self.model))
+        self.step += 1
+        return loss
+
+    def _end_epoch(self, train_loss: float, images_per_s: float, lr: float) -> dict:
+        cfg, d = self.cfg, self.d
+        metrics = evaluate(D.unwrap(self.model), self.val_set, self.local_batch, d, self.autocast)
+        ema_metrics = evaluate(self.ema.module, self.val_set, self.local_batch, d, self.autocast) if self.ema else {}
+        self.best = max(self.best, metrics["acc1"], ema_metrics.get("acc1", 0.0))
+        record = {"kind": "val", "step": self.step, "epoch": self.epoch, "train_loss": train_loss, "lr": lr,
+                  "train_images_per_s": images_per_s, **metrics, **{f"ema_{k}": v for k, v in ema_metrics.items()}}
+        self.log.log(record)
+        state = {"model": D.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "ema": self.ema.state_dict() if self.ema else None, "epoch": self.epoch, "step": self.step,
+                 "best_acc1": self.best, "rng": D.gather_objects(ckpt.rng_state(), d),
+                 "config": dataclasses.asdict(cfg), "model_config": D.unwrap(self.model).config.to_dict()}
+        result = {"model": cfg.model, "parameters": self.n_params, "epochs_done": self.epoch, "epochs": cfg.epochs,
+                  "steps": self.step, "best_acc1": self.best, **{k: v for k, v in record.items() if k != "kind"}}
+        if d.main:
+            ckpt.save(self.ckpt_dir, self.epoch, state, cfg.keep_last)
+            _write_json(os.path.join(cfg.out_dir, "results.json"), result)
+            ema = f", EMA top-1 {ema_metrics['acc1']:.2f}%" if ema_metrics else ""
+            print(f"epoch {self.epoch}/{cfg.epochs}: train loss {train_loss:.4f}, val top-1 {metrics['acc1']:.2f}% "
+                  f"top-5 {metrics['acc5']:.2f}%{ema}, {images_per_s:.0f} images/s", flush=True)
+        D.barrier(d)
+        return result
+
+    def _bar(self, total: int, desc: str):
+        if not (self.cfg.progress and self.d.main):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
+
+
+@torch.no_grad()
+def evaluate(model, dataset, batch_size: int, d: D.Dist, autocast=contextlib.nullcontext) -> dict:
+    """Top-1 / top-5 accuracy (%) and mean loss over the whole split; rank r takes images r, r + world, ..."""
+    part = torch.utils.data.Subset(dataset, range(d.rank, len(dataset), d.world))
+    loader = torch.utils.data.DataLoader(part, batch_size=batch_size, shuffle=False)
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=d.device)  # loss, top-1, top-5, count
+    for x, y in loader:
+        x, y = x.to(d.device), y.to(d.device)
+        with autocast():
+            logits = model(x).float()
+        top = logits.topk(min(5, logits.shape[-1]), -1).indices
+        sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (top[:, 0] == y).sum(),
+                             (top == y[:, None]).any(-1).sum(), torch.tensor(len(y), device=d.device)]).double()
+    model.train(was_training)
+    loss, top1, top5, n = D.total(sums, d).tolist()
+    return {"val_loss": loss / n, "acc1": 100 * top1 / n, "acc5": 100 * top5 / n, "val_images": int(n)}
+
+
+def _write_json(path: str, obj: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# --- command line -------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    train = sub.add_parser("train", help="train (works under torchrun)")
+    train.add_argument("--config", default=None, help=f"preset ({', '.join(preset_names())}) or YAML file")
+    train.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", action="extend",
+                       help="override config keys, e.g. data=/data/imagenet batch_size=256 model_args.num_layers=6")
+    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    ev = sub.add_parser("eval", help="evaluate a run's newest checkpoint on the validation split")
+    ev.add_argument("--run", required=True, help="the out_dir of a `hgrn2 vision train` run")
+    ev.add_argument("--data", default=None, help="data directory (default: the run's)")
+    ev.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    ev.add_argument("--batch-size", type=int, default=256)
+
+
+def run(args) -> int:
+    return run_train(args) if args.action == "train" else run_eval(args)
+
+
+def run_train(args) -> int:
+    try:  # bad input is reported in one line, before any training starts
+        cfg = make_config(args.config, args.set)
+        if args.print_config:
+            print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
+            return 0
+        d = D.init(cfg.device)
+        trainer = VisionTrainer(cfg, d)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
+        D.shutdown()
+        return 2
+    try:
+        trainer.train()
+    finally:
+        D.shutdown()
+    return 0
+
+
+def run_eval(args) -> int:
+    try:
+        state = ckpt.load_latest(os.path.join(args.run, "checkpoints"))
+        if state is None:
+            raise FileNotFoundError(f"`--run`: no checkpoint in {args.run}/checkpoints")
+        if args.ema and state["ema"] is None:
+            raise ValueError("`--ema`: the run kept no EMA weights (ema_decay=0)")
+        cfg = VisionTrainConfig(**{**state["config"], **({"data": args.data} if args.data else {})})
+        if cfg.dataset == "imagefolder":
+            require_timm(cfg)
+        val = fashion_mnist(cfg.data, "val") if cfg.dataset == "fashion_mnist" else image_folder(cfg, "val")
+        d = D.init(cfg.device)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hgrn2 vision eval: error: {e}", file=sys.stderr)
+        return 2
+    model = HGRN2ForImageClassification(VisionConfig(**state["model_config"]))
+    weights = state["model"]
+    if args.ema:
+        weights = {k[len("module."):]: v for k, v in state["ema"].items() if k.startswith("module.")}
+    model.load_state_dict(weights)
+    model.to(d.device)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if d.device.type == "cuda" and \
+        cfg.precision == "bf16" else contextlib.nullcontext
+    metrics = evaluate(model, val, args.batch_size, d, autocast)
+    result = {"run": args.run, "epoch": state["epoch"], "ema": args.ema, **metrics}
+    if d.main:
+        _write_json(os.path.join(args.run, "eval_ema.json" if args.ema else "eval.json"), result)
+        print(f"{args.run} (epoch {state['epoch']}{', EMA' if args.ema else ''}): top-1 {metrics['acc1']:.2f}%, "
+              f"top-5 {metrics['acc5']:.2f}%, loss {metrics['val_loss']:.4f} on {metrics['val_images']} images")
+    D.shutdown()
+    return 0
