@@ -124,8 +124,9 @@ def test_gate_edge_gradients_grid(request, backend, gate, beta, dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("gate, beta", [(-30.0, 0.0), (-30.0, 1e-6), (30.0, 0.999), (-80.0, None), (80.0, None),
                                         ("mixed", 0.0), ("mixed", None)])
-def test_gate_edge_gradients_long_gpu(gate, beta):
-    """1100 tokens of one sequence and head: the chunk-parallel Triton kernels (`takes_cp`), compiled."""
+def test_gate_edge_gradients_long_gpu(request, gate, beta):
+    """1100 tokens of one sequence and head: the chunk-parallel Triton kernels (`takes_chunk_parallel`), compiled."""
+    known_triton_gap(request, "triton", (gate, beta), TRITON_OPEN_EDGES)
     check_edges("triton", gate, beta, torch.float32, length=1100)
 
 
