@@ -1,14 +1,14 @@
-"""Which HGRN2 training kernel to dispatch to: the sequential chunk kernel against the chunk-parallel one, per
-shape, on one GPU.
+"""Which HGRN2 training kernel should `hgrn2_triton` dispatch to? The fused-chunk kernels against the
+chunk-parallel ones, per shape, on one GPU.
 
     PYTHONPATH=. python benchmarks/gpu_dispatch.py [--shapes 8x2048x8,4x4096x8,...] [--out F]
     TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_dispatch.py --device cpu --shapes 1x64x1 --head-dim 16
 
 Per shape (B × T × H, K = V = 128, bf16, β and silu as in `hgrn2 bench ops`): forward and forward+backward
-medians (`triton.testing.do_bench`) of `hgrn2_chunk_triton` and `hgrn2_cp_triton` with their shipped
-settings, the two outputs' relative difference, and the kernel `hgrn2_triton` picks for training
-(`CP_MAX_PROGRAMS`, `CP_MIN_T`, `CP_TRAIN_MIN_WORK` in hgrn2/ops/triton/__init__.py, `takes_cp`). The default
-shapes hold 16K tokens at 16 to 128 sequence·heads.
+medians (`triton.testing.do_bench`) of `hgrn2_fused_chunk_triton` ("fused") and `hgrn2_chunk_parallel_triton`
+("parallel") with their shipped settings, the two outputs' relative difference, and the kernel `hgrn2_triton` picks
+for training (`DispatchConfig`, `takes_chunk_parallel`). The default shapes hold 16K tokens at 16 to 128
+sequence·heads.
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ import json
 
 import torch
 import triton
-from gpu_chunk_sweep import bench, inputs  # the sweep's timer and inputs (this folder is on sys.path)
+from gpu_fused_chunk_sweep import bench, inputs  # the sweep's timer and inputs (this folder is on sys.path)
 
 from hgrn2.ops import triton as tri
 
 SHAPES = "16x1024x8,8x2048x8,4x4096x8,2x8192x8,8x2048x16,4x4096x16,2x8192x16,1x16384x16"
-KERNELS = {"chunk": tri.hgrn2_chunk_triton, "cp": tri.hgrn2_cp_triton}
+KERNELS = {"fused": tri.hgrn2_fused_chunk_triton, "parallel": tri.hgrn2_chunk_parallel_triton}
 
 
 def time_shape(B: int, T: int, H: int, K: int, device) -> dict:
     o, g, i, lb, dy = inputs(B, T, H, K, device)
-    row = {"shape": f"{B}x{T}x{H}", "picks": "cp" if tri.takes_cp(B, H, B * T, grad=True) else "chunk"}
+    picks = "parallel" if tri.takes_chunk_parallel(B, H, B * T, grad=True) else "fused"
+    row = {"shape": f"{B}x{T}x{H}", "picks": picks}
     outs = {}
     for name, kernel in KERNELS.items():
         def fwd(kernel=kernel):
@@ -41,17 +42,17 @@ def time_shape(B: int, T: int, H: int, K: int, device) -> dict:
             row[f"{name}_fwd_ms"] = bench(fwd, device)
         row[f"{name}_fwdbwd_ms"] = bench(fwd_bwd, device)
         outs[name] = torch.cat([fwd().flatten()] + [t.flatten() for t in fwd_bwd()]).float()
-    row["rel_diff"] = ((outs["cp"] - outs["chunk"]).norm() / outs["chunk"].norm()).item()
+    row["rel_diff"] = ((outs["parallel"] - outs["fused"]).norm() / outs["fused"].norm()).item()
     row["faster"] = min(KERNELS, key=lambda n: row[f"{n}_fwdbwd_ms"])
     return row
 
 
 def table(rows) -> str:
-    lines = ["shape         N*H  chunk fwd    cp fwd  chunk f+b    cp f+b  faster  picks  rel_diff"]
+    lines = ["shape         N*H  fused fwd  par. fwd  fused f+b  par. f+b    faster     picks  rel_diff"]
     for r in rows:
         B, _, H = (int(x) for x in r["shape"].split("x"))
-        lines.append(f"{r['shape']:<12} {B * H:>4} {r['chunk_fwd_ms']:>10.3f} {r['cp_fwd_ms']:>9.3f} "
-                     f"{r['chunk_fwdbwd_ms']:>10.3f} {r['cp_fwdbwd_ms']:>9.3f} {r['faster']:>7} {r['picks']:>6} "
+        lines.append(f"{r['shape']:<12} {B * H:>4} {r['fused_fwd_ms']:>10.3f} {r['parallel_fwd_ms']:>9.3f} "
+                     f"{r['fused_fwdbwd_ms']:>10.3f} {r['parallel_fwdbwd_ms']:>9.3f} {r['faster']:>9} {r['picks']:>9} "
                      f"{r['rel_diff']:>9.1e}")
     return "\n".join(lines)
 

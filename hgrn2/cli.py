@@ -21,6 +21,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "convert-fla"): ("hgrn2.bench.convert_fla", "a converted fla checkpoint against fla: logits, greedy"),
     ("bench", "memory"): ("hgrn2.bench.memory", "activation bytes a training step keeps for the backward"),
     ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
+    ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),
     ("train",): ("hgrn2.train.cli", "train a language model (works under torchrun)"),
     ("plot",): ("hgrn2.train.plot", "draw loss curves from training logs"),
@@ -36,7 +37,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 
 
 def _usage() -> str:
-    rows = [f"  {' '.join(k):<14} {h}" for k, (_, h) in COMMANDS.items()]
+    rows = [f"  {' '.join(k):<18} {h}" for k, (_, h) in COMMANDS.items()]
     head = "usage: hgrn2 <command> [options]   (hgrn2 <command> --help for its options)"
     return head + "\n\ncommands:\n" + "\n".join(rows)
 

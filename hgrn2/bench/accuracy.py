@@ -127,7 +127,7 @@ def run(args) -> int:
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
                 rows.append(row)
                 print(f"{name:7s} {row['dtype']:9s} {case[0]:16s} ({time.time() - t0:.0f} s)", flush=True)
-    path = write_result(args.out, "accuracy", environment(device), rows, command_of(args))
+    path = write_result(args.out, "accuracy", environment(device), rows, command_of(args), quick=args.quick)
     print(f"wrote {path}")
     print(format_table(rows, [("impl", "impl", ""), ("dtype", "dtype", ""), ("case", "case", "")]
                        + [(n, n, ".1e") for n in NAMES]))

@@ -136,12 +136,13 @@ def add_output_argument(parser) -> None:
 
 
 def write_result(out_dir: str | Path | None, benchmark: str, env: dict, rows: list[dict], command: str,
-                 **extra) -> Path:
-    """Write {benchmark, command, device, versions, commit, date, rows, **extra} to `out_dir/<benchmark>.json`
-    (default folder: benchmarks/results/<device slug>/), atomically; returns the path."""
+                 quick: bool = False, **extra) -> Path:
+    """Write {benchmark, command, device, versions, commit, date, rows, quick, **extra} to
+    `out_dir/<benchmark>.json` (default folder: benchmarks/results/<device slug>/), atomically; returns the path.
+    `quick`: a smoke run at tiny shapes, which `hgrn2 bench report` leaves out of BENCHMARKS.md."""
     folder = Path(out_dir) if out_dir else RESULTS_DIR / env["device_slug"]
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": benchmark, "command": command, **env, "rows": rows, **extra}
+    record = {"benchmark": benchmark, "command": command, **env, "rows": rows, "quick": quick, **extra}
     path = folder / f"{benchmark}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")

@@ -88,8 +88,8 @@ def agreement(x, y):
 
 @torch.no_grad()
 def run(args) -> int:
-    # fla's GLA kernels leave tl.dot's precision at Triton's default, tf32 for fp32 inputs (4e-4 off the exact
-    # logits on an H100); the fp32 comparison checks the conversion, so fla runs with IEEE fp32 dots, as ours do
+    # fla's GLA kernels leave tl.dot's precision at Triton's default, tf32 for fp32 inputs, whose error would hide a
+    # conversion error in the fp32 comparison: fla runs with IEEE fp32 dots, as ours do
     os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device: cuda is not available (fla's kernels need a GPU or TRITON_INTERPRET=1)")

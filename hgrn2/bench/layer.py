@@ -78,8 +78,8 @@ def run(args) -> int:
     fla_ms = next((r["ms"] for r in rows if r["layer"] == "fla"), None)
     for r in rows:
         r["vs_fla"] = r["ms"] / fla_ms if fla_ms else None
-    path = write_result(args.out, "layer", environment(device), rows, command_of(args), backend=backend,
-                        dtype=str(dtype).removeprefix("torch."))
+    path = write_result(args.out, "layer", environment(device), rows, command_of(args), quick=args.quick,
+                        backend=backend, dtype=str(dtype).removeprefix("torch."))
     print(f"wrote {path}")
     print(format_table(rows, [("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"),
                               ("/ fla", "vs_fla", ".3f")]))

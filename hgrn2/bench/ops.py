@@ -44,11 +44,12 @@ from hgrn2.bench.common import (
     time_ms,
     write_result,
 )
-from hgrn2.bench.report import ops_tables
+from hgrn2.bench.report import decode_table, ops_tables
 
 H, D = 16, 128  # heads and head size of every row (quick runs: 2 and 32)
 TOKENS = 16384
 SEQ_LENS = (512, 2048, 8192, 32768)
+SKIPPABLE = {"seq", "decode", "glue", "hgrn1"}
 
 
 def add_arguments(parser) -> None:
@@ -421,6 +422,9 @@ def notes(rows) -> str:
 
 
 def run(args) -> int:
+    skip = set(filter(None, args.skip.split(",")))
+    if skip - SKIPPABLE:
+        raise SystemExit(f"--skip: unknown row kinds {sorted(skip - SKIPPABLE)}; choose from {sorted(SKIPPABLE)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     quick, cuda = args.quick, device.type == "cuda"
     timer = Timer(device, quick)
@@ -440,7 +444,6 @@ def run(args) -> int:
     elif fla is None:
         print("skipped: the fla columns: flash-linear-attention is not importable", flush=True)
 
-    skip = set(filter(None, args.skip.split(",")))
     seq_lens = (32, 64) if quick else SEQ_LENS
     tokens = 64 if quick else TOKENS
     if "seq" not in skip:
@@ -478,5 +481,6 @@ def run(args) -> int:
     print(f"wrote {path}")
     if notes(rows):
         print(notes(rows))
-    print(ops_tables({"rows": rows}))
+    tables = (ops_tables({"rows": rows}), decode_table({"rows": rows}))
+    print("\n\n".join(t for t in tables if t.count("\n") > 1))
     return 0

@@ -217,7 +217,7 @@ def run(args) -> int:
     rows = (profile_layers if args.target == "layer" else profile_train)(args, device)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "command_line")}
     path = write_result(args.out, f"profile_{args.target}", environment(device), rows, command_of(args),
-                        args=settings)
+                        quick=args.quick, args=settings)
     print(f"wrote {path}")
     if args.target == "layer":
         print(format_table(rows, [("model", "model", ""), ("part", "part", ""), ("µs per step", "us_per_step", ".1f")]))

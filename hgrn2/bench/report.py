@@ -25,12 +25,16 @@ by side in one process on one device; "ours" is hgrn2, "fla" is flash-linear-att
 
 # benchmark file stem -> (section title, what it measures), in the order of the file
 SECTIONS = {
-    "ops": ("Ops: the recurrence, the decode step and the glue kernels",
-            "bf16, H 16, head 128. `seq`: B·T = 16K tokens from the raw projections (ours: `hgrn2.ops.hgrn2`, "
-            "Triton; fla: its HGRN2Attention glue + `chunk_gla`; SDPA: causal FlashAttention at the same B, T, H, "
-            "D). `decode`: one token from a state. Glue rows: RMSNorm, fused residual add + RMSNorm, SwiGLU + down "
-            "projection, linear + cross entropy, HGRN1's scan. The floor is max(bytes / copy bandwidth, FLOPs / "
-            "bf16 matmul rate), both measured in the same run. err: relative L2 of ours against fla (output)."),
+    "ops": ("Ops: the recurrence and the glue kernels",
+            "bf16, H 16, head 128, B·T = 16K tokens from the raw projections (ours: `hgrn2.ops.hgrn2`, Triton; fla: "
+            "its HGRN2Attention glue + `chunk_gla`; SDPA: causal FlashAttention at the same B, T, H, D). Glue rows: "
+            "RMSNorm, fused residual add + RMSNorm, SwiGLU + down projection, linear + cross entropy, HGRN1's scan. "
+            "The floor is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured in the same run. "
+            "err: relative L2 of ours against fla (output)."),
+    "decode": ("Decode: one token from a state",
+               "The decode rows of `hgrn2 bench ops`: bf16, H 16, head 128; ours as the Triton decode kernel and as "
+               "the public op, fla's `fused_recurrent_gla` with its glue; inputs rotate through enough copies that "
+               "each call reads from outside L2."),
     "layer": ("Layer: HGRU2 with its projections against fla's HGRN2Attention",
               "Forward+backward of the token mixer with its projections, same width and head size, bf16."),
     "train": ("Training throughput",
@@ -54,6 +58,7 @@ SECTIONS = {
                "Bytes autograd keeps for the backward, activations [B, T, ...] only, per hidden element and layer."),
 }
 
+SOURCES = {"decode": "ops"}  # sections rendered from another benchmark's record
 OPS_SEQ = [("shape", "shape", ""), ("mode", "mode", ""), ("ours ms", "ours_ms", ".4f"), ("fla ms", "fla_ms", ".4f"),
            ("SDPA ms", "sdpa_ms", ".4f"), ("ours / fla", "vs_fla", ".3f"), ("ours / SDPA", "vs_sdpa", ".3f"),
            ("floor ms", "floor_ms", ".4f"), ("ours / floor", "vs_floor", ".1f"), ("err", "err_vs_fla_y", ".2e")]
@@ -68,16 +73,22 @@ def _ratio(a, b):
     return None if a is None or not b else a / b
 
 
-def ops_tables(rec: dict) -> str:
-    rows = [dict(r, vs_fla=_ratio(r.get("ours_ms") or r.get("ours_api_ms"), r.get("fla_ms")),
+def _ops_rows(rec: dict) -> list[dict]:
+    return [dict(r, vs_fla=_ratio(r.get("ours_ms") or r.get("ours_api_ms"), r.get("fla_ms")),
                  vs_sdpa=_ratio(r.get("ours_ms"), r.get("sdpa_ms")),
                  vs_floor=_ratio(r.get("ours_ms"), r.get("floor_ms")))
             for r in rec["rows"] if "ours_ms" in r or "ours_api_ms" in r]
+
+
+def ops_tables(rec: dict) -> str:
+    rows = [r for r in _ops_rows(rec) if r["kind"] != "decode"]
     seq = sorted((r for r in rows if r["kind"] == "seq"), key=lambda r: (r["T"], r["mode"]))
-    parts = [format_table(seq, OPS_SEQ),
-             format_table([r for r in rows if r["kind"] == "decode"], OPS_DECODE),
-             format_table([r for r in rows if r["kind"] not in ("seq", "decode")], OPS_GLUE)]
+    parts = [format_table(seq, OPS_SEQ), format_table([r for r in rows if r["kind"] != "seq"], OPS_GLUE)]
     return "\n\n".join(p for p in parts if p.count("\n") > 1)
+
+
+def decode_table(rec: dict) -> str:
+    return format_table([r for r in _ops_rows(rec) if r["kind"] == "decode"], OPS_DECODE)
 
 
 def train_table(rec: dict) -> str:
@@ -136,20 +147,22 @@ def generic_table(rec: dict) -> str:
     return format_table(rec["rows"], [(k, k, ".4g" if isinstance(rec["rows"][0][k], float) else "") for k in keys])
 
 
-TABLES = {"ops": ops_tables, "layer": lambda rec: format_table(rec["rows"], [
+TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format_table(rec["rows"], [
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
     "convert_fla": convert_table}
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:
-    """{benchmark: [(path, record), ...]} of every JSON under `results`, devices in name order."""
+    """{benchmark: [(path, record), ...]} of every JSON under `results` but --quick runs, devices in name order."""
     out: dict[str, list[tuple[Path, dict]]] = {}
     for path in sorted(results.glob("*/*.json")):
         rec = json.loads(path.read_text())
         missing = [k for k in REQUIRED_KEYS if k not in rec]
         if missing:
             raise ValueError(f"{path}: missing keys {missing}")
+        if rec.get("quick"):
+            continue  # a smoke run, not a measurement
         out.setdefault(rec["benchmark"], []).append((path, rec))
     return out
 
@@ -158,11 +171,12 @@ def render(results: Path = RESULTS_DIR) -> str:
     records = load(results)
     parts = [HEADER.strip()]
     for name in [*SECTIONS, *sorted(set(records) - set(SECTIONS))]:
-        if name not in records:
+        source = SOURCES.get(name, name)
+        if source not in records:
             continue
         title, what = SECTIONS.get(name, (name, ""))
         parts.append(f"## {title}\n\n{textwrap.fill(what, 116)}".rstrip())
-        for path, rec in records[name]:
+        for path, rec in records[source]:
             versions = ", ".join(f"{k} {v}" for k, v in rec["versions"].items() if v and k != "python")
             note = f" ({rec['note']})" if rec.get("note") else ""
             parts.append(f"**{rec['device']}** — `{rec['command']}`{note} — {versions} — commit {rec['commit']}, "

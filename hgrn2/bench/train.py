@@ -4,9 +4,9 @@ Models of the same width, depth and MLP size (default ~370M parameters: d=1024, 
 2816, vocab 32000): our HGRN2, fla's HGRN2ForCausalLM (when importable; its default fused settings) and
 transformers' LlamaForCausalLM with SDPA (head dim 64). Each step is forward + backward + AdamW on random tokens
 under bf16 autocast with fp32 weights; `--warmup` untimed steps, then `--rounds` rounds of `--steps` steps timed
-between CUDA synchronises, the rounds interleaved over the models (one process gave 102k–130k tokens/s for the
-same model from one run to the next on an H200: single short timings do not compare). Reported: the median
-round, the range of the rounds, and our HGRN2's ratio to each other model per shape.
+between CUDA synchronises, the rounds interleaved over the models (a GPU's speed drifts between runs and within one,
+so single short timings do not compare). Reported: the median round, the range of the rounds, and our HGRN2's
+ratio to each other model per shape.
 
     hgrn2 bench train                    # writes benchmarks/results/<device>/train.json
     hgrn2 bench train --quick            # tiny CPU smoke run of the same code path
@@ -147,7 +147,8 @@ def _record(row: dict, res: dict, model, first: bool) -> None:
 
 def save(args, device, rows):
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "command_line")}
-    return write_result(args.out, "train", environment(device), rows, command_of(args), args=settings)
+    return write_result(args.out, "train", environment(device), rows, command_of(args), quick=args.quick,
+                        args=settings)
 
 
 # ----------------------------------------------------------------------------------------------------------------

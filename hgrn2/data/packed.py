@@ -19,6 +19,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 
+class DataFileError(OSError):
+    """A data file changed under a running job (shorter than at start)."""
+
+
 def read_meta(path: str) -> dict:
     """meta.json of a prepared corpus directory (written by `hgrn2 data prepare`), checked."""
     file = os.path.join(path, "meta.json")
@@ -49,16 +53,41 @@ class PackedDataset(Dataset):
         self.n = size // seq_len
         if self.n == 0:
             raise ValueError(f"data: the {split} split has {size} tokens, fewer than seq_len={seq_len}")
-        self._tokens = None
+        self._fd = None
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if self._tokens is None:
-            self._tokens = np.memmap(self.file, dtype=self.dtype, mode="r")
-        T = self.seq_len
-        return torch.from_numpy(self._tokens[i * T : (i + 1) * T].astype(np.int64))
+        # Read with pread rather than a memmap: a file truncated while training then gives a short read and a
+        # clear error, where a memmap would kill the process with SIGBUS.
+        if self._fd is None:
+            self._fd = os.open(self.file, os.O_RDONLY)
+        want = self.seq_len * self.dtype.itemsize
+        buf = os.pread(self._fd, want, i * want)
+        if len(buf) != want:
+            raise DataFileError(f"data: {self.file} ended after {i * want + len(buf)} bytes while reading sequence "
+                                f"{i} (it was {self.n * want} bytes or more at start; truncated while training?)")
+        return torch.from_numpy(np.frombuffer(buf, dtype=self.dtype).astype(np.int64))
+
+    def __getstate__(self) -> dict:  # workers open their own descriptor
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+    def check_token_range(self, block: int = 1 << 24) -> None:
+        """Every token id in [0, vocab_size), checked over the whole file before training (a bad id would
+        otherwise stop the run mid-way with an index error)."""
+        tokens = np.memmap(self.file, dtype=self.dtype, mode="r")
+        for start in range(0, len(tokens), block):
+            part = tokens[start : start + block]
+            lo, hi = int(part.min()), int(part.max())
+            if lo < 0 or hi >= self.vocab_size:
+                bad = start + int(np.argmax((part < 0) | (part >= self.vocab_size)))
+                raise ValueError(f"data: {self.file} holds token id {int(tokens[bad])} at position {bad}, outside "
+                                 f"[0, vocab_size={self.vocab_size}) of meta.json")
 
 
 @lru_cache(maxsize=4)

@@ -119,6 +119,11 @@ def greedy_generate(model, tok, prompts: Sequence[list[int]], max_new_tokens: in
     return out
 
 
+def model_label(path: str) -> str:
+    """A model directory's last two path components, for plot titles ("run/final" rather than "final")."""
+    return os.path.join(*os.path.normpath(os.path.abspath(path)).split(os.sep)[-2:])
+
+
 def write_json(path: str, obj) -> None:
     """Write JSON atomically (a temporary file renamed into place)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

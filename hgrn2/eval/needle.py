@@ -32,6 +32,7 @@ from .common import (
     greedy_generate,
     load_model,
     load_tokenizer,
+    model_label,
     save_figure,
     write_json,
 )
@@ -108,7 +109,7 @@ def evaluate(args: argparse.Namespace) -> dict:
               "grid": {"exact": exact.tolist(), "rougeL": rouge.tolist()}, "cells": records}
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "needle.json"), result)
-    plot_heatmap(result, args.metric, os.path.join(args.out, "needle.png"), os.path.basename(args.model))
+    plot_heatmap(result, args.metric, os.path.join(args.out, "needle.png"), model_label(args.model))
     return result
 
 

@@ -32,6 +32,7 @@ from .common import (
     forward,
     load_model,
     load_tokenizer,
+    model_label,
     save_figure,
     write_json,
 )
@@ -57,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-sequences", type=int, default=None, help="score only the first N sequences")
     p.add_argument("--train-length", type=int, default=None, help="marks the training length on the plot")
+    p.add_argument("--compare", nargs="*", default=[], metavar="PPL_JSON",
+                   help="ppl.json files of other runs drawn on the same plot (e.g. a Llama baseline)")
     p.add_argument("--bin", type=int, default=None, help="curve bin width in tokens (default: ~200 bins)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace) -> dict:
     _check_args(args)
+    others = [_read_result(f) for f in args.compare]
     device = args.device or default_device()
     model = load_model(args.model, device, args.dtype)
     docs, source = read_documents(args.data, args.split, args.tokenizer or args.model, args.sample_by)
@@ -103,8 +107,19 @@ def evaluate(args: argparse.Namespace) -> dict:
                   dtype=str(next(model.parameters()).dtype).removeprefix("torch."), device=str(device))
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "ppl.json"), result)
-    plot_curve(result, os.path.join(args.out, "ppl.png"), args.train_length, label=os.path.basename(args.model))
+    plot_curve([result] + others, os.path.join(args.out, "ppl.png"), args.train_length)
     return result
+
+
+def _read_result(path: str) -> dict:
+    try:
+        with open(path) as f:
+            res = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise EvalError(f"--compare: cannot read {path!r} ({e})") from e
+    if "binned" not in res or "model" not in res:
+        raise EvalError(f"--compare: {path!r} is not a ppl.json written by `hgrn2 eval ppl`")
+    return res
 
 
 def _check_args(args) -> None:
@@ -260,24 +275,25 @@ def _is_pow2_bin(lo: int, hi: int) -> bool:
     return any(lo <= 2**k <= hi for k in range(40))
 
 
-def plot_curve(result: dict, path: str, train_length: int | None = None, label: str | None = None) -> None:
-    """Loss against position (binned) with the training length marked."""
+def plot_curve(results: list[dict], path: str, train_length: int | None = None) -> None:
+    """Loss against position (binned), one line per result, with the training length marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    b = result["binned"]
-    xs = [(lo + hi) / 2 for lo, hi, v in zip(b["start"], b["end"], b["loss"]) if v is not None]
-    ys = [v for v in b["loss"] if v is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(xs, ys, label=f"{label or 'model'} (ppl {result['ppl']:.2f})")
+    for res in results:
+        b = res["binned"]
+        xs = [(lo + hi) / 2 for lo, hi, v in zip(b["start"], b["end"], b["loss"]) if v is not None]
+        ax.plot(xs, [v for v in b["loss"] if v is not None],
+                label=f"{model_label(res['model'])} ({res['mode']}, ppl {res['ppl']:.2f})")
     if train_length:
         ax.axvline(train_length, color="gray", linestyle="--", label=f"training length {train_length}")
     ax.set_xlabel("position (tokens)")
     ax.set_ylabel("next-token loss (nats)")
-    ax.set_title(f"per-position loss, {result['mode']} mode, {result['sequences']} sequences")
-    ax.legend()
+    ax.set_title(f"per-position loss over {results[0]['sequences']} sequences")
+    ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     save_figure(fig, path)
     plt.close(fig)

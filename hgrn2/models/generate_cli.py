@@ -25,10 +25,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default: bfloat16 on CUDA, float32 on CPU")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def check_model_dir(path: str) -> None:
+    """A local directory with a config and a tokenizer (names are never looked up on a hub)."""
+    if not os.path.isdir(path):
+        raise ValueError(f"`model_dir`: expected a local model directory, got {path!r} (no such directory)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"`model_dir`: {path!r} has no config.json (expected a directory written by "
+                         f"save_pretrained, `hgrn2 train` or `hgrn2 convert-fla`)")
+    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        raise ValueError(f"`model_dir`: {path!r} has no tokenizer (one of {', '.join(TOKENIZER_FILES)})")
+
+
 def run(args: argparse.Namespace) -> int:
-    problem = _check(args)
-    if problem:
-        print(f"hgrn2 generate: error: {problem}", file=sys.stderr)
+    try:
+        if args.max_new_tokens < 1:
+            raise ValueError(f"`--max-new-tokens`: expected >= 1, got {args.max_new_tokens}")
+        check_model_dir(args.model_dir)
+    except ValueError as e:
+        print(f"hgrn2 generate: error: {e}", file=sys.stderr)
         return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -49,21 +66,3 @@ def run(args: argparse.Namespace) -> int:
     for text in tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True):
         print(text)
     return 0
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-
-def _check(args: argparse.Namespace) -> str | None:
-    """What is wrong with the arguments, in one line (None if nothing)."""
-    path = args.model_dir
-    if not os.path.isdir(path):
-        return f"model_dir {path!r} is not a directory (give a folder written by save_pretrained or `hgrn2 train`)"
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return f"model_dir {path!r} holds no config.json: not a saved model"
-    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
-        return (f"model_dir {path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save one there with "
-                f"`tokenizer.save_pretrained(model_dir)`")
-    if args.max_new_tokens < 1:
-        return f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}"
-    return None

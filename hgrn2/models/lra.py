@@ -102,11 +102,33 @@ def scan_directions(run: Callable[..., torch.Tensor], tensors: tuple[torch.Tenso
     return out
 
 
+ELEMENTWISE_MAX_K = 8  # at or below this head size the V·K state channels run as HGRN1's element-wise scan
+
+
+def hgrn2_elementwise(o, g, i, lower_bound=None, *, scale: float = 1.0, o_act: str | None = None,
+                      backend: str | None = None) -> torch.Tensor:
+    """`hgrn2.ops.hgrn2`'s output through HGRN1's element-wise scan over the H·V·K state entries.
+
+    h_t[v, k] = f_t[k]·h_{t−1}[v, k] + (1 − f_t[k])·i_t[v] is element-wise once i is repeated over k and f over v,
+    as the authors' LRA code runs it (`HgruRealFunction` on the expanded state). For small heads (the LRA presets'
+    2 × 2 states) this beats the chunked matrix form, whose tiles are at least 16 wide.
+    """
+    B, T, H, K = o.shape
+    V = i.shape[-1]
+    x = i[..., :, None].expand(B, T, H, V, K).reshape(B, T, H * V * K)
+    gate = g[..., None, :].expand(B, T, H, V, K).reshape(B, T, H * V * K)
+    lb = None if lower_bound is None else lower_bound[:, None, :].expand(H, V, K).reshape(-1)
+    h = hgrn1(x, gate, lb, backend=backend)[0].view(B, T, H, V, K)
+    gate_o = o if o_act is None else (torch.sigmoid(o) if o_act == "sigmoid" else F.silu(o))
+    return scale * torch.einsum("bthvk,bthk->bthv", h, gate_o.to(h.dtype))
+
+
 class BiHGRU2(HGRU2):
     """HGRU2 (paper parameterisation) scanning in several directions with shared projections (`BiHgru2_1d`)."""
 
     def __init__(self, hidden_size: int, *, directions: str = "bi", **options):
-        options = {"o_act": "sigmoid", "i_act": "silu", "scale": 1.0, "norm": "layernorm", "bias": True, **options}
+        options = {"expand_ratio": 2, "o_act": "sigmoid", "i_act": "silu", "scale": 1.0, "norm": "layernorm",
+                   "bias": True, **options}
         super().__init__(hidden_size, **options)
         self.directions = directions
 
@@ -122,6 +144,8 @@ class BiHGRU2(HGRU2):
         lb = None if lower_bound is None else lower_bound.view(H, K)
 
         def run(reverse: bool, q, f, i):
+            if K <= ELEMENTWISE_MAX_K:
+                return hgrn2_elementwise(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)
             return hgrn2(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)[0]
 
         y = scan_directions(run, (q, f, i), self.directions)

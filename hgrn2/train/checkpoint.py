@@ -29,22 +29,60 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+class SaveError(OSError):
+    """A checkpoint or export could not be written (typically a full disk); what was there before is intact."""
+
+
 def _atomic_write(path: str, write) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError ("unexpected pos")
+        _remove(tmp)
+        raise SaveError(f"could not write {path} ({_reason(e)}); the previous checkpoint is intact: free space and "
+                        f"rerun with resume=true to continue from it") from e
+
+
+def _reason(e: BaseException) -> str:
+    """The OS's reason (torch.save wraps a failed write into an "unexpected pos" RuntimeError), in one line."""
+    for x in (e, e.__cause__, e.__context__):
+        if isinstance(x, OSError) and x.strerror:
+            return x.strerror
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_stale(directory: str) -> list[str]:
+    """Delete the `.tmp` files that an interrupted save left in `directory`; returns their paths."""
+    stale = glob.glob(os.path.join(directory, "*.tmp"))
+    for p in stale:
+        _remove(p)
+    return stale
 
 
 def save(directory: str, step: int, state: dict, keep_last: int) -> str:
-    """Write `state` as the checkpoint of `step` and delete all but the newest `keep_last`. Returns the path."""
+    """Write `state` as the checkpoint of `step` and delete all but the newest `keep_last`. Returns the path.
+
+    A failed write (SaveError) leaves neither a partial file nor a checkpoint without its sidecar behind."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"step_{step:08d}.pt")
     _atomic_write(path, lambda f: torch.save(state, f))
     side = {"step": step, "bytes": os.path.getsize(path), "sha256": _sha256(path)}
-    _atomic_write(path[:-3] + ".json", lambda f: f.write(json.dumps(side).encode()))
+    try:
+        _atomic_write(path[:-3] + ".json", lambda f: f.write(json.dumps(side).encode()))
+    except SaveError:
+        _remove(path)
+        raise
     for old in list_checkpoints(directory)[:-keep_last]:
         for p in (old, old[:-3] + ".json"):
             if os.path.exists(p):

@@ -46,6 +46,9 @@ def run(args) -> int:
         return 2
     try:
         trainer.train()
+    except OSError as e:  # a full disk, a data file changed under the run: one line, what was saved is intact
+        print(f"hgrn2 train: error: {e}", file=sys.stderr)
+        return 1
     finally:
         D.shutdown()
     return 0

@@ -26,10 +26,11 @@ class RunLogger:
         if not enabled:
             return
         os.makedirs(out_dir, exist_ok=True)
+        self.seen = set()  # (kind, step) of the records in the log: a resumed run may reach a step twice
         if os.path.exists(self.path):
             keep = [r for r in _read_tolerant(self.path) if r.get("step", 0) <= start_step] if start_step else []
-            with open(self.path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in keep)
+            self.seen = {(r.get("kind"), r.get("step")) for r in keep}
+            self._write(self.path + ".tmp", "w", keep)
             os.replace(self.path + ".tmp", self.path)
         if tensorboard:
             try:
@@ -42,13 +43,27 @@ class RunLogger:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
+        key = (record.get("kind"), record.get("step"))
+        if key in self.seen:
+            return
+        self.seen.add(key)
         record = {**record, "time": round(time.time() - self.t0, 3)}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._write(self.path, "a", [record])
         if self.tb is not None:
             for key, value in record.items():
                 if key not in ("kind", "step", "time") and isinstance(value, int | float):
                     self.tb.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+
+    @staticmethod
+    def _write(path: str, mode: str, records: list[dict]) -> None:
+        try:
+            with open(path, mode) as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        except OSError as e:
+            if mode == "w" and os.path.exists(path):
+                os.remove(path)
+            raise OSError(e.errno, f"could not write the run log {path} ({e.strerror}); free space and rerun with "
+                                   f"resume=true") from e
 
     def close(self) -> None:
         if self.tb is not None:

@@ -91,7 +91,10 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     """The model config and training settings of (task, mixer): the preset, then command-line overrides."""
     info = lra_tasks.check_task(task)
     preset = load_preset(task, args.config)
-    model_opts = {**preset["model"], **(args.model_options or {})}
+    model_opts = dict(preset["model"])
+    if mixer == "attention":
+        model_opts["positional"] = True  # attention alone is blind to order (the HGRN presets' "id" encoder)
+    model_opts.update(args.model_options or {})
     train = dict(preset["train"])
     for key in ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay"):
         if getattr(args, key, None) is not None:
@@ -106,13 +109,14 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     cfg, tr = build(task, mixer, args)
     run_dir = Path(args.out) / f"{task}-{mixer}"
     pixels = cfg.vocab_size is None
+    examples = args.images if task in ("pathfinder", "pathx") else args.examples
+    load = dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
+                level=args.level, workers=args.workers)
     if d.main:  # generated data sets are written once, by rank 0
-        data = lra_tasks.load(task, data_root=args.data, data_dir=args.data_dir, seed=args.data_seed,
-                              examples=args.examples, level=args.level, workers=args.workers)
+        data = lra_tasks.load(task, **load)
     distributed.barrier(d)
     if not d.main:
-        data = lra_tasks.load(task, data_root=args.data, data_dir=args.data_dir, seed=args.data_seed,
-                              examples=args.examples, level=args.level, workers=args.workers)
+        data = lra_tasks.load(task, **load)
     train_split = data["train"]
     batch = tr["batch_size"]
     if batch % d.world:
@@ -125,8 +129,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     torch.manual_seed(args.seed)
     model = LRAClassifier(cfg).to(d.device)
     params = num_parameters(model)
-    if d.world > 1 and cfg.norm == "batch":
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # the authors' "synbatch"
+    if d.world > 1 and cfg.norm == "batch" and d.device.type == "cuda":
+        # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ddp = distributed.wrap(model, "ddp", d)
     opt = build_optimizer(model, "adamw", tr["lr"], (0.9, 0.999), 1e-8, tr["weight_decay"])
     amp = d.device.type == "cuda" and not args.fp32
@@ -156,12 +161,13 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
                   "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch, "epochs_done": epoch,
                   "history": history, "time_per_epoch_s": float(np.mean(times)) if times else None,
                   "best_val_acc": best and best["val_acc"], "test_acc_at_best_val": best and best["test_acc"],
+                  "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
                   "stopped": stopped}
         if d.main:
             _write_json(run_dir / "result.json", result)
         return result
 
-    t_start = time.time()
+    t_start, first_step = time.time(), step
     deadline = t_start + 60 * args.max_minutes if args.max_minutes else math.inf
     stopped = None
     model.train()
@@ -278,7 +284,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="folder holding the public data (text, retrieval, image; ListOps files optional)")
     p.add_argument("--data-dir", help="cache for generated data (default ~/.cache/hgrn2/lra or $HGRN2_CACHE/lra)")
     p.add_argument("--config", default=str(CONFIG_DIR), help="folder of per-task preset YAML files")
-    p.add_argument("--examples", type=int, help="generated tasks: examples in all splits (default: LRA's sizes)")
+    p.add_argument("--examples", type=int, help="ListOps: expressions in all splits (default LRA's 96K/2K/2K)")
+    p.add_argument("--images", type=int, help="Pathfinder / Path-X: images in all splits (default 600K, 80/10/10)")
     p.add_argument("--level", default="hard", choices=["easy", "intermediate", "hard"], help="Pathfinder difficulty")
     p.add_argument("--workers", type=int, help="processes for data generation (default: all cores)")
     p.add_argument("--epochs", type=int, help="override the preset's epochs")

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import shutil
 import time
 
 import torch
@@ -38,6 +39,9 @@ class Trainer:
         self.train_set = PackedDataset(cfg.data, "train", cfg.seq_len)
         has_val = meta["splits"].get("val", {}).get("tokens", 0) > 0
         self.val_set = PackedDataset(cfg.data, "val", cfg.seq_len) if has_val else None
+        for dataset in (self.train_set, self.val_set):
+            if dataset is not None:
+                dataset.check_token_range()
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = build_model(cfg.arch, cfg.model, meta["vocab_size"], cfg.init_from)
         self.tokenizer = _corpus_tokenizer(cfg.data, meta)
@@ -60,6 +64,8 @@ class Trainer:
                              f"out_dir (they would be mixed with this run's)")
         if self.step == 0:
             torch.manual_seed(cfg.seed + 1 + self.d.rank)  # per-rank dropout streams (restored when resuming)
+        if self.d.main:
+            self._remove_stale()
         self.log = RunLogger(cfg.out_dir, enabled=self.d.main, start_step=self.step, tensorboard=cfg.tensorboard)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -222,16 +228,48 @@ class Trainer:
             print(f"resumed from step {self.step} ({self.ckpt_dir})")
 
     def save_final(self) -> None:
+        """The exported model in `final/`, written whole into `final.tmp/` and swapped in by renames."""
         sd = D.full_model_state(self.model)
         if self.d.main:
             out = os.path.join(self.cfg.out_dir, "final")
-            D.unwrap(self.model).save_pretrained(out, state_dict=sd)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(out)  # `AutoTokenizer.from_pretrained(out)` and `hgrn2 generate`
-            with open(os.path.join(out, "train_config.yaml"), "w") as f:
-                yaml.safe_dump(dataclasses.asdict(self.cfg), f, sort_keys=False)
+            try:
+                self._export(out + ".tmp", sd)
+                if os.path.isdir(out):
+                    os.replace(out, out + ".old")
+                os.replace(out + ".tmp", out)
+            except (OSError, RuntimeError) as e:
+                shutil.rmtree(out + ".tmp", ignore_errors=True)
+                raise ckpt.SaveError(f"could not write {out} ({e}); the checkpoints are intact: free space and rerun "
+                                     f"with resume=true to export again") from e
+            shutil.rmtree(out + ".old", ignore_errors=True)
             print(f"saved {out}")
         D.barrier(self.d)
+
+    def _export(self, out: str, sd: dict) -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        D.unwrap(self.model).save_pretrained(out, state_dict=sd)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(out)  # `AutoTokenizer.from_pretrained(out)` and `hgrn2 generate`
+        with open(os.path.join(out, "train_config.yaml"), "w") as f:
+            yaml.safe_dump(dataclasses.asdict(self.cfg), f, sort_keys=False)
+        for name in os.listdir(out):  # on disk before the rename makes them the export
+            with open(os.path.join(out, name), "rb") as f:
+                os.fsync(f.fileno())
+
+    def _remove_stale(self) -> None:
+        """Temporary files of an interrupted save or export; a `final.old/` whose swap was cut short is the export."""
+        out = self.cfg.out_dir
+        ckpt.remove_stale(self.ckpt_dir)
+        log_tmp = os.path.join(out, "log.jsonl.tmp")
+        if os.path.exists(log_tmp):
+            os.remove(log_tmp)
+        final = os.path.join(out, "final")
+        shutil.rmtree(final + ".tmp", ignore_errors=True)
+        if os.path.isdir(final + ".old"):
+            if os.path.isdir(final):
+                shutil.rmtree(final + ".old")
+            else:
+                os.replace(final + ".old", final)
 
 
 def _corpus_tokenizer(data: str, meta: dict):

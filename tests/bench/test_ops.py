@@ -22,3 +22,12 @@ def test_quick_run_writes_rows(tmp_path):
             assert row["ours_ms"] > 0, row
         if row["kind"] in ("rmsnorm", "add+rmsnorm", "swiglu", "ce"):
             assert row["note"].startswith("composite "), row
+
+
+def test_unknown_skip_kind_is_named():
+    import pytest
+
+    from hgrn2.cli import main
+
+    with pytest.raises(SystemExit, match=r"--skip: unknown row kinds \['layer'\]"):
+        main(["bench", "ops", "--quick", "--skip", "layer"])

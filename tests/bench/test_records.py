@@ -29,7 +29,7 @@ def test_results_folder_holds_only_records_and_their_figures():
     assert RESULTS and sorted(p.suffix for p in files if p.suffix != ".json") == [".png"]
     for path in RESULTS:
         rec = check_record(path)
-        assert path.parent.name == rec["device_slug"]
+        assert path.parent.name == rec["device_slug"] and not rec.get("quick")
         if rec.get("figure"):
             assert (path.parent / rec["figure"]).is_file()
 
@@ -52,14 +52,25 @@ def test_report_rejects_a_record_without_its_keys(tmp_path):
     (["bench", "layer", "--quick", "--device", "cpu"], "layer"),
     (["bench", "accuracy", "--quick", "--device", "cpu", "--impls", "chunk"], "accuracy"),
     (["bench", "profile", "--quick", "--target", "layer"], "profile_layer"),
+    (["bench", "profile", "--quick", "--target", "train", "--models", "hgrn2"], "profile_train"),
+    (["bench", "memory", "--device", "cpu", "--hidden", "128", "--seq", "16"], "memory"),
 ])
 def test_bench_commands_write_their_record(tmp_path, capsys, argv, stem):
     assert main([*argv, "--out", str(tmp_path)]) == 0
     rec = check_record(tmp_path / f"{stem}.json", stem)
+    assert rec["quick"] == ("--quick" in argv)
     assert rec["command"] == "hgrn2 " + " ".join([*argv, "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("|")  # the short table comes last
     assert "Error" not in out and "active drivers" not in out
+
+
+def test_report_leaves_quick_runs_out(tmp_path):
+    assert main(["bench", "layer", "--quick", "--device", "cpu", "--out", str(tmp_path / "cpu")]) == 0
+    assert "## Layer" not in report.render(tmp_path)
+    assert main(["bench", "layer", "--shape", "1x16", "--hidden", "64", "--expand", "32", "--device", "cpu",
+                 "--out", str(tmp_path / "cpu")]) == 0
+    assert "## Layer" in report.render(tmp_path) and "`hgrn2 bench layer --shape 1x16" in report.render(tmp_path)
 
 
 def test_layer_on_cpu_skips_fla_with_one_line(tmp_path, capsys):

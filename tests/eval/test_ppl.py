@@ -84,6 +84,11 @@ def test_cli_writes_json_and_png_on_prepared_data(hgrn2_dir, corpus, tmp_path):
     assert res["sequences"] == 5 and res["tokens"] == 37 + 5 + 80 + 1 + 61
     assert os.path.getsize(out / "ppl.png") > 1000
     assert len(res["curve"]["loss"]) == 80
+    assert main(["eval", "ppl", hgrn2_dir, corpus[0], "--out", str(tmp_path / "w"), "--mode", "windows", "--window",
+                 "16", "--compare", str(out / "ppl.json")]) == 0
+    assert os.path.getsize(tmp_path / "w" / "ppl.png") > 1000
+    assert main(["eval", "ppl", hgrn2_dir, corpus[0], "--out", str(tmp_path / "x"), "--compare",
+                 str(corpus[0]) + "/meta.json"]) == 2
 
 
 def test_cli_raw_text_and_stream(hgrn2_dir, corpus_text, tmp_path):

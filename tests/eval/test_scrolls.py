@@ -72,3 +72,18 @@ def test_bad_files(tmp_path):
     (tmp_path / "b.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="has no examples"):
         scrolls.read_examples(str(tmp_path / "b.jsonl"))
+
+
+def test_left_padded_batches_match_single_prompts_on_llama(llama_dir, tmp_path):
+    assert main(["eval", "scrolls", llama_dir, str(FIXTURE), "--task", "qmsum", "--out", str(tmp_path),
+                 "--max-new-tokens", "5", "--max-input-tokens", "6", "--batch-size", "3", "--device", "cpu"]) == 0
+    res = json.loads((tmp_path / "scrolls.json").read_text())
+    model, tok = load_model(llama_dir, "cpu", "float32"), load_tokenizer(llama_dir)
+    lengths = set()
+    for ex, pred in zip(scrolls.read_examples(str(FIXTURE)), res["predictions"]):
+        ids, _ = scrolls.build_prompt(tok, "qmsum", ex["input"], 6)
+        lengths.add(len(ids))
+        gen = model.generate(input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=5,
+                             pad_token_id=tok.pad_token_id)
+        assert pred["prediction"] == tok.decode(gen[0, len(ids):], skip_special_tokens=True).split("\n")[0].strip()
+    assert len(lengths) > 1  # the batch was padded

@@ -24,3 +24,18 @@ def test_token_ids_outside_vocab(bad):
     ids = torch.tensor([[1, 2, bad, 3]])
     with pytest.raises(ValueError, match=r"`input_ids`: expected token ids in \[0, vocab_size=11\)"):
         model(input_ids=ids)
+
+
+@pytest.mark.parametrize("kind", ["missing", "no_config", "no_tokenizer"])
+def test_generate_cli_names_a_bad_model_dir(tmp_path, capsys, kind):
+    from hgrn2.cli import main
+
+    path = tmp_path / "model"
+    if kind != "missing":
+        path.mkdir()
+    if kind == "no_tokenizer":
+        (path / "config.json").write_text("{}")
+    assert main(["generate", str(path), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hgrn2 generate: error: `model_dir`:") and "\n" not in err
+    assert {"missing": "no such directory", "no_config": "no config.json", "no_tokenizer": "no tokenizer"}[kind] in err

@@ -17,6 +17,14 @@ GRAD_NAMES = ("o", "g", "i", "lower_bound", "initial_state")
 TRITON = pytest.param("triton", marks=pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                                          reason="triton not installed"))
 BACKENDS = ["reference", "chunk", TRITON]
+# Cases the Triton kernels still get wrong (issue 25): expected failures, strict, so a fix shows up as XPASS.
+TRITON_OPEN_EDGES = {(-30.0, 0.0), (-30.0, 1e-6), ("mixed", 0.0), ("mixed", None)}
+TRITON_OPEN_CAUSAL = {("i", "inf"), ("i", "-inf"), ("i", "nan"), ("g", "nan")}
+
+
+def known_triton_gap(request, backend, case, known):
+    if backend == "triton" and case in known:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="Triton kernels: issue 25 still open"))
 
 
 def step_loop(o, g, i, beta, h0):
@@ -45,7 +53,8 @@ def inputs(gate, beta, dtype, seed=0):
         g = torch.full((B, T, H, K), float(gate))
     lb = {"random": torch.rand(H, K, generator=gen), None: None}.get(beta)
     lb = torch.full((H, K), beta) if lb is None and beta not in ("random", None) else lb
-    return [None if x is None else x.to(dtype) for x in (o, g, i, lb, h0)]
+    o, g, i = (x.to(dtype) for x in (o, g, i))
+    return [o, g, i, lb, h0]  # β and the state stay float32 (bf16 rounds 0.999 to 1), as in the model
 
 
 def gradients(fn, xs, weights):
@@ -88,7 +97,8 @@ def check_edges(backend, gate, beta, dtype):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("gate, beta", [(-30.0, 0.0), (-30.0, 1e-6), (30.0, 0.999), (80.0, 0.999), (30.0, None),
                                         (-30.0, None), (80.0, None), (-80.0, None), ("mixed", 0.0), ("mixed", None)])
-def test_gate_edge_gradients_fp32(backend, gate, beta):
+def test_gate_edge_gradients_fp32(request, backend, gate, beta):
+    known_triton_gap(request, backend, (gate, beta), TRITON_OPEN_EDGES)
     check_edges(backend, gate, beta, torch.float32)
 
 
@@ -104,8 +114,9 @@ def test_gate_edge_gradients_grid(backend, gate, beta, dtype):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["o", "g", "i"])
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
-def test_bad_value_stays_in_the_future(backend, name, bad):
+def test_bad_value_stays_in_the_future(request, backend, name, bad):
     """A non-finite input at t = 40 leaves every output before t = 40 finite and unchanged."""
+    known_triton_gap(request, backend, (name, str(bad)), TRITON_OPEN_CAUSAL)
     o, g, i, lb, _ = inputs("random", "random", torch.float32)
     y0, _ = hgrn2(o, g, i, lb, backend=backend)
     x = {"o": o, "g": g, "i": i}[name]

@@ -183,3 +183,11 @@ def test_torchrun_two_ranks(fixture_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((out / "results.json").read_text())
     assert result["val_images"] == 64 and result["steps"] == 192 // 32
+
+
+def test_bench_vision_quick_writes_json(tmp_path):
+    assert main(["bench", "vision", "--quick", "--models", "hgrn2", "--out-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench_vision.json").read_text())
+    (row,) = result["rows"]
+    assert row["model"] == "hgrn2" and row["parameters"] > 6e6 and row["images_per_s"] > 0
+    assert len(row["seconds"]) == result["rounds"] == 2

@@ -176,3 +176,67 @@ def _with_val(out: dict[str, Split], fraction: float, seed: int) -> dict[str, Sp
     pick = lambda idx: Split(train.inputs[idx], train.lengths[idx], train.labels[idx])  # noqa: E731
     out["train"], out["val"] = pick(np.sort(order[n_val:])), pick(np.sort(order[:n_val]))
     return out
+
+
+LEVEL_DIRS = {"easy": "curv_baseline", "intermediate": "curv_contour_length_9", "hard": "curv_contour_length_14"}
+PATHFINDER_LAYOUTS = """  ROOT/lra_release/pathfinderR/LEVEL/{metadata/*.npy,imgs/*/*.png}   (the LRA release)
+  ROOT/pathfinderR/LEVEL/...    or    ROOT/LEVEL/...
+  (R = 32 or 128; LEVEL = curv_baseline, curv_contour_length_9 or curv_contour_length_14; metadata rows are
+   `imgs/<dir> <file> <index> <label> ...` text lines, as in the LRA release)"""
+
+
+def _read_pngs(paths: list[str]) -> np.ndarray:
+    from PIL import Image
+
+    out = []
+    for p in paths:
+        with Image.open(p) as im:
+            out.append(np.asarray(im.convert("L"), np.uint8).reshape(-1))
+    return np.stack(out)
+
+
+def read_pathfinder(root: str | Path, resolution: int = 32, level: str = "hard", fractions=(0.1, 0.1),
+                    seed: int = 42, workers: int | None = None) -> dict[str, Split]:
+    """The LRA release's Pathfinder / Path-X PNGs (Pillow). Splits as the LRA code makes them: a
+    `torch.utils.data.random_split` of all images into 80/10/10 with generator seed 42. Empty image files (one
+    exists in pathfinder32/curv_baseline) are left out, with a warning giving their number."""
+    import os
+    import warnings
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    if level not in LEVEL_DIRS:
+        raise ValueError(f"`level`: expected one of {sorted(LEVEL_DIRS)}, got {level!r}")
+    root = Path(root)
+    name = f"pathfinder{resolution}"
+    for base in (root / "lra_release" / name / LEVEL_DIRS[level], root / name / LEVEL_DIRS[level],
+                 root / LEVEL_DIRS[level]):
+        metas = sorted((base / "metadata").glob("*.npy"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
+        if metas:
+            break
+    else:
+        raise _missing(name, root, PATHFINDER_LAYOUTS)
+    paths, labels = [], []
+    for meta in metas:
+        for line in meta.read_text().splitlines():
+            fields = line.split()
+            if fields:
+                paths.append(str(base / fields[0] / fields[1]))
+                labels.append(int(fields[3]))
+    keep = [k for k, p in enumerate(paths) if os.path.getsize(p) > 0]
+    if len(keep) < len(paths):
+        warnings.warn(f"{name}: {len(paths) - len(keep)} empty image file(s) left out", stacklevel=2)
+    paths, labels = [paths[k] for k in keep], np.array([labels[k] for k in keep], np.int64)
+    chunks = [paths[k:k + 2000] for k in range(0, len(paths), 2000)]
+    with ProcessPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        images = np.concatenate(list(pool.map(_read_pngs, chunks)))
+    if images.shape[1] != resolution * resolution:
+        raise ValueError(f"{base}: images have {images.shape[1]} pixels, expected {resolution}x{resolution}")
+    n = len(labels)
+    n_val, n_test = int(fractions[0] * n), int(fractions[1] * n)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
+    parts = {"train": order[: n - n_val - n_test], "val": order[n - n_val - n_test: n - n_test],
+             "test": order[n - n_test:]}
+    full = np.full(n, resolution * resolution, np.int64)
+    return {s: Split(images[idx], full[idx], labels[idx]) for s, idx in parts.items()}

@@ -1,7 +1,8 @@
 """The LRA tasks as arrays: `load(task, ...)` → {"train", "val", "test": Split} plus what the model needs to know.
 
-Generated tasks (ListOps, Pathfinder, Path-X) are written once under `data_dir` and read back; the others are read
-from `data_root` (see `readers`). Token tasks pad with 0; pixel tasks are uint8 sequences.
+Generated tasks (ListOps, Pathfinder, Path-X) are written once under `data_dir` and read back, unless `data_root`
+holds LRA's released files for them; the others are read from `data_root` (see `readers`). Token tasks pad with 0;
+pixel tasks are uint8 sequences.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def load(task: str, *, data_root: str | None = None, data_dir: str | Path | None
     if task == "listops":
         return _listops(data_root, data_dir, seed, examples, workers)
     if task in ("pathfinder", "pathx"):
+        if data_root is not None:
+            return readers.read_pathfinder(data_root, 32 if task == "pathfinder" else 128, level, workers=workers)
         return _pathfinder(task, data_dir, seed, examples, level, workers)
     if task == "fashion_mnist":
         return readers.read_fashion_mnist(data_root or readers.FASHION_MNIST_DIR)

@@ -1,24 +1,43 @@
-"""Triton building blocks shared by the HGRN2 chunk kernels: gate math, activations, the 16-token diagonal block.
+"""Helpers shared by the HGRN2 training kernels (fused-chunk and chunk-parallel): host-side launch helpers, and
+the Triton building blocks — gate math, activations, the diagonal block, the chunk geometry.
 
 Everything here runs in registers on fp32 tiles. Notation for one BT-token sub-block (BT = 16 by default) of
 one head: q [BT, K] (activated, scaled output gate), k = 1 − f [BT, K], a = log f [BT, K], b = cumsum(a)
 within the sub-block (so b ≤ 0 and non-increasing down the rows), v [BT, BV].
 """
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
 from ._interpret import INTERPRET
 
-# The kernels' transcendentals take the PTX approximations with denormals flushed (`_exp`, `_log`, `_rcp`): one
-# MUFU op each. tl.exp / tl.log check the range around their (non-flushing) MUFU op and `/` is IEEE division, a
-# dozen instructions per element in kernels whose time is their instruction count. Under TRITON_INTERPRET the
-# kernels run as numpy, which cannot run PTX: there they fall back to tl.exp, tl.log and `/`.
+ACTS = {None: 0, "silu": 1, "sigmoid": 2}  # activation names → the kernels' ACT codes
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (1 off CUDA): launch grids are sized against it."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def seq_layout(o: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """(B, T, H, N) of inputs [B, T, H, K], N the number of sequences (B, or packed ones with cu_seqlens)."""
+    B, T, H, _ = o.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    return B, T, H, N
+
+# The kernels' transcendentals take the PTX approximations with denormals flushed (`fast_exp`, `fast_log`,
+# `fast_rcp`): one MUFU op each. tl.exp / tl.log check the range around their (non-flushing) MUFU op and `/` is
+# IEEE division, a dozen instructions per element in kernels whose time is their instruction count. Under
+# TRITON_INTERPRET the kernels run as numpy, which cannot run PTX: there they fall back to tl.exp, tl.log and `/`.
 _INTERPRET = tl.constexpr(INTERPRET)
 
 
 @triton.jit
-def _exp(x):
+def fast_exp(x):
     """e^x [fp32]: ex2.approx.ftz (2^-22 relative; results below 2^-126 are 0)."""
     if _INTERPRET:
         return tl.exp(x)
@@ -28,7 +47,7 @@ def _exp(x):
 
 
 @triton.jit
-def _log(x):
+def fast_log(x):
     """ln x [fp32] for normal x > 0: lg2.approx.ftz (2^-22 absolute) times ln 2."""
     if _INTERPRET:
         return tl.log(x)
@@ -38,7 +57,7 @@ def _log(x):
 
 
 @triton.jit
-def _rcp(x):
+def fast_rcp(x):
     """1 / x [fp32]: rcp.approx.ftz (1 ulp)."""
     if _INTERPRET:
         return 1.0 / x
@@ -48,12 +67,12 @@ def _rcp(x):
 
 
 @triton.jit
-def _sigmoid(x):
-    return _rcp(1.0 + _exp(-x))
+def sigmoid(x):
+    return fast_rcp(1.0 + fast_exp(-x))
 
 
 @triton.jit
-def _seq_bounds(cu_seqlens, i_n, T, VARLEN: tl.constexpr):
+def seq_bounds(cu_seqlens, i_n, T, VARLEN: tl.constexpr):
     """[bos, eos) of sequence i_n as rows of the flattened [B·T] token axis."""
     if VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -65,7 +84,7 @@ def _seq_bounds(cu_seqlens, i_n, T, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _load_beta(lb, i_h, K, ck, HAS_LB: tl.constexpr):
+def load_beta(lb, i_h, K, ck, HAS_LB: tl.constexpr):
     """β [BK] of head i_h in fp32 (zeros without a bound)."""
     if HAS_LB:
         return tl.load(lb + i_h * K + ck, mask=ck < K, other=0.0).to(tl.float32)
@@ -74,7 +93,7 @@ def _load_beta(lb, i_h, K, ck, HAS_LB: tl.constexpr):
 
 
 @triton.jit
-def _tile(t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr, BV: tl.constexpr,
+def step_tile(t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr, BV: tl.constexpr,
           BT: tl.constexpr):
     """Offsets and masks (rows in [bos, eos)) of the BT-token sub-block from row t0: ([BT, BK], [BT, BV]).
 
@@ -97,7 +116,7 @@ def _tile(t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl
 
 
 @triton.jit
-def _gates(g, beta, HAS_LB: tl.constexpr):
+def gates(g, beta, HAS_LB: tl.constexpr):
     """Forget gate from logits g [R, K] and bound β [K]: returns (log f, k = 1 − f, σ(g), σ(−g), f).
 
     f = β + (1 − β)σ(g) and k = (1 − β)σ(−g) are sums of positive terms, so both keep full relative precision.
@@ -106,8 +125,8 @@ def _gates(g, beta, HAS_LB: tl.constexpr):
     costs < 3e-8 absolute. Three transcendental ops per element (exp, reciprocal, log): SFU throughput is
     a bottleneck of these kernels, so every one counts.
     """
-    e = _exp(-tl.abs(g))
-    r = _rcp(1.0 + e)
+    e = fast_exp(-tl.abs(g))
+    r = fast_rcp(1.0 + e)
     s_pos = tl.where(g >= 0, r, e * r)
     s_neg = tl.where(g >= 0, e * r, r)
     if HAS_LB:
@@ -118,63 +137,63 @@ def _gates(g, beta, HAS_LB: tl.constexpr):
         f = s_pos
     near_one = k < 0.5
     u = tl.where(near_one, 1.0 - k, f)
-    a = _log(u) + tl.where(near_one, -k - (u - 1.0), 0.0)
+    a = fast_log(u) + tl.where(near_one, -k - (u - 1.0), 0.0)
     # f underflows only when β ≈ 0 and g < −69; there log f = log σ(g) = g to fp32 precision
     a = tl.where(f > 1e-30, a, g)
     return a, k, s_pos, s_neg, f
 
 
 @triton.jit
-def _act(x, ACT: tl.constexpr):
+def act(x, ACT: tl.constexpr):
     """ACT: 0 identity, 1 silu, 2 sigmoid."""
     if ACT == 1:
-        return x * _sigmoid(x)
+        return x * sigmoid(x)
     elif ACT == 2:
-        return _sigmoid(x)
+        return sigmoid(x)
     else:
         return x
 
 
 @triton.jit
-def _act_and_grad(x, ACT: tl.constexpr):
+def act_and_grad(x, ACT: tl.constexpr):
     """(act(x), act'(x)) from one sigmoid."""
     if ACT == 1:
-        s = _sigmoid(x)
+        s = sigmoid(x)
         return x * s, s * (1.0 + x * (1.0 - s))
     elif ACT == 2:
-        s = _sigmoid(x)
+        s = sigmoid(x)
         return s, s * (1.0 - s)
     else:
         return x, tl.full(x.shape, 1.0, tl.float32)
 
 
 @triton.jit
-def _row(x, rows, j):
+def take_row(x, rows, j):
     """Row j of a register tile x [R, C] as a [C] vector (a masked reduction: Triton cannot index registers)."""
     return tl.sum(tl.where(rows[:, None] == j, x, 0.0), 0)
 
 
 @triton.jit
-def _col(x, cols, j):
+def take_col(x, cols, j):
     """Column j of a register tile x [R, C] as an [R] vector."""
     return tl.sum(tl.where(cols[None, :] == j, x, 0.0), 1)
 
 
 @triton.jit
-def _w_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
+def decay_to_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
     """e^{b_last − b} [BT, K], the decay from each row to the sub-block's end, computed exactly as
-    `_diag_block` does (its fast path reuses e^{−b}): the state updates of the forward and of both backward
-    sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see `_diag_grads`)."""
+    `diag_block` does (its fast path reuses e^{−b}): the state updates of the forward and of both backward
+    sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see `diag_grads`)."""
     # one return after the branch: Triton 3.6 cannot lower returns inside a branch on a runtime value
     if spread < MAX_SPREAD:
-        w = _exp(b_last)[None, :] * _exp(-b)
+        w = fast_exp(b_last)[None, :] * fast_exp(-b)
     else:
-        w = _exp(b_last[None, :] - b)
+        w = fast_exp(b_last[None, :] - b)
     return w
 
 
 @triton.jit
-def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
 
     A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([BT, BT]). When the block's decay
@@ -186,26 +205,26 @@ def _diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.conste
     BT: tl.constexpr = q.shape[0]
     rows = tl.arange(0, BT)
     causal = rows[:, None] >= rows[None, :]
-    eb = _exp(b)
+    eb = fast_exp(b)
     if spread < MAX_SPREAD:
-        enb = _exp(-b)
-        w_end = _exp(b_last)[None, :] * enb
+        enb = fast_exp(-b)
+        w_end = fast_exp(b_last)[None, :] * enb
         A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
     else:
-        w_end = _exp(b_last[None, :] - b)
+        w_end = fast_exp(b_last[None, :] - b)
         A = tl.zeros([BT, BT], dtype=tl.float32)
         for j in range(BT):
-            k_j = _row(k, rows, j)
-            b_j = _row(b, rows, j)
-            w = _exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            k_j = take_row(k, rows, j)
+            b_j = take_row(b, rows, j)
+            w = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
             A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
     return tl.where(causal, A, 0.0), eb, w_end
 
 
 @triton.jit
-def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+def diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
                 PREC: tl.constexpr):
-    """Backward of the diagonal block given dA [BT, BT] (causally masked) and `_diag_block`'s factors:
+    """Backward of the diagonal block given dA [BT, BT] (causally masked) and `diag_block`'s factors:
     returns (dq, dk, q ⊙ dq − k ⊙ dk) [BT, K], the last being the block's share of d log f's running sum.
 
     That share cancels pair by pair (Σ over the block is 0: A depends on b only through differences), and
@@ -217,7 +236,7 @@ def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr
     BT: tl.constexpr = q.shape[0]
     rows = tl.arange(0, BT)
     if spread < MAX_SPREAD:
-        enb = w_end * _exp(-b_last)[None, :]
+        enb = w_end * fast_exp(-b_last)[None, :]
         dAc = dA.to(DT)
         ke = (k * enb).to(DT)
         qe = (q * eb).to(DT)
@@ -229,13 +248,151 @@ def _diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr
     else:
         dq = tl.zeros(q.shape, dtype=tl.float32)
         for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
-            b_j = _row(b, rows, j)
-            wq = _exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
-            dq += _col(dA, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
+            b_j = take_row(b, rows, j)
+            wq = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            dq += take_col(dA, rows, j)[:, None] * take_row(k, rows, j)[None, :] * wq
         dk = tl.zeros(q.shape, dtype=tl.float32)
         for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
-            b_j = _row(b, rows, j)
-            wk = _exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
-            dk += _row(dA, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
+            b_j = take_row(b, rows, j)
+            wk = fast_exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            dk += take_row(dA, rows, j)[:, None] * take_row(q, rows, j)[None, :] * wk
         db = q * dq - k * dk
     return dq, dk, db
+
+
+# --- chunk-parallel kernels: chunk geometry, the decay within a chunk, the intra-chunk block ---
+
+
+@triton.jit
+def chunk_bounds(chunks, i_c, T, NT, BT: tl.constexpr, VARLEN: tl.constexpr):
+    """[t0, t1) rows of chunk i_c (global chunk index) in the flattened [B·T] token axis; t0 = t1 for padding."""
+    if VARLEN:
+        t0 = tl.load(chunks + i_c * 2).to(tl.int64)
+        t1 = tl.load(chunks + i_c * 2 + 1).to(tl.int64)
+    else:
+        i_n = i_c // NT
+        t0 = i_n.to(tl.int64) * T + (i_c % NT) * BT
+        t1 = tl.minimum(t0 + BT, i_n.to(tl.int64) * T + T)
+    return t0, t1
+
+
+@triton.jit
+def chunk_tile(n, cols, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
+    """In-chunk int32 offsets [BT, BD] of a [B·T, H, D] tensor's columns `cols` (a block of BD) from the
+    chunk's first token and head — the caller adds that base to the pointer as one int64 scalar (per-element
+    int64 index math cost more instructions than the gates) — and the mask of the chunk's n rows and D columns."""
+    rows = tl.arange(0, BT)
+    off = rows[:, None] * (H * D) + cols[None, :]
+    mask = (rows < n)[:, None]
+    if D % BD != 0:
+        mask = mask & (cols < D)[None, :]
+    return off, tl.broadcast_to(mask, off.shape)
+
+
+@triton.jit
+def chunk_offset(chunk_offsets, i_n, NT, VARLEN: tl.constexpr):
+    """Global index of sequence i_n's first chunk."""
+    if VARLEN:
+        return tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        return i_n.to(tl.int64) * NT
+
+
+@triton.jit
+def chunk_decay(a, BT: tl.constexpr, BK: tl.constexpr):
+    """a = log f [BT, BK] (0 on padded rows) → (c, r, R, b_last): c the inclusive cumsum within 16-row
+    sub-blocks, r [NB, BK] the exclusive prefix of the sub-block sums, R = r on each sub-block's rows, b_last
+    the chunk's total (so b = R + c)."""
+    NB: tl.constexpr = BT // 16
+    a3 = tl.reshape(a, [NB, 16, BK])
+    c = tl.reshape(tl.cumsum(a3, 1), [BT, BK])
+    s = tl.sum(a3, 1)
+    cs = tl.cumsum(s, 0)
+    r = cs - s
+    b_last = tl.sum(s, 0)
+    R = tl.reshape(tl.broadcast_to(r[:, None, :], [NB, 16, BK]), [BT, BK])
+    return c, r, R, b_last
+
+
+@triton.jit
+def expand_rows(x, BT: tl.constexpr, BK: tl.constexpr):
+    """[NB, BK] per-sub-block rows → [BT, BK] (each row of x repeated on its sub-block's 16 rows)."""
+    NB: tl.constexpr = BT // 16
+    return tl.reshape(tl.broadcast_to(x[:, None, :], [NB, 16, BK]), [BT, BK])
+
+
+@triton.jit
+def sub_decay(r, j, BT: tl.constexpr, BK: tl.constexpr):
+    """E_j [BT, BK]: e^{r_i − r_j} on the rows of sub-block i ≥ j, 0 above (every exponent ≤ 0)."""
+    NB: tl.constexpr = BT // 16
+    ib = tl.arange(0, NB)
+    r_j = tl.sum(tl.where(ib[:, None] == j, r, 0.0), 0)
+    e = tl.where(ib[:, None] >= j, fast_exp(tl.minimum(r - r_j[None, :], 0.0)), 0.0)
+    return expand_rows(e, BT, BK)
+
+
+@triton.jit
+def ref_decay(bb, n, offk, mtk, ck, H: tl.constexpr, K: tl.constexpr):
+    """Chunk tier: from b (the within-chunk cumsum of log f, bb at the chunk's first row and head) and the
+    reference m = b_last / 2 per channel, returns (e^{b − m}, e^{m − b}) [BT, BK] and m [BK]. |b − m| ≤
+    (−b_last) / 2, so both factors stay within e^{±60} while the chunk's decay is below CHUNK_SPREAD = 120 (a
+    reference at the chunk's start would allow only 60)."""
+    m = 0.5 * tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < K, other=0.0)
+    d = tl.load(bb + offk, mask=mtk, other=0.0) - m[None, :]
+    return fast_exp(d), fast_exp(-d), m
+
+
+@triton.jit
+def intra_A(q, k, c, r, R, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREAD: tl.constexpr,
+             DT: tl.constexpr, PREC: tl.constexpr):
+    """The causal intra-chunk block A [BT, BT] and e^{c}, e^{−c} (the latter only meaningful on the fast path)."""
+    NB: tl.constexpr = BT // 16
+    rows = tl.arange(0, BT)
+    blk = rows // 16
+    causal = rows[:, None] >= rows[None, :]
+    ec = fast_exp(c)
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    if spread < MAX_SPREAD:
+        enc = fast_exp(-c)
+        qt = q * ec
+        kt = k * enc
+        for j in tl.static_range(NB):
+            Ej = sub_decay(r, j, BT, BK)
+            kj = tl.where((blk == j)[:, None], kt, 0.0)
+            A += tl.dot((qt * Ej).to(DT), tl.trans(kj.to(DT)), input_precision=PREC)
+    else:
+        enc = tl.zeros([BT, BK], dtype=tl.float32)
+        b = R + c
+        for j in range(BT):
+            k_j = take_row(k, rows, j)
+            b_j = take_row(b, rows, j)
+            w = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
+    return tl.where(causal, A, 0.0), ec, enc
+
+
+@triton.jit
+def walk_loads(xk, bb, xv, left, ck, cv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, BT: tl.constexpr):
+    """One step's loads of the sequential walks (pointers at a chunk's first row and head; `left` rows from there
+    to the sequence's end, ≤ 0 for no chunk): xk [BT, BK] (g or o), b [BT, BK], b's last row [BK] (the chunk's
+    decay) and xv [BT, BV] (i or dy)."""
+    offk, mtk = chunk_tile(left, ck, H, K, BK, BT)
+    offv, mtv = chunk_tile(left, cv, H, V, BV, BT)
+    b_last = tl.load(bb + (tl.minimum(left, BT) - 1) * (H * K) + ck, mask=ck < tl.where(left > 0, K, 0), other=0.0)
+    return (tl.load(xk + offk, mask=mtk, other=0.0), tl.load(bb + offk, mask=mtk, other=0.0), b_last,
+            tl.load(xv + offv, mask=mtv, other=0.0))
+
+
+@triton.jit
+def load_gates(o, g, lb, n, ck, i_h, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                BT: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr):
+    """One K-block of a chunk (o, g at its first row and head): (offsets, mask, β, q = act(o)·scale, log f, k).
+    The chunk tier does not use log f, and the compiler drops its computation there."""
+    offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
+    o_t = tl.load(o + offk, mask=mtk, other=0.0)
+    g_t = tl.load(g + offk, mask=mtk, other=0.0)
+    beta = load_beta(lb, i_h, K, ck, HAS_LB)
+    q = act(o_t.to(tl.float32), O_ACT) * scale
+    a, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
+    return offk, mtk, beta, q, a, tl.where(mtk, k, 0.0)

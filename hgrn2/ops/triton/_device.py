@@ -6,8 +6,7 @@ did not call `torch.cuda.set_device`) would read foreign pointers: `on_tensor_de
 `triton_op` registers a launcher as a torch custom op, which torch.compile treats as one opaque node with a fake
 (meta) implementation. In eager mode the launcher is called directly: the custom op's dispatch (schema checks,
 alias checks, the dispatcher's Python round trip) costs tens of µs of CPU per call, and an eager training step
-of `hgrn2 bench train`'s model makes about 250 such calls, while a step of that size is bound by the CPU that
-launches its kernels (BENCHMARKS.md, eleventh session).
+makes hundreds of such calls, at a size where the CPU that launches the kernels can be the bound.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 
 The composite RMSNorm in `hgrn2.ops.norm` makes about six element-wise passes over a float32 copy of the input
 in the forward and a dozen in the backward; a training step of the 374M benchmark model runs 73 norms. PyTorch's
-LayerNorm backward reduces dw and db in a kernel that is slow for narrow rows (MQAR, d = 128, 64K rows on an
-H200: 261 µs, a quarter of the training step). Here each direction reads and writes every element once: the
+LayerNorm backward reduces dw and db in a kernel that is slow for narrow rows (MQAR's d = 128, where it took a
+quarter of the training step). Here each direction reads and writes every element once: the
 forward stores y and the per-row statistics, the backward reads x, dy and the statistics and writes dx and
 per-program partial sums of dw, db (summed by torch). Rows narrower than 1024 go several to a program.
 
@@ -15,12 +15,11 @@ with g = dy·w (no mean(g) for RMSNorm); dw = Σ_rows dy·x̂, db = Σ_rows dy.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from ._common import sm_count
 from ._device import cdiv, next_pow2, triton_op
 
 MAX_D = 16384  # a row per program in registers at most; wider rows take the composite
@@ -112,12 +111,7 @@ def _launch_shape(D: int) -> tuple[int, int, int]:
 
 def _bwd_programs(x: torch.Tensor, tiles: int) -> int:
     # enough programs to fill the GPU several times over, few enough that dw's partial sums stay small
-    return max(1, min(tiles, 8 * _sm_count(x.device)))
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(tiles, 8 * sm_count(x.device)))
 
 
 def _norm_fwd(x, weight, bias, eps, out_dtype, center, res=None, r=None):

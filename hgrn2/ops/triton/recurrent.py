@@ -7,7 +7,8 @@ for the whole loop over tokens. The gate is computed in registers from the raw l
     h ← h·Diag(f) + i ⊗ (1 − f),   y = scale · h·act_o(o)
 
 so neither k = 1 − f nor log f is ever written to memory. The grid is (N·H, V / BV): splitting V keeps a
-batch of one sequence spread over the GPU. Forward only; training goes through the chunk kernels.
+batch of one sequence spread over the GPU. Forward only; training goes through the fused-chunk or
+chunk-parallel kernels.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import _fail
+from ._common import ACTS
 from ._device import cdiv, next_pow2, triton_op
-
-ACT_CODES = {None: 0, "silu": 1, "sigmoid": 2}
 
 
 @triton.jit
@@ -90,7 +89,7 @@ def hgrn2_recurrent_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, 
     """
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (o, g, i, lower_bound, initial_state)):
-        raise RuntimeError("hgrn2_recurrent_triton is forward-only (decoding); use the chunk kernels for training "
+        raise RuntimeError("hgrn2_recurrent_triton is forward-only (decoding); train with hgrn2_triton "
                            "or call it under torch.no_grad()")
     B, T, H, K = o.shape
     V = i.shape[-1]
@@ -98,13 +97,13 @@ def hgrn2_recurrent_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, 
     if final_state_out is not None:
         if final_state_out.shape != (N, H, V, K) or final_state_out.dtype != torch.float32 \
                 or not final_state_out.is_contiguous():
-            _fail("final_state_out", f"a contiguous float32 tensor of shape {(N, H, V, K)}",
-                  f"{final_state_out.dtype} {tuple(final_state_out.shape)}")
+            raise ValueError(f"final_state_out must be a contiguous float32 tensor of shape {(N, H, V, K)}, got "
+                             f"{final_state_out.dtype} {tuple(final_state_out.shape)}")
         output_final_state = True
     ht = None
     if output_final_state:
         ht = final_state_out if final_state_out is not None else o.new_empty(N, H, V, K, dtype=torch.float32)
-    args = (o, g, i, lower_bound, initial_state, ht, cu_seqlens, float(scale), ACT_CODES[o_act], ACT_CODES[i_act])
+    args = (o, g, i, lower_bound, initial_state, ht, cu_seqlens, float(scale), ACTS[o_act], ACTS[i_act])
     return _launch(*args), ht
 
 

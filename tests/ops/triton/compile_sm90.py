@@ -1,11 +1,12 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
 Run as a script in a process without TRITON_INTERPRET:
-`python tests/ops/triton/compile_sm90.py recurrent|hgrn1|chunk|chunk-default|chunk-grid|cp|cp-default|glue`. Triton
+`python tests/ops/triton/compile_sm90.py GROUP`, GROUP one of recurrent, hgrn1, fused-chunk, fused-chunk-default,
+fused-chunk-grid, chunk-parallel, chunk-parallel-default, glue. Triton
 versions differ in what they reject (3.6, on the GPU machines, refuses a `return` inside a branch on a runtime
 value; 3.9 takes it): to check against another version, `pip install --target /tmp/t36 --no-deps
 triton==3.6.0` and put /tmp/t36 first on PYTHONPATH.
-Exits non-zero and prints the compiler error if any variant fails. The chunk, chunk-grid, cp and glue groups
+Exits non-zero and prints the compiler error if any variant fails. All groups but the -default ones
 also print registers and spills (bundled `ptxas -v` on the PTX) and compile times.
 """
 
@@ -74,55 +75,58 @@ def hgrn1_variants():
                dict(common, HAS_H0=True, HAS_DIN=True, LOCAL=False, IS_VARLEN=True))
 
 
-def chunk_variants():
-    """The sequential chunk kernels (chunk_fwd.py, chunk_bwd.py): bf16 at K = V = 128 and 64 with chunk.py's
+def fused_chunk_variants():
+    """The fused-chunk kernels (fused_chunk_fwd.py, fused_chunk_bwd.py): bf16 at K = V = 128 and 64 with the default
     block sizes, fp32 (ieee dots) and fp16 (fp32 operands, tf32), varlen and the optional inputs once."""
     import triton.language as tl
 
-    from hgrn2.ops.triton import chunk as c
-    from hgrn2.ops.triton import chunk_bwd as b
-    from hgrn2.ops.triton import chunk_fwd as f
+    from hgrn2.ops.triton import fused_chunk as c
+    from hgrn2.ops.triton import fused_chunk_bwd as b
+    from hgrn2.ops.triton import fused_chunk_fwd as f
+    from hgrn2.ops.triton.config import FusedChunkConfig
+
+    cfg = FusedChunkConfig()
     for dt, DT, prec, sprec, KV, BV, warps in (("bf16", tl.bfloat16, "tf32", "tf32x3", 128, 128, 8),
                                                 ("bf16", tl.bfloat16, "tf32", "tf32x3", 128, 64, 8),  # V split
                                                 ("bf16", tl.bfloat16, "tf32", "tf32x3", 64, 64, 4),
                                                 ("fp32", tl.float32, "ieee", "ieee", 128, 64, 8),
                                                 ("fp16", tl.float32, "tf32x3", "tf32x3", 128, 64, 8)):
         for full in (True, False):
-            # the backward's steps by its form (chunk._bwd_form): the fused sweep's, the split sweep's below
-            common = dict(H=16, K=KV, V=KV, BT=c._bwd_form(1, DT)[1], BK=KV, BV=BV, HAS_LB=full, VARLEN=not full,
-                          MAX_SPREAD=c.FAST_DIAG_MAX_SPREAD, DT=DT, PREC=prec)
+            # the backward's steps by its form (fused_chunk.bwd_form): the fused sweep's, the split sweep's below
+            common = dict(H=16, K=KV, V=KV, BT=c.bwd_form(1, DT, cfg)[1], BK=KV, BV=BV, HAS_LB=full, VARLEN=not full,
+                          MAX_SPREAD=cfg.max_spread, DT=DT, PREC=prec)
             opt = dict(lb="*fp32", h0="*fp32") if full else dict(cu_seqlens="*i32")
             sfx = f"{dt} K=V={KV} BV={BV} w={warps} full={full}"
-            yield (f"fwd {sfx}", f.hgrn2_fwd_kernel,
+            yield (f"fwd {sfx}", f.fused_chunk_fwd_kernel,
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", y=f"*{dt}", ht="*fp32", scale="fp32", T="i32", **opt),
-                   dict(common, BT=c.BLOCK_T_FWD, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
-            yield (f"bwd_dq {sfx}", b.hgrn2_bwd_dq_kernel,
+                   dict(common, BT=cfg.block_t_fwd, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
+            yield (f"bwd_dq {sfx}", b.fused_chunk_bwd_dq_kernel,
                    dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32", T="i32", NTOK="i32", **opt),
                    dict(common, I_ACT=1, HAS_H0=full, STORE_HT=full, SPREC=sprec), warps)
             pdt = dt if BV == KV else "fp32"
             grads = dict(dlb="*fp32", dh0="*fp32", dht="*fp32") if full else {}
-            yield (f"bwd {sfx}", b.hgrn2_bwd_kernel,
+            yield (f"bwd {sfx}", b.fused_chunk_bwd_kernel,
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32",
                         do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", scale="fp32", T="i32", NTOK="i32", **opt, **grads),
                    dict(common, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
-            split_bt = c._bwd_form(2, tl.bfloat16)[1]  # the split form's steps where V is split
+            split_bt = c.bwd_form(2, tl.bfloat16, cfg)[1]  # the split form's steps where V is split
             split = dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", vds="*fp32", dvs="*fp32",
                          carry="*fp32", scale="fp32", T="i32", NTOK="i32", NBT="i32",
                          **{k: v for k, v in opt.items() if k != "h0"})
-            yield (f"bwd_state {sfx}", b.hgrn2_bwd_state_kernel,
+            yield (f"bwd_state {sfx}", b.fused_chunk_bwd_state_kernel,
                    dict(split, ht="*fp32", **{k: v for k, v in grads.items() if k != "dlb"}),
                    dict(common, BT=split_bt, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
-            yield (f"bwd_diag {sfx}", b.hgrn2_bwd_diag_kernel,
+            yield (f"bwd_diag {sfx}", b.fused_chunk_bwd_diag_kernel,
                    dict({k: v for k, v in split.items() if k not in ("NTOK", "NBT")}, do=f"*{dt}", dg=f"*{dt}",
                         di=f"*{dt}", **({"dlb": "*fp32"} if full else {})),
                    dict(common, BT=split_bt, BV=KV, O_ACT=2, I_ACT=1), warps)
 
 
-def cp_variants():
+def chunk_parallel_variants():
     """Every chunk-parallel kernel, bf16 (K = V = 64, 128, 256; BT = 64) and fp32 (K = V = 128; BT = 32, ieee
     dots), typical flags: the sequential kernels and the parallel ones at the (BK, BV, warps) listed, the
     parallel ones in both launches (the chunk tier, then the fallback)."""
-    for name, kernel, types, consts, *w in _cp_variants():
+    for name, kernel, types, consts, *w in _chunk_parallel_variants():
         types = {**types, "bb": "*fp32", "fb": "*i32", "NC": "i32"}
         if "FALLBACK" not in kernel.arg_names:
             yield (name, kernel, types, consts, *w)
@@ -131,13 +135,13 @@ def cp_variants():
             yield (name + " fallback" * fallback, kernel, types, {**consts, "FALLBACK": fallback}, *w)
 
 
-def _cp_variants():
+def _chunk_parallel_variants():
     import triton.language as tl
 
-    from hgrn2.ops.triton import cp_bwd as b
-    from hgrn2.ops.triton import cp_fwd as f
-    # (BK, BV, warps): the defaults of cp.py first, then the alternatives of benchmarks/gpu_cp_check.py and the
-    # blocks cp.SEQ_SPLIT_BELOW shrinks to for few (sequence, head) pairs
+    from hgrn2.ops.triton import chunk_parallel_bwd as b
+    from hgrn2.ops.triton import chunk_parallel_fwd as f
+    # (BK, BV, warps): the defaults first, then the alternatives of benchmarks/gpu_chunk_parallel_check.py and the
+    # blocks that ChunkParallelConfig.seq_split_below shrinks to for few (sequence, head) pairs
     seq_cfgs = {64: [(64, 64, 8), (64, 64, 4), (32, 32, 4)],
                 128: [(64, 128, 8), (128, 128, 8), (64, 64, 4), (32, 128, 4), (32, 128, 8), (32, 64, 4), (32, 32, 4)],
                 256: [(64, 128, 8)]}
@@ -150,60 +154,60 @@ def _cp_variants():
             common = dict(H=16, K=KV, V=KV, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
             for BK, BV, warps in seq_cfgs[KV] if dt == "bf16" else [(32, 64, 4)]:
                 sfx = f"{dt} K=V={KV} BK={BK} BV={BV} w={warps}"
-                yield (f"fwd_h {sfx}", f.cp_fwd_h_kernel,
+                yield (f"fwd_h {sfx}", f.chunk_parallel_fwd_h_kernel,
                        dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{dt}", ht="*fp32", bb="*fp32", T="i32",
                             NT="i32"),
                        dict(common, BK=BK, BV=BV, NV=KV // BV, I_ACT=0, HAS_LB=True, HAS_H0=True, STORE_HT=True,
                             VARLEN=False), warps)
-                yield (f"bwd_dh {sfx}", b.cp_bwd_dh_kernel,
+                yield (f"bwd_dh {sfx}", b.chunk_parallel_bwd_dh_kernel,
                        dict(o=f"*{dt}", dy=f"*{dt}", dht="*fp32", dh=f"*{dt}", dh0="*fp32", scale="fp32", T="i32",
                             NT="i32"),
                        dict(common, BK=BK, BV=BV, NV=KV // BV, O_ACT=1, HAS_DHT=True, STORE_DH0=True, VARLEN=False),
                        warps)
             for BK, BV, warps in par_cfgs[KV] if dt == "bf16" else [(32, 32, 4)]:
                 sfx = f"{dt} K=V={KV} BK={BK} BV={BV} w={warps}"
-                yield (f"fwd_o {sfx}", f.cp_fwd_o_kernel,
+                yield (f"fwd_o {sfx}", f.chunk_parallel_fwd_o_kernel,
                        dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", y=f"*{dt}", scale="fp32",
                             T="i32", NT="i32"),
                        dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
                             STORE_A=False),
                        warps)
                 pdt = dt if BV == KV else "fp32"
-                yield (f"bwd {sfx}", b.cp_bwd_kernel,
+                yield (f"bwd {sfx}", b.chunk_parallel_bwd_kernel,
                        dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", dh=f"*{dt}",
                             dy=f"*{dt}", do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", dlb="*fp32", scale="fp32",
                             T="i32", NT="i32", NTOK="i32"),
                        dict(common, BK=BK, BV=BV, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
                             DV=True, DQK=True, LOAD_A=False), warps)
-        # the split backward (cp.BWD_SPLIT): dv alone (also from the forward's A: cp.SAVE_A), dq/dk/dg alone
+        # the split backward (bwd_split): dv alone (also from the forward's A: save_a), dq/dk/dg alone
         if dt == "bf16":
             common = dict(H=16, K=128, V=128, BT=64, DT=DT, PREC=prec)
             for BK in (64, 32):
                 for flags in (dict(DV=True, DQK=False, LOAD_A=False), dict(DV=True, DQK=False, LOAD_A=True),
                               dict(DV=False, DQK=True, LOAD_A=False)):
                     part = "dqk" if flags["DQK"] else "dv from A" if flags["LOAD_A"] else "dv"
-                    yield (f"bwd split {part} bf16 K=V=128 BK={BK} BV=128 w=8", b.cp_bwd_kernel,
+                    yield (f"bwd split {part} bf16 K=V=128 BK={BK} BV=128 w=8", b.chunk_parallel_bwd_kernel,
                            dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", a_in="*bf16", dh="*bf16",
                                 dy="*bf16", do="*bf16", dg="*bf16", di="*bf16", dlb="*fp32", scale="fp32", T="i32",
                                 NT="i32", NTOK="i32"),
                            dict(common, BK=BK, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False,
                                 MAX_SPREAD=60.0, **flags), 8)
-        # the default backward (cp.SAVE_A): one fused launch that reads the forward's A, in both dot dtypes
+        # the default backward (save_a): one fused launch that reads the forward's A, in both dot dtypes
         BT_A, BK_A, BV_A, w_A = (64, 32, 128, 8) if dt == "bf16" else (32, 32, 32, 4)
-        yield (f"bwd fused from A {dt} K=V=128 BK={BK_A} BV={BV_A} w={w_A}", b.cp_bwd_kernel,
+        yield (f"bwd fused from A {dt} K=V=128 BK={BK_A} BV={BV_A} w={w_A}", b.chunk_parallel_bwd_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", a_in=f"*{dt}", dh=f"*{dt}",
                     dy=f"*{dt}", do="*fp32", dg="*fp32", di=f"*{dt}", dlb="*fp32", scale="fp32", T="i32", NT="i32",
                     NTOK="i32"),
                dict(H=16, K=128, V=128, BT=BT_A, DT=DT, PREC=prec, BK=BK_A, BV=BV_A, O_ACT=1, I_ACT=0, HAS_LB=True,
                     VARLEN=False, MAX_SPREAD=60.0, DV=True, DQK=True, LOAD_A=True), w_A)
         if dt == "fp32":
-            yield ("fwd_o storing A fp32 K=V=128 BK=32 BV=32 w=4", f.cp_fwd_o_kernel,
+            yield ("fwd_o storing A fp32 K=V=128 BK=32 BV=32 w=4", f.chunk_parallel_fwd_o_kernel,
                    dict(o="*fp32", g="*fp32", i="*fp32", lb="*fp32", h="*fp32", y="*fp32", a_out="*fp32",
                         scale="fp32", T="i32", NT="i32"),
                    dict(H=16, K=128, V=128, BT=32, DT=DT, PREC=prec, BK=32, BV=32, O_ACT=1, I_ACT=0, HAS_LB=True,
                         VARLEN=False, MAX_SPREAD=60.0, STORE_A=True), 4)
         if dt == "bf16":
-            yield ("fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", f.cp_fwd_o_kernel,
+            yield ("fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", f.chunk_parallel_fwd_o_kernel,
                    dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", y="*bf16", a_out="*bf16",
                         scale="fp32", T="i32", NT="i32"),
                    dict(common, BK=64, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
@@ -211,72 +215,72 @@ def _cp_variants():
         # varlen and the other flags once per dtype
         common = dict(H=16, K=128, V=128, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
         for varlen in (False, True):
-            yield (f"decay {dt} varlen={varlen}", f.cp_decay_kernel,
+            yield (f"decay {dt} varlen={varlen}", f.chunk_parallel_decay_kernel,
                    dict(g=f"*{dt}", lb="*fp32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
                    dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen, CHUNK_SPREAD=120.0), 4)
-        yield (f"fwd_h varlen {dt}", f.cp_fwd_h_kernel,
+        yield (f"fwd_h varlen {dt}", f.chunk_parallel_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),
                dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True),
                8 if dt == "bf16" else 4)
-        yield (f"fwd_o varlen {dt}", f.cp_fwd_o_kernel,
+        yield (f"fwd_o varlen {dt}", f.chunk_parallel_fwd_o_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
                     T="i32", NT="i32"),
                dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
                     STORE_A=False), 8 if dt == "bf16" else 4)
-        yield (f"bwd_dh varlen {dt}", b.cp_bwd_dh_kernel,
+        yield (f"bwd_dh varlen {dt}", b.chunk_parallel_bwd_dh_kernel,
                dict(o=f"*{dt}", dy=f"*{dt}", dh=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", scale="fp32",
                     T="i32", NT="i32"),
                dict(common, BK=64, BV=64, NV=2, O_ACT=0, HAS_DHT=False, STORE_DH0=False, VARLEN=True),
                8 if dt == "bf16" else 4)
-        yield (f"bwd varlen {dt}", b.cp_bwd_kernel,
+        yield (f"bwd varlen {dt}", b.chunk_parallel_bwd_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}", do="*fp32",
                     dg="*fp32", di=f"*{dt}", chunks="*i32", scale="fp32", T="i32", NT="i32", NTOK="i32"),
                dict(common, BK=32, BV=64, O_ACT=2, I_ACT=1, HAS_LB=False, VARLEN=True, MAX_SPREAD=60.0,
                     DV=True, DQK=True, LOAD_A=False), 8 if dt == "bf16" else 4)
 
 
-def chunk_grid_variants():
-    """The launch settings benchmarks/gpu_chunk_sweep.py times (tokens per step, V-block, warps), bf16,
+def fused_chunk_grid_variants():
+    """The launch settings benchmarks/gpu_fused_chunk_sweep.py times (tokens per step, V-block, warps), bf16,
     K = V = 128, β, no states: registers and spills of the three sequential kernels, to read beside the timings."""
     import triton.language as tl
 
-    from hgrn2.ops.triton import chunk_bwd as b
-    from hgrn2.ops.triton import chunk_fwd as f
+    from hgrn2.ops.triton import fused_chunk_bwd as b
+    from hgrn2.ops.triton import fused_chunk_fwd as f
     for BT, BV, warps in itertools.product((16, 32), (128, 64, 32), (4, 8, 16)):
         common = dict(H=16, K=128, V=128, BT=BT, BK=128, BV=BV, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
                       DT=tl.bfloat16, PREC="tf32")
         pdt = "bf16" if BV == 128 else "fp32"
         sfx = f"BT={BT} BV={BV} w={warps}"
-        yield (f"fwd {sfx}", f.hgrn2_fwd_kernel,
+        yield (f"fwd {sfx}", f.fused_chunk_fwd_kernel,
                dict(o="*bf16", g="*bf16", i="*bf16", y="*bf16", scale="fp32", T="i32", lb="*fp32"),
                dict(common, O_ACT=1, I_ACT=0, HAS_H0=False, STORE_HT=False), warps)
-        yield (f"bwd_dq {sfx}", b.hgrn2_bwd_dq_kernel,
+        yield (f"bwd_dq {sfx}", b.fused_chunk_bwd_dq_kernel,
                dict(g="*bf16", i="*bf16", dy="*bf16", dys="*fp32", T="i32", NTOK="i32", lb="*fp32"),
                dict(common, I_ACT=0, HAS_H0=False, STORE_HT=False, SPREC="tf32x3"), warps)
-        yield (f"bwd {sfx}", b.hgrn2_bwd_kernel,
+        yield (f"bwd {sfx}", b.fused_chunk_bwd_kernel,
                dict(o="*bf16", g="*bf16", i="*bf16", dy="*bf16", dys="*fp32", ht="*fp32", do=f"*{pdt}",
                     dg=f"*{pdt}", di="*bf16", scale="fp32", T="i32", NTOK="i32", dlb="*fp32", lb="*fp32"),
                dict(common, O_ACT=1, I_ACT=0, HAS_DHT=False, STORE_DH0=False, SPREC="tf32x3"), warps)
 
 
-def chunk_default_variants():
-    """The chunk kernels at chunk.py's defaults for bf16, K = V = 128, V whole or split in two (a quick check
+def fused_chunk_default_variants():
+    """The fused-chunk kernels at their defaults for bf16, K = V = 128, V whole or split in two (a quick check
     for the test suite)."""
-    return (v for v in chunk_variants() if v[0].endswith(("bf16 K=V=128 BV=128 w=8 full=True",
+    return (v for v in fused_chunk_variants() if v[0].endswith(("bf16 K=V=128 BV=128 w=8 full=True",
                                                           "bf16 K=V=128 BV=64 w=8 full=True")))
 
 
-def cp_default_variants():
-    """The cp kernels at cp.py's defaults for bf16, K = V = 128, the backward fused and split (a quick check for
-    the test suite)."""
+def chunk_parallel_default_variants():
+    """The chunk-parallel kernels at their defaults for bf16, K = V = 128, the backward fused and split (a quick
+    check for the test suite)."""
     keep = ("decay bf16 varlen=False", "fwd_h bf16 K=V=128 BK=64 BV=128 w=8", "bwd_dh bf16 K=V=128 BK=64 BV=128 w=8",
             "fwd_o bf16 K=V=128 BK=64 BV=128 w=8", "bwd bf16 K=V=128 BK=32 BV=128 w=8",
             "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8",
             "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8",
             "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 fallback",
             "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8 fallback")
-    return (v for v in cp_variants() if v[0] in keep)
+    return (v for v in chunk_parallel_variants() if v[0] in keep)
 
 
 def glue_variants():
@@ -327,15 +331,16 @@ def ptxas_stats(compiled) -> str:
 
 if __name__ == "__main__":
     group = sys.argv[1]
-    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "chunk": chunk_variants,
-                "chunk-default": chunk_default_variants, "cp": cp_variants,
-                "cp-default": cp_default_variants, "glue": glue_variants, "chunk-grid": chunk_grid_variants}[group]
+    variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "fused-chunk": fused_chunk_variants,
+                "fused-chunk-default": fused_chunk_default_variants, "fused-chunk-grid": fused_chunk_grid_variants,
+                "chunk-parallel": chunk_parallel_variants, "chunk-parallel-default": chunk_parallel_default_variants,
+                "glue": glue_variants}[group]
     failed = 0
     for name, kernel, types, consts, *w in variants():
         try:
             t = time.time()
             compiled = compile_variant(kernel, types, consts, *w)
-            if group in ("cp", "chunk", "glue", "chunk-grid"):
+            if not group.endswith("default") and group not in ("recurrent", "hgrn1"):
                 print(f"ok {name}: {time.time() - t:.1f} s {ptxas_stats(compiled)}", flush=True)
                 continue
             print("ok", name)

@@ -1,7 +1,7 @@
 """The interpreter accepts code Triton's compiler rejects (loop-carried type changes, returns inside runtime
 branches, layouts): compile each kernel family's default variants for sm_90, without a GPU. With a GPU every
-kernel test compiles and runs them for real. `python tests/ops/triton/compile_sm90.py GROUP` runs a group by hand (and
-`chunk` / `cp` print registers and spills for every variant)."""
+kernel test compiles and runs them for real. `python tests/ops/triton/compile_sm90.py GROUP` runs a group by hand
+(and the full groups print registers and spills for every variant)."""
 
 import os
 import pathlib
@@ -13,7 +13,7 @@ import torch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", ["recurrent", "hgrn1", "chunk-default", "cp-default", "glue"])
+@pytest.mark.parametrize("group", ["recurrent", "hgrn1", "fused-chunk-default", "chunk-parallel-default", "glue"])
 def test_kernels_compile_for_sm90(group):
     if torch.cuda.is_available():
         pytest.skip("covered by the GPU runs")

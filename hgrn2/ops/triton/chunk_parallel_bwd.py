@@ -1,11 +1,11 @@
 """Chunk-parallel backward: a short reverse pass for the per-chunk state gradients, then one program per chunk.
 
-Notation as in `cp_fwd.py`. For chunk c with start state h_c and dh_c = the gradient w.r.t. its END state
+Notation as in `chunk_parallel_fwd.py`. For chunk c with start state h_c and dh_c = the gradient w.r.t. its END state
 (everything later chunks and dht send back):
 
-1. `cp_bwd_dh_kernel`, grid (NK·NV, N·H), reverse over chunks: stores dh_c, then
+1. `chunk_parallel_bwd_dh_kernel`, grid (NK·NV, N·H), reverse over chunks: stores dh_c, then
    dS ← dS ⊙ e^{b_last} + dyᵀ (q ⊙ e^b); d initial_state = dS at the start. K may be split.
-2. `cp_bwd_kernel`, grid (NT_total, NV, H), one program per chunk (and V-block):
+2. `chunk_parallel_bwd_kernel`, grid (NT_total, NV, H), one program per chunk (and V-block):
 
        dv = Aᵀ dy + (k ⊙ e^{b_last − b}) dh_cᵀ
        dq = e^b ⊙ (dy h_c) + intra(dA)             dA = dy vᵀ (causal)
@@ -23,34 +23,41 @@ Notation as in `cp_fwd.py`. For chunk c with start state h_c and dh_c = the grad
 import triton
 import triton.language as tl
 
-from ._common import _act, _act_and_grad, _col, _exp, _gates, _rcp, _row, _seq_bounds
-from .cp_fwd import (
-    _chunk_bounds,
-    _chunk_decay,
-    _chunk_offset,
-    _chunk_tile,
-    _expand_rows,
-    _intra_A,
-    _load_gates,
-    _ref_decay,
-    _sub_decay,
-    _walk_loads,
+from ._common import (
+    act,
+    act_and_grad,
+    chunk_bounds,
+    chunk_decay,
+    chunk_offset,
+    chunk_tile,
+    expand_rows,
+    fast_exp,
+    fast_rcp,
+    gates,
+    intra_A,
+    load_gates,
+    ref_decay,
+    seq_bounds,
+    sub_decay,
+    take_col,
+    take_row,
+    walk_loads,
 )
 
 
 @triton.jit
-def cp_bwd_dh_kernel(
+def chunk_parallel_bwd_dh_kernel(
     o, bb, dy, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     NV: tl.constexpr, O_ACT: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, VARLEN: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Walks one sequence's chunks backwards for a [BV, BK] block of dS, from b (`cp_decay_kernel`'s) as the
+    """Walks one sequence's chunks backwards for a [BV, BK] block of dS, from b (`chunk_parallel_decay_kernel`'s) as the
     forward walk: no gate, no log, no row scan per step."""
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
     i_k, i_v = i_kv // NV, i_kv % NV
     i_n, i_h = i_nh // H, i_nh % H
-    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T, VARLEN)
     ck = i_k * BK + tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
     s_pos = cv[:, None] * K + ck[None, :]
@@ -64,27 +71,27 @@ def cp_bwd_dh_kernel(
     # pointers at the last chunk's first row and this head (int64 scalars), moved back one chunk per step
     t_last = bos + (n_c - 1) * BT
     o, bb, dy = o + (t_last * H + i_h) * K, bb + (t_last * H + i_h) * K, dy + (t_last * H + i_h) * V
-    dh += ((_chunk_offset(chunk_offsets, i_n, NT, VARLEN) + n_c - 1) * H + i_h) * V * K
+    dh += ((chunk_offset(chunk_offsets, i_n, NT, VARLEN) + n_c - 1) * H + i_h) * V * K
     left = tl.where(n_c > 0, eos - t_last, 0).to(tl.int32)  # rows from the current chunk's start to the end
-    o_nx, b_nx, bl_nx, dy_nx = _walk_loads(o, bb, dy, left, ck, cv, H, K, V, BK, BV, BT)
+    o_nx, b_nx, bl_nx, dy_nx = walk_loads(o, bb, dy, left, ck, cv, H, K, V, BK, BV, BT)
     for it in range(0, n_c):
         o_t, b_t, bl_t, dy_t = o_nx, b_nx, bl_nx, dy_nx
-        _, mtk = _chunk_tile(left, ck, H, K, BK, BT)
+        _, mtk = chunk_tile(left, ck, H, K, BK, BT)
         o, bb, dy, left = o - BT * H * K, bb - BT * H * K, dy - BT * H * V, left + BT
-        o_nx, b_nx, bl_nx, dy_nx = _walk_loads(o, bb, dy, tl.where(it < n_c - 1, left, 0), ck, cv, H, K, V, BK,
+        o_nx, b_nx, bl_nx, dy_nx = walk_loads(o, bb, dy, tl.where(it < n_c - 1, left, 0), ck, cv, H, K, V, BK,
                                                BV, BT)
 
         tl.store(dh + s_pos, dS.to(dh.dtype.element_ty), mask=s_mask)
         dh -= H * V * K
-        qe = tl.where(mtk, _act(o_t.to(tl.float32), O_ACT) * scale * _exp(b_t), 0.0)
-        dS = dS * _exp(bl_t)[None, :] + tl.dot(tl.trans(dy_t.to(DT)), qe.to(DT), input_precision=PREC)
+        qe = tl.where(mtk, act(o_t.to(tl.float32), O_ACT) * scale * fast_exp(b_t), 0.0)
+        dS = dS * fast_exp(bl_t)[None, :] + tl.dot(tl.trans(dy_t.to(DT)), qe.to(DT), input_precision=PREC)
 
     if STORE_DH0:
         tl.store(dh0 + i_nh.to(tl.int64) * V * K + s_pos, dS, mask=s_mask)
 
 
 @triton.jit
-def cp_bwd_kernel(
+def chunk_parallel_bwd_kernel(
     o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, NC, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
@@ -95,33 +102,34 @@ def cp_bwd_kernel(
     no gate), then per K-block the gates, the intra-chunk terms, dv's state share, dq, dk, d log f and the
     stores of do, dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
 
-    Two launches, as the forward's (`cp_fwd_o_kernel`): the chunk tier everywhere (grid (NC, NV, H)) from the b
-    that `cp_fwd.cp_decay_kernel` stored in bb, then (FALLBACK, a small grid (P, NV, 1)) the chunks it listed in
-    fb as leaving the chunk tier, in the sub-block or exact tier, over the first launch's output. DV / DQK select
-    the outputs: both (one fused launch, the default) or one each (two launches that recompute the gates and
-    re-read o, g, dy, dh but hold far fewer registers; `cp.BWD_SPLIT`). LOAD_A: A is the forward's (`cp.SAVE_A`),
-    read once instead of rebuilt from every K-block."""
+    Two launches, as the forward's (`chunk_parallel_fwd_o_kernel`): the chunk tier everywhere (grid (NC, NV, H))
+    from the b that `chunk_parallel_decay_kernel` stored in bb, then (FALLBACK, a small grid (P, NV, 1)) the chunks
+    it listed in fb as leaving the chunk tier, in the sub-block or exact tier, over the first launch's output.
+    DV / DQK select the outputs: both (one fused launch, the default) or one each (two launches that recompute the
+    gates and re-read o, g, dy, dh but hold far fewer registers; `ChunkParallelConfig.bwd_split`). LOAD_A: A is the
+    forward's (`ChunkParallelConfig.save_a`), read once instead of rebuilt from every K-block."""
     i_v = tl.program_id(1)
     if FALLBACK:
         for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
             c_h = tl.load(fb + 1 + NC * H + e)
-            _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
+            _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
                        c_h // H, i_v, c_h % H, H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT,
                        PREC, DV, DQK, LOAD_A, FALLBACK)
     else:
-        _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
+        _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
                    tl.program_id(0), i_v, tl.program_id(2), H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN,
                    MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
 
 
 @triton.jit
-def _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK, i_c, i_v, i_h,
+def _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK, i_c, i_v, i_h,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BV: tl.constexpr, O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
                MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr,
                LOAD_A: tl.constexpr, FALLBACK: tl.constexpr):
-    """`cp_bwd_kernel` on chunk i_c, V-block i_v, head i_h: the pointers moved to the chunk, then its work."""
-    t0, t1 = _chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+    """`chunk_parallel_bwd_kernel` on chunk i_c, V-block i_v, head i_h: the pointers moved to the chunk, then its
+    work."""
+    t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
     # the chunk's rows and head as one int64 offset per pointer; the tiles' offsets from there are int32
     base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
@@ -134,26 +142,26 @@ def _cp_bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale,
     if HAS_LB:
         dlb += ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K  # this program's row of the β partial sums
     if n > 0:  # padding chunks: their β partial sums stay 0
-        _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H, K, V, BT, BK,
+        _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H, K, V, BT, BK,
                       BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
 
 
 @triton.jit
-def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H: tl.constexpr,
+def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr,
                   DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr,
                   FALLBACK: tl.constexpr):
-    """`cp_bwd_kernel`'s work on one chunk of n rows (every pointer at the chunk's first row and head)."""
+    """`chunk_parallel_bwd_kernel`'s work on one chunk of n rows (every pointer at the chunk's first row and head)."""
     rows = tl.arange(0, BT)
     causal = rows[:, None] >= rows[None, :]
     cv = i_v * BV + tl.arange(0, BV)
-    offv, mtv = _chunk_tile(n, cv, H, V, BV, BT)
+    offv, mtv = chunk_tile(n, cv, H, V, BV, BT)
     i_t = tl.load(i + offv, mask=mtv, other=0.0)
     dy_t = tl.load(dy + offv, mask=mtv, other=0.0)
     b_do = dy_t.to(DT)
     if DQK:
-        v_c = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
+        v_c = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
         dA = tl.dot(b_do, tl.trans(v_c), input_precision=PREC)
         dA = tl.where(causal, dA, 0.0).to(DT)
     if DV:
@@ -165,7 +173,7 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
 
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
-        offk, mtk, beta, q, a, k = _load_gates(o, g, lb, n, ck, i_h, scale, H, K, BK, BT, O_ACT, HAS_LB)
+        offk, mtk, beta, q, a, k = load_gates(o, g, lb, n, ck, i_h, scale, H, K, BK, BT, O_ACT, HAS_LB)
         s_off = cv[:, None] * K + ck[None, :]
         s_mask = (cv < V)[:, None] & (ck < K)[None, :]
         dh_t = tl.load(dh + s_off, mask=s_mask, other=0.0)
@@ -174,29 +182,29 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
         # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)
         if FALLBACK:
             a = tl.where(mtk, a, 0.0)
-            c, r, R, b_last = _chunk_decay(a, BT, BK)
+            c, r, R, b_last = chunk_decay(a, BT, BK)
             spread = -tl.min(tl.min(c, 1), 0)
             if DV and not LOAD_A:
-                A_k, ec, enc = _intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
+                A_k, ec, enc = intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
                 A += A_k
             else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
-                ec = _exp(c)
-                enc = _exp(tl.minimum(-c, 80.0))
-            eb = ec * _expand_rows(_exp(r), BT, BK)
+                ec = fast_exp(c)
+                enc = fast_exp(tl.minimum(-c, 80.0))
+            eb = ec * expand_rows(fast_exp(r), BT, BK)
             # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
             if spread < MAX_SPREAD:
-                w_end = enc * _expand_rows(_exp(b_last[None, :] - r), BT, BK)
+                w_end = enc * expand_rows(fast_exp(b_last[None, :] - r), BT, BK)
             else:
-                w_end = _exp(b_last[None, :] - R - c)
+                w_end = fast_exp(b_last[None, :] - R - c)
             if DQK:
                 dq_i, dk_i, db_i = _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
                                                   DT, PREC)
         else:
-            e_q, e_k, m = _ref_decay(bb, n, offk, mtk, ck, H, K)
+            e_q, e_k, m = ref_decay(bb, n, offk, mtk, ck, H, K)
             b_last = 2.0 * m
             qt = (q * e_q).to(DT)
             kt = (k * e_k).to(DT)
-            em = _exp(m)[None, :]
+            em = fast_exp(m)[None, :]
             eb = e_q * em
             w_end = e_k * em  # e^{b_last − b} = e^{m − b}·e^{b_last − m}, and b_last − m = m
             if DV and not LOAD_A:
@@ -213,12 +221,12 @@ def _cp_bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i
             # (k e^{b_last − b}) dh_cᵀ breaks Triton 3.6's layout pass for fp32 inputs (k as the left operand).
             dvT += tl.dot(dh_c, tl.trans((k * w_end).to(DT)), input_precision=PREC)
         if DQK:
-            _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c,
+            _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c,
                         beta, offk, mtk, s_off, s_mask, ck, scale, K, O_ACT, HAS_LB, DT, PREC)
 
     if DV:
         dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
-        _, dv_act = _act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reloaded
+        _, dv_act = act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)  # reloaded
         tl.store(di + offv, (dv * dv_act).to(di.dtype.element_ty), mask=mtv)
 
 
@@ -237,7 +245,7 @@ def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, B
         # sub-block j of the sources: mask the K-block side, not dA (a masked dA would be loop-invariant,
         # and the compiler would keep NB converted copies of it alive across the K loop)
         for j in tl.static_range(NB):
-            Ej = _sub_decay(r, j, BT, BK)
+            Ej = sub_decay(r, j, BT, BK)
             qt_j = (qt * Ej).to(DT)
             dq_j = tl.dot(dA, tl.where((blk == j)[:, None], kt, 0.0), input_precision=PREC)
             dq_i += Ej * dq_j
@@ -251,49 +259,48 @@ def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, B
         dAf = dA.to(tl.float32)
         dq_i = tl.zeros([BT, BK], dtype=tl.float32)
         for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
-            b_j = _row(b, rows, j)
-            wq = _exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
-            dq_i += _col(dAf, rows, j)[:, None] * _row(k, rows, j)[None, :] * wq
+            b_j = take_row(b, rows, j)
+            wq = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            dq_i += take_col(dAf, rows, j)[:, None] * take_row(k, rows, j)[None, :] * wq
         dk_i = tl.zeros([BT, BK], dtype=tl.float32)
         for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
-            b_j = _row(b, rows, j)
-            wk = _exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
-            dk_i += _row(dAf, rows, j)[:, None] * _row(q, rows, j)[None, :] * wk
+            b_j = take_row(b, rows, j)
+            wk = fast_exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            dk_i += take_row(dAf, rows, j)[:, None] * take_row(q, rows, j)[None, :] * wk
         db_i = q * dq_i - k * dk_i
     return dq_i, dk_i, db_i
 
 
 @triton.jit
-def _cp_bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c, beta, offk,
+def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c, beta, offk,
                 mtk, s_off, s_mask, ck, scale, K: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr,
                 DT: tl.constexpr, PREC: tl.constexpr):
-    """One K-block of `cp_bwd_kernel`'s dq, dk (the intra terms given), d log f and the stores of do, dg and the
-    β partial sums (pointers at the chunk's first row and head)."""
+    """One K-block of `chunk_parallel_bwd_kernel`'s dq, dk (the intra terms given), d log f and the stores of do,
+    dg and the β partial sums (pointers at the chunk's first row and head)."""
     # state terms (operands in the dot dtype: h and dh are stored in it anyway)
     h_t = tl.load(h + s_off, mask=s_mask, other=0.0)
     dq_s = eb * tl.dot(b_do, h_t.to(DT), input_precision=PREC)
     b_dq = dq_s + dq_i
     dk_s = w_end * tl.dot(v_c, dh_c, input_precision=PREC)
     b_dk = dk_s + dk_i
-    _, dq_act = _act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
+    _, dq_act = act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
     tl.store(do + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
 
     # d log f_t = e^{b_last} Σ_v dh_c ⊙ h_c + Σ_s y_s + Σ_{t' ≥ t} (x − y)_t' with x = q ⊙ dq_s + the intra share,
-    # y = k ⊙ dk_s; as Σ_{t' ≥ t} x + Σ_{t' < t} y it takes a forward scan and a sum over the chunk (a reverse scan
-    # is 45% more instructions, and the scans and sums were a third of this kernel's time: Nsight Compute)
+    # y = k ⊙ dk_s; as Σ_{t' ≥ t} x + Σ_{t' < t} y it takes a forward scan and a sum over the chunk (a reverse
+    # scan takes half as many instructions again, and the scans and sums are a large share of this kernel)
     x = q * dq_s + db_i
     y = k * dk_s
-    tail = _exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(x, 0)
-    # The scan also hands dk over, unchanged ('keep the later' operand): the compiler then runs d log f's rest, dg
-    # and dβ in the scan's layout, not back in the dot layout through five layout conversions (43 -> 29 barriers
-    # per K-block, offline SASS). y − x comes back the same way: recomputed instead, the kernel has 15 instructions
-    # fewer per K-block but ran 0.5% slower (H200, s14 call 6).
+    tail = fast_exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(x, 0)
+    # The scan also hands dk and y − x over, unchanged ('keep the later' operand): the compiler then runs d log f's
+    # rest, dg and dβ in the scan's layout, not back in the dot layout through five layout conversions (each a
+    # shared-memory round trip with a barrier).
     cz, z, b_dk = tl.associative_scan((y - x, y - x, b_dk), 0, _sum_keep_later)
     b_dlogf = tail[None, :] + cz - z
     # σ(±g), f recomputed from a reloaded tile (fewer live registers)
     g_2 = tl.load(g + offk, mask=mtk, other=0.0)
-    _, _, s_pos, s_neg, f = _gates(g_2.to(tl.float32), beta, HAS_LB)
-    d_f = b_dlogf * _rcp(tl.maximum(f, 1e-30)) - b_dk
+    _, _, s_pos, s_neg, f = gates(g_2.to(tl.float32), beta, HAS_LB)
+    d_f = b_dlogf * fast_rcp(tl.maximum(f, 1e-30)) - b_dk
     tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
     if HAS_LB:
         dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)

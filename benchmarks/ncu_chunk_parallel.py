@@ -1,9 +1,10 @@
-"""The chunk-parallel op's fwd+bwd in isolation: timings, a per-kernel profile, or one range for Nsight Compute.
+"""Where does the chunk-parallel op's fwd+bwd spend its time? Timings, a per-kernel profile, or one range for
+Nsight Compute, with any `ChunkParallelConfig` field overridden for A/B runs.
 
-    python benchmarks/ncu_cp.py --time --profile               (medians by do_bench; torch.profiler table)
-    python benchmarks/ncu_cp.py --time --set BK_SEQ=32 --set MAXNREG_SEQ=128    (cp.py knobs, for A/B runs)
+    python benchmarks/ncu_chunk_parallel.py --time --profile      (medians by do_bench; torch.profiler table)
+    python benchmarks/ncu_chunk_parallel.py --time --set block_k_seq=32 --set maxnreg_seq=128
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section WarpStateStats --section LaunchStats python benchmarks/ncu_cp.py
+        --section WarpStateStats --section LaunchStats python benchmarks/ncu_chunk_parallel.py
 
 Inputs as `hgrn2 bench ops` (bf16, β ~ U(0, 0.9), silu output gate): B·T tokens, H heads, K = V = 128. Gradients
 of the leaves are reset to None between timed calls (do_bench's grad_to_none), so the timings hold the op, not
@@ -12,11 +13,12 @@ cudaProfilerStart/Stop, which ncu captures.
 """
 
 import argparse
+import dataclasses
 
 import torch
 
-from hgrn2.ops.triton import cp
-from hgrn2.ops.triton.cp import hgrn2_cp_triton
+from hgrn2.ops.triton import hgrn2_chunk_parallel_triton
+from hgrn2.ops.triton.config import ChunkParallelConfig
 
 
 def main():
@@ -25,11 +27,10 @@ def main():
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--time", action="store_true", help="do_bench medians of fwd and fwd+bwd")
     p.add_argument("--profile", action="store_true", help="per-kernel GPU time under torch.profiler")
-    p.add_argument("--set", action="append", default=[], help="cp.py knob=value (int or None)")
+    p.add_argument("--set", action="append", default=[], help="ChunkParallelConfig field=value (int or None)")
     a = p.parse_args()
-    for kv in a.set:
-        k, v = kv.split("=")
-        setattr(cp, k, None if v == "None" else int(v))
+    fields = {k: None if v == "None" else int(v) for k, v in (kv.split("=") for kv in a.set)}
+    cfg = dataclasses.replace(ChunkParallelConfig(), **fields)
     B, T = map(int, a.shape.split("x"))
     torch.manual_seed(1)
     o, g, i = (torch.randn(B, T, a.heads, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -38,7 +39,7 @@ def main():
     dy = torch.randn_like(o)
 
     def fwd():
-        return hgrn2_cp_triton(o, g, i, lb, scale=128 ** -0.5, o_act="silu")[0]
+        return hgrn2_chunk_parallel_triton(o, g, i, lb, scale=128 ** -0.5, o_act="silu", config=cfg)[0]
 
     def step():
         fwd().backward(dy)

@@ -1,9 +1,9 @@
-"""HGRN2 on the chunk-parallel Triton kernels of `cp_fwd.py` / `cp_bwd.py`, with autograd.
+"""HGRN2 on the chunk-parallel Triton kernels of `chunk_parallel_fwd.py` / `chunk_parallel_bwd.py`, with autograd.
 
-`hgrn2_cp_triton` has exactly the contract of `hgrn2_chunk_triton` (and `hgrn2.ops.hgrn2`). The launchers
-`cp_fwd` / `cp_bwd` are the custom ops `hgrn2::cp_fwd` / `hgrn2::cp_bwd` under torch.compile (opaque nodes;
-`_device.triton_op`); the chunk-start states h are an extra output of the forward (saved for the backward, not
-recomputed), with a static upper-bound shape in varlen mode.
+`hgrn2_chunk_parallel_triton` has exactly the contract of `hgrn2_fused_chunk_triton` (and `hgrn2.ops.hgrn2`). The
+launchers `chunk_parallel_fwd` / `chunk_parallel_bwd` are the custom ops `hgrn2::chunk_parallel_fwd` /
+`hgrn2::chunk_parallel_bwd` under torch.compile (opaque nodes; `_device.triton_op`); the chunk-start states h are an
+extra output of the forward (saved for the backward, not recomputed), with a static upper-bound shape in varlen mode.
 """
 
 from __future__ import annotations
@@ -11,97 +11,57 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from ._common import ACTS, seq_layout, sm_count
 from ._device import cdiv, next_pow2, triton_op
-from .chunk import ACTS, _layout, _sm_count
-from .cp_bwd import cp_bwd_dh_kernel, cp_bwd_kernel
-from .cp_fwd import cp_decay_kernel, cp_fwd_h_kernel, cp_fwd_o_kernel
-
-# --- tuning knobs (module globals) ------------------------------------------------------------------------
-BT = 64  # tokens per chunk (multiple of 16) for bf16 inputs; the intra block works in 16-token sub-blocks
-BT_FP32 = 32  # the same for fp32 / fp16 inputs (fp32 dot operands; ieee dots at BT = 64 spill ~60 KB)
-BK = 32  # K-block of the forward output kernel (it loops over K in blocks of BK)
-BK_BWD = 32  # K-block of the parallel backward kernel (its registers grow fast with BK: see NOTES)
-BV = None  # V-block of the parallel kernels (None: min(V, 128); fp32: 32). fp32 caps every K-block at 32
-BK_SEQ = 64  # widest K-block of the sequential h / dh kernels (the state's columns are independent; None: K)
-BV_SEQ = None  # widest V-block of the sequential kernels (None: min(V, 128); fp32: 64)
-# the sequential kernels walk T/BT dependent steps per program, so with few (sequence, head) pairs their blocks
-# shrink (K first: V-blocks repeat the gate math) while the programs fill less than this share of the SMs, down
-# to 32 × 32 (0: never). Chosen by analogy with the sequential chunk kernel's rule; not yet timed for cp.
-SEQ_SPLIT_BELOW = 0.5
-# forward output kernel: 4 warps, so that two CTAs share an SM (bf16 BK 32, BV 128: ≤ 255 registers, 66 KB of
-# shared memory) and hide each other's load latency (H200, B8 T2048 H16: forward 0.467 → 0.427 ms against 8 warps
-# and BK 64, BENCHMARKS.md thirteenth session)
-NUM_WARPS = 4
-NUM_WARPS_BWD = None  # parallel backward kernel (None: 8 when BT·max(BK_BWD, BV) ≥ 4096 else 4: 4 warps spill KBs)
-NUM_WARPS_SEQ = None  # sequential kernels (None: 8 when BK_SEQ·BV_SEQ ≥ 4096 else 4)
-MAXNREG_SEQ = None  # register cap of the sequential kernels (None: the compiler's choice; 128 fits 2 CTAs of 8 warps)
-STATE_DTYPE = None  # dtype of the stored chunk states h and dh (None: the input dtype; torch.float32 for accuracy)
-# the forward's intra-chunk A [n_chunks, H, BT, BT] (in the dot dtype) kept for the backward instead of rebuilt
-# there from every K-block: BT² values per chunk and head (at BT 64, K 128: half a [B, T, H, K] tensor; +0.4 GiB
-# of the 19.2 GiB peak of `hgrn2 bench train`) held until the backward. H200, bf16 K = V = 128, fwd+bwd
-# (BENCHMARKS.md eighth session): B8 T2048 H8 1.96 ms vs 2.38 rebuilt (split), H16 3.84 vs 4.66, B2 T8192 H16
-# 4.02 vs 4.82
-SAVE_A = True
-# the forward's b (within-chunk cumsum of log f, fp32 [B, T, H, K] from `cp_decay_kernel`) kept for the backward
-# instead of computed again there: 2U per layer held until the backward (+1.5 GiB at `hgrn2 bench train`'s shape,
-# 24 layers of 16K tokens × 1024) for one launch fewer per layer each way (H200: 54 µs per layer, H 8)
-SAVE_B = True
-# backward in two parallel launches (dv; dq/dk/dg) instead of one fused. None: split exactly when A is rebuilt —
-# the fused kernel that rebuilds A fails Triton 3.6's RemoveLayoutConversions pass for bf16 (H100 2026-11-23,
-# H200 2026-11-24), the one that reads A compiles and is the fastest form (timings above; split with A: 2.09 ms
-# at H8, 4.08 at H16)
-BWD_SPLIT = None
-# tiers of the intra-chunk block per K-block (`cp_fwd.py`): the chunk tier (one product about the reference
-# b_last / 2) when the chunk's largest log-decay (max over channels of −b_last) is below CHUNK_MAX_SPREAD, else the
-# sub-block tier when the largest 16-token spread is below FAST_DIAG_MAX_SPREAD, else the exact column loop
-CHUNK_MAX_SPREAD = 120.0
-FAST_DIAG_MAX_SPREAD = 60.0
-FP32_DOT_PRECISION = "ieee"  # tl.dot precision for fp32 inputs ("ieee"; tf32x3/bf16x3 crash Triton 3.9's
-# layout pass in the backward kernel)
+from .chunk_parallel_bwd import chunk_parallel_bwd_dh_kernel, chunk_parallel_bwd_kernel
+from .chunk_parallel_fwd import chunk_parallel_decay_kernel, chunk_parallel_fwd_h_kernel, chunk_parallel_fwd_o_kernel
+from .config import ChunkParallelConfig, config_key, from_key
 
 
-def _dot_dtype(o, i):
+def _dot_dtype(o, i, cfg: ChunkParallelConfig):
     if torch.bfloat16 in (o.dtype, i.dtype) and torch.float32 not in (o.dtype, i.dtype):
         return tl.bfloat16, "tf32"
     if torch.float32 in (o.dtype, i.dtype):
-        return tl.float32, FP32_DOT_PRECISION
+        return tl.float32, cfg.fp32_dot_precision
     return tl.float32, "tf32"  # fp16: e^{±60} factors need fp32's range
 
 
-def _bt(o):
-    return BT if o.dtype == torch.bfloat16 else BT_FP32  # fp32 / fp16 inputs take fp32 dot operands
+def chunk_size(o: torch.Tensor, cfg: ChunkParallelConfig) -> int:
+    """Tokens per chunk for inputs of o's dtype (fp32 / fp16 inputs take fp32 dot operands: smaller chunks)."""
+    return cfg.block_t if o.dtype == torch.bfloat16 else cfg.block_t_fp32
 
 
-def _config(o, i, n_seq_heads: int):
+def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig):
     """(BK fwd, BK bwd, BV, BK seq, BV seq, warps fwd, warps bwd, warps seq) for inputs of n_seq_heads (sequence,
     head) pairs."""
     K, V = o.shape[-1], i.shape[-1]
     fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
     kp, vp = max(16, next_pow2(K)), max(16, next_pow2(V))
     cap = 32 if fp32 else kp  # fp32 (ieee dots): at most 32-wide K-blocks
-    bk = max(16, min(kp, cap, BK))
-    bk_bwd = max(16, min(kp, cap, BK_BWD))
-    bv = max(16, min(vp, BV or (32 if fp32 else 128)))
-    bk_seq = max(16, min(kp, cap, BK_SEQ or kp))
-    bv_seq = max(16, min(vp, BV_SEQ or (64 if fp32 else 128)))
+    bk = max(16, min(kp, cap, cfg.block_k))
+    bk_bwd = max(16, min(kp, cap, cfg.block_k_bwd))
+    bv = max(16, min(vp, cfg.block_v or (32 if fp32 else 128)))
+    bk_seq = max(16, min(kp, cap, cfg.block_k_seq or kp))
+    bv_seq = max(16, min(vp, cfg.block_v_seq or (64 if fp32 else 128)))
+    # the sequential walks take T/BT dependent steps per program: with few (sequence, head) pairs their blocks
+    # shrink (K first: V-blocks repeat the gate math) to fill more SMs, down to 32 × 32
     while (bk_seq > 32 or bv_seq > 32) and (n_seq_heads * cdiv(K, bk_seq) * cdiv(V, bv_seq)
-                                             < SEQ_SPLIT_BELOW * _sm_count(o.device)):
+                                             < cfg.seq_split_below * sm_count(o.device)):
         if bk_seq > 32:
             bk_seq //= 2
         else:
             bv_seq //= 2
-    bt = _bt(o)
-    assert bt % 16 == 0
-    warps = NUM_WARPS
-    warps_bwd = NUM_WARPS_BWD or (8 if bt * max(bk_bwd, bv) >= 4096 else 4)
-    warps_seq = NUM_WARPS_SEQ or (8 if bk_seq * bv_seq >= 4096 else 4)
+    bt = chunk_size(o, cfg)
+    warps = cfg.num_warps
+    warps_bwd = cfg.num_warps_bwd or (8 if bt * max(bk_bwd, bv) >= 4096 else 4)
+    warps_seq = cfg.num_warps_seq or (8 if bk_seq * bv_seq >= 4096 else 4)
     return bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq
 
 
-def _num_chunks(o, cu_seqlens):
+def _num_chunks(o, cu_seqlens, cfg: ChunkParallelConfig):
     """Upper bound of the number of chunks (the h tensors' first dimension): exact without cu_seqlens."""
-    B, T, H, N = _layout(o, cu_seqlens)
-    bt = _bt(o)
+    B, T, H, N = seq_layout(o, cu_seqlens)
+    bt = chunk_size(o, cfg)
     return B * cdiv(T, bt) if cu_seqlens is None else cdiv(T, bt) + N
 
 
@@ -122,44 +82,46 @@ def _chunk_tables(cu_seqlens, T, n_chunks, BT):
     return chunks, offs.to(torch.int32)
 
 
-def _state_dtype(o):
-    return STATE_DTYPE or (o.dtype if o.dtype != torch.float16 else torch.float32)
+def _state_dtype(o, cfg: ChunkParallelConfig):
+    return cfg.state_dtype or (o.dtype if o.dtype != torch.float16 else torch.float32)
 
 
-@triton_op("hgrn2::cp_fwd")
-def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
+@triton_op("hgrn2::chunk_parallel_fwd")
+def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
-           i_act: int, output_final_state: bool, save_a: bool, save_b: bool,
+           i_act: int, output_final_state: bool, save_a: bool, save_b: bool, config: str,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested), the
     chunk-start states h [n_chunks, H, V, K], with save_a the intra-chunk A [n_chunks, H, BT, BT] and with save_b
-    b [B, T, H, K] fp32 and the chunk tier's verdicts fb (`_decay`) (else empty), for the backward."""
-    B, T, H, N = _layout(o, cu_seqlens)
+    b [B, T, H, K] fp32 and the chunk tier's verdicts fb (`_decay`) (else empty), for the backward.
+    config: the key of a ChunkParallelConfig."""
+    cfg = from_key(config)
+    B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H)
-    bt = _bt(o)
-    dt, prec = _dot_dtype(o, i)
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
+    bt = chunk_size(o, cfg)
+    dt, prec = _dot_dtype(o, i, cfg)
     NT = cdiv(T, bt)
-    n_chunks = _num_chunks(o, cu_seqlens)
+    n_chunks = _num_chunks(o, cu_seqlens, cfg)
     chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
     # varlen: the padding slots past the real chunks are never read (their programs are fully masked)
-    h = o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o))
+    h = o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o, cfg))
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
-    bb, fb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
+    bb, fb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg)
     nv_seq = cdiv(V, bv_seq)
-    cp_fwd_h_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
+    chunk_parallel_fwd_h_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
         g, i, lower_bound, bb, initial_state, h, ht, cu_seqlens, offs, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-        DT=dt, PREC=prec, num_warps=warps_seq, maxnreg=MAXNREG_SEQ,
+        DT=dt, PREC=prec, num_warps=warps_seq, maxnreg=cfg.maxnreg_seq,
     )
-    a_saved = _empty_a(o, i, n_chunks, H, save_a)
+    a_saved = _empty_a(o, i, n_chunks, H, save_a, cfg)
     for fallback in (False, True):  # the chunk tier everywhere, then the chunks that leave it
-        cp_fwd_o_kernel[_parallel_grid(o, n_chunks, cdiv(V, bv), H, fallback)](
+        chunk_parallel_fwd_o_kernel[_parallel_grid(o, n_chunks, cdiv(V, bv), H, fallback)](
             o, g, i, lower_bound, h, y, a_saved, bb, fb, chunks, scale, T, NT, n_chunks,
             H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
-            VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD, DT=dt, PREC=prec,
+            VARLEN=cu_seqlens is not None, MAX_SPREAD=cfg.max_spread, DT=dt, PREC=prec,
             STORE_A=a_saved.numel() > 0, FALLBACK=fallback, num_warps=warps,
         )
     if not save_b:
@@ -167,17 +129,17 @@ def cp_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     return y, ht, h, a_saved, bb, fb
 
 
-def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt):
-    """(b [B, T, H, K] fp32, the within-chunk cumsum of log f, and fb) from `cp_decay_kernel`, for the
-    sequential and parallel kernels (the backward's too, unless SAVE_B kept the forward's). fb: int32 [1 + 2 ·
+def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg):
+    """(b [B, T, H, K] fp32, the within-chunk cumsum of log f, and fb) from `chunk_parallel_decay_kernel`, for the
+    sequential and parallel kernels (the backward's too, unless the forward's was kept (save_b)). fb: int32 [1 + 2 ·
     n_chunks · H] = [count | leaves | list], the chunks that leave the chunk tier (kernel's docstring)."""
     H, K = g.shape[-2], g.shape[-1]
     bb = torch.empty_like(g, dtype=torch.float32)
     fb = torch.zeros(1 + 2 * n_chunks * H, device=g.device, dtype=torch.int32)
     bk = min(64, max(16, next_pow2(K)))
-    cp_decay_kernel[(n_chunks, H, cdiv(K, bk))](
+    chunk_parallel_decay_kernel[(n_chunks, H, cdiv(K, bk))](
         g, lower_bound, bb, fb, chunks, T, NT, n_chunks, H=H, K=K, BT=bt, BK=bk, HAS_LB=lower_bound is not None,
-        VARLEN=chunks is not None, CHUNK_SPREAD=CHUNK_MAX_SPREAD, num_warps=4,
+        VARLEN=chunks is not None, CHUNK_SPREAD=cfg.chunk_max_spread, num_warps=4,
     )
     return bb, fb
 
@@ -187,43 +149,46 @@ def _parallel_grid(o, n_chunks, NV, H, fallback):
     walks fb's list (normally empty: B·T = 16K tokens of random gates at β ~ U(0, 0.9) decay by ~e^-52 per chunk at
     most) on a few programs per SM, not one per chunk."""
     if fallback:
-        return max(1, min(n_chunks * H, 2 * _sm_count(o.device))), NV, 1
+        return max(1, min(n_chunks * H, 2 * sm_count(o.device))), NV, 1
     return n_chunks, NV, H
 
 
-def _empty_a(o, i, n_chunks, H, save_a):
+def _empty_a(o, i, n_chunks, H, save_a, cfg):
     """The tensor the forward keeps A in (the dot operands' dtype), or an empty one."""
-    bt = _bt(o)
-    dtype = torch.bfloat16 if _dot_dtype(o, i)[0] == tl.bfloat16 else torch.float32
+    bt = chunk_size(o, cfg)
+    dtype = torch.bfloat16 if _dot_dtype(o, i, cfg)[0] == tl.bfloat16 else torch.float32
     return o.new_empty((n_chunks, H, bt, bt) if save_a else (0,), dtype=dtype)
 
 
-@cp_fwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, save_a, save_b):
-    B, T, H, N = _layout(o, cu_seqlens)
+@chunk_parallel_fwd.register_fake
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, save_a, save_b,
+      config):
+    cfg = from_key(config)
+    B, T, H, N = seq_layout(o, cu_seqlens)
     shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
-    n_chunks = _num_chunks(o, cu_seqlens)
-    h = o.new_empty(n_chunks, H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o))
+    n_chunks = _num_chunks(o, cu_seqlens, cfg)
+    h = o.new_empty(n_chunks, H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o, cfg))
     b_saved = torch.empty_like(g, dtype=torch.float32) if save_b else o.new_empty(0, dtype=torch.float32)
     fb = o.new_empty(1 + 2 * n_chunks * g.shape[-2] if save_b else 0, dtype=torch.int32)
-    return (torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a),
+    return (torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a, cfg),
             b_saved, fb)
 
 
-@triton_op("hgrn2::cp_bwd")
-def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
+@triton_op("hgrn2::chunk_parallel_bwd")
+def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, h: torch.Tensor,
            a_saved: torch.Tensor, b_saved: torch.Tensor, fb_saved: torch.Tensor, dy: torch.Tensor,
-           dht: torch.Tensor | None, scale: float, o_act: int, i_act: int,
+           dht: torch.Tensor | None, scale: float, o_act: int, i_act: int, config: str,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty). a_saved, b_saved,
     fb_saved: the forward's A, b and chunk-tier verdicts, or empty (then the backward rebuilds A / computes b and
-    the verdicts again)."""
-    B, T, H, N = _layout(o, cu_seqlens)
+    the verdicts again). config: the key of a ChunkParallelConfig."""
+    cfg = from_key(config)
+    B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H)
-    bt = _bt(o)
-    dt, prec = _dot_dtype(o, i)
+    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
+    bt = chunk_size(o, cfg)
+    dt, prec = _dot_dtype(o, i, cfg)
     NT = cdiv(T, bt)
     n_chunks = h.shape[0]
     chunks, offs = _chunk_tables(cu_seqlens, T, n_chunks, bt)
@@ -239,22 +204,23 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     dlb = o.new_empty(0)
     if lower_bound is not None:  # every real chunk writes its row: only varlen's padding chunks need the zeros
         dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(NV, n_chunks, H, K, dtype=torch.float32)
-    bb, fb = (b_saved, fb_saved) if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt)
+    bb, fb = (b_saved, fb_saved) if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg)
     nv_seq = cdiv(V, bv_seq)
-    cp_bwd_dh_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
+    chunk_parallel_bwd_dh_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
         o, bb, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, O_ACT=o_act, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, VARLEN=cu_seqlens is not None, DT=dt, PREC=prec, num_warps=warps_seq,
-        maxnreg=MAXNREG_SEQ,
+        maxnreg=cfg.maxnreg_seq,
     )
     args = (o, g, i, lower_bound, h, a_saved, dh, dy, do, dg, di, dlb, bb, fb, chunks, scale, T, NT, n_chunks, B * T)
     kw = dict(H=H, K=K, V=V, BT=bt, BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act,
-              HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=FAST_DIAG_MAX_SPREAD,
+              HAS_LB=lower_bound is not None, VARLEN=cu_seqlens is not None, MAX_SPREAD=cfg.max_spread,
               DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps_bwd)
-    split = BWD_SPLIT if BWD_SPLIT is not None else a_saved.numel() == 0
+    split = cfg.bwd_split if cfg.bwd_split is not None else a_saved.numel() == 0
     for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if split else (dict(DV=True, DQK=True),)):
         for fallback in (False, True):  # as in the forward
-            cp_bwd_kernel[_parallel_grid(o, n_chunks, NV, H, fallback)](*args, **kw, **flags, FALLBACK=fallback)
+            grid = _parallel_grid(o, n_chunks, NV, H, fallback)
+            chunk_parallel_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:
@@ -264,42 +230,47 @@ def cp_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch
     return do, dg, di, dlb, dh0
 
 
-@cp_bwd.register_fake
+@chunk_parallel_bwd.register_fake
 def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb_saved, dy, dht, scale, o_act,
-      i_act):
+      i_act, config):
     dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
 
 
-class _CP(torch.autograd.Function):
-    """`cp_fwd` with autograd: (y, final state); h and A are kept for `cp_bwd`, not returned."""
+class _ChunkParallel(torch.autograd.Function):
+    """`chunk_parallel_fwd` with autograd: (y, final state); h, A and b are kept for `chunk_parallel_bwd`."""
 
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
-                save_a, save_b):
-        y, ht, h, a_saved, b_saved, fb = cp_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act,
-                                                i_act, output_final_state, save_a, save_b)
+                save_a, save_b, config):
+        y, ht, h, a_saved, b_saved, fb = chunk_parallel_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale,
+                                                            o_act, i_act, output_final_state, save_a, save_b, config)
         ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb)
-        ctx.args = (scale, o_act, i_act, output_final_state)
+        ctx.args = (scale, o_act, i_act, output_final_state, config)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensors are made
         return y, ht
 
     @staticmethod
     def backward(ctx, dy, dht):
         o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb = ctx.saved_tensors
-        scale, o_act, i_act, output_final_state = ctx.args
+        scale, o_act, i_act, output_final_state, config = ctx.args
         dy = torch.zeros_like(i) if dy is None else dy.contiguous()
         dht = dht.contiguous() if output_final_state and dht is not None else None
-        do, dg, di, dlb, dh0 = cp_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb, dy,
-                                      dht, scale, o_act, i_act)
+        do, dg, di, dlb, dh0 = chunk_parallel_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved,
+                                                  b_saved, fb, dy, dht, scale, o_act, i_act, config)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None)
 
 
-def hgrn2_cp_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
-                    output_final_state=False, cu_seqlens=None):
-    """HGRN2 by the chunk-parallel Triton kernels; arguments and result as `hgrn2.ops.hgrn2` (shapes there).
+def hgrn2_chunk_parallel_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor,
+                                lower_bound: torch.Tensor | None = None, *, scale: float = 1.0,
+                                o_act: str | None = None, i_act: str | None = None,
+                                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                                cu_seqlens: torch.Tensor | None = None, config: ChunkParallelConfig | None = None,
+                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """HGRN2 by the chunk-parallel Triton kernels; arguments and result as `hgrn2.ops.hgrn2` (shapes there); config:
+    the launch settings (None: the current ones, see `config.launch_config`).
 
     float64 inputs run in float32 (the kernels accumulate in float32) and are cast back.
     """
@@ -307,17 +278,20 @@ def hgrn2_cp_triton(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=N
         raise ValueError(f"o_act must be one of {list(ACTS)}, got {o_act!r}")
     if i_act not in ACTS:
         raise ValueError(f"i_act must be one of {list(ACTS)}, got {i_act!r}")
+    key = config_key(config, ChunkParallelConfig)
+    cfg = from_key(key)
     in_dtype = i.dtype
     # A and b are kept only for a backward (inference and evaluation hold neither)
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (o, g, i, lower_bound, initial_state))
     if torch.float64 in (o.dtype, g.dtype, i.dtype):
         o, g, i = o.float(), g.float(), i.float()
-    y, ht = _CP.apply(
+    y, ht = _ChunkParallel.apply(
         o.contiguous(), g.contiguous(), i.contiguous(),
         None if lower_bound is None else lower_bound.contiguous(),
         None if initial_state is None else initial_state.contiguous(),
         None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
-        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), SAVE_A and grad, SAVE_B and grad,
+        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), cfg.save_a and grad, cfg.save_b and grad,
+        key,
     )
     return y.to(in_dtype), (ht if output_final_state else None)

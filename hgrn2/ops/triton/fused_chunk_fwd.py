@@ -1,7 +1,7 @@
 """Forward kernel: the HGRN2 recurrence over BT-token sub-blocks, state in registers, one pass over memory.
 
-One program per (V-block, sequence·head) walks its sequence BT (16) tokens at a time. Per sub-block, with b the
-within-block cumsum of log f (b ≤ 0, so every factor below is ≤ 1 except inside `_diag_block`):
+One program per (V-block, sequence·head) walks its sequence BT tokens at a time (`block_t_fwd`). Per sub-block,
+with b the within-block cumsum of log f (b ≤ 0, so every factor below is ≤ 1 except inside `diag_block`):
 
     y = (q ⊙ e^{b}) Sᵀ + A v                         A = the exact causal BT×BT block (see _common)
     S ← S ⊙ e^{b_last} + vᵀ (k ⊙ e^{b_last − b})     S [BV, K] in fp32
@@ -12,11 +12,11 @@ It reads o, g, i once and writes y once (plus the final state); k and log f live
 import triton
 import triton.language as tl
 
-from ._common import _act, _diag_block, _gates, _load_beta, _seq_bounds, _tile
+from ._common import act, diag_block, gates, load_beta, seq_bounds, step_tile
 
 
 @triton.jit
-def hgrn2_fwd_kernel(
+def fused_chunk_fwd_kernel(
     o, g, i, lb, h0, y, ht, cu_seqlens, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr,
@@ -25,10 +25,10 @@ def hgrn2_fwd_kernel(
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T, VARLEN)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    beta = _load_beta(lb, i_h, K, ck, HAS_LB)
+    beta = load_beta(lb, i_h, K, ck, HAS_LB)
     # state S [BV, K] (the [V, K] layout of fla's state_v_first)
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
     s_mask = (cv < V)[:, None] & (ck < K)[None, :]
@@ -38,28 +38,28 @@ def hgrn2_fwd_kernel(
         S = tl.zeros([BV, BK], dtype=tl.float32)
 
     # register double-buffering: the next sub-block's tiles load while this one computes
-    offk, offv, mtk, mtv = _tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    offk, offv, mtk, mtv = step_tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
     o_nx = tl.load(o + offk, mask=mtk, other=0.0)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     for t0 in range(bos, eos, BT):
         o_t, g_t, i_t = o_nx, g_nx, i_nx
-        offk, offv, mtk, mtv = _tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        offk, offv, mtk, mtv = step_tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
         o_nx = tl.load(o + offk, mask=mtk, other=0.0)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = _tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
 
         # rows past the end need a = 0 (b stays put) and v = 0; padded K columns need k = 0
-        q = _act(o_t.to(tl.float32), O_ACT) * scale
-        a, k, _, _, _ = _gates(g_t.to(tl.float32), beta, HAS_LB)
+        q = act(o_t.to(tl.float32), O_ACT) * scale
+        a, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
-        v = tl.where(mtv, _act(i_t.to(tl.float32), I_ACT), 0.0)
+        v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0)
 
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
-        A, eb, w_end = _diag_block(q, k, b, b_last, -tl.min(b_last), MAX_SPREAD, DT, PREC)
+        A, eb, w_end = diag_block(q, k, b, b_last, -tl.min(b_last), MAX_SPREAD, DT, PREC)
         v_c = v.to(DT)
         out = tl.dot((q * eb).to(DT), tl.trans(S.to(DT)), input_precision=PREC)
         out += tl.dot(A.to(DT), v_c, input_precision=PREC)

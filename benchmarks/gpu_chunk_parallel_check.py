@@ -1,17 +1,19 @@
-"""One GPU check of the chunk-parallel kernels (`hgrn2_cp_triton`) against the sequential chunk kernel and SDPA.
+"""Are the chunk-parallel kernels (`hgrn2_chunk_parallel_triton`) right and fast on this GPU, against the fused-chunk
+kernels and SDPA, and which of a few launch configs is fastest?
 
-    PYTHONPATH=. python benchmarks/gpu_cp_check.py --out DIR          (≤ 240 s on an H100)
-    PYTHONPATH=. python benchmarks/gpu_cp_check.py --out DIR --timings-only --heads 8 --shapes 8x2048
-    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_cp_check.py --smoke --out /tmp/x   (CPU plumbing test)
+    PYTHONPATH=. python benchmarks/gpu_chunk_parallel_check.py --out DIR          (≤ 240 s on an H100)
+    PYTHONPATH=. python benchmarks/gpu_chunk_parallel_check.py --out DIR --timings-only --heads 8 --shapes 8x2048
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_chunk_parallel_check.py --smoke --out /tmp/x   (CPU plumbing)
 
 (a) correctness vs the fp64 step-loop reference at B=2 T=2048 H=4 K=V=128 with β, an initial state and a
     final-state cotangent: rel L2 of y, the final state and every gradient, PASS/FAIL at ≤ 2e-2 (bf16) and
-    ≤ 1e-4 (fp32; the cp kernels use ieee fp32 dots for fp32 inputs, FP32_DOT_PRECISION) — cp and the old
-    chunk kernel, bf16 first; fp32 last (its ieee kernels compile slowly).
+    ≤ 1e-4 (fp32; the kernels use ieee fp32 dots for fp32 inputs, `fp32_dot_precision`) — chunk-parallel
+    ("parallel") and fused-chunk ("fused"), bf16 first; fp32 last (its ieee kernels compile slowly).
 (b) timings (triton.testing.do_bench, median) at bf16 H=16 K=V=128 (--heads), B=8 T=2048 and B=2 T=8192
-    (--shapes), fwd and fwd+bwd: cp over a few block configs, the old chunk kernel, SDPA causal (flash backend).
+    (--shapes), fwd and fwd+bwd: chunk-parallel over a few `ChunkParallelConfig`s, fused-chunk, SDPA causal (flash
+    backend).
 
-Every step is in its own try/except; progress is printed as it happens and the JSON (DIR/gpu_cp_check.json)
+Every step is in its own try/except; progress is printed as it happens and the JSON (DIR/gpu_chunk_parallel_check.json)
 is rewritten after every step; a watchdog ends the process (with tracebacks) at TOTAL_S.
 """
 
@@ -25,24 +27,24 @@ import traceback
 
 import torch
 
+from hgrn2.ops.triton.config import ChunkParallelConfig, launch_config
+
 TOTAL_S = 235
 T_START = time.time()
 # --smoke: tiny shapes on the CPU under TRITON_INTERPRET=1 (checks this script's plumbing, not the kernels)
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
-RESULTS = {"device": None, "correctness": [], "timings": [], "first_call_s": {}, "errors": [], "best_cp": None}
+RESULTS = {"device": None, "correctness": [], "timings": [], "first_call_s": {}, "errors": [], "best_parallel": None}
 
-# (name, BK fwd, BK bwd, BV, warps fwd, warps bwd, BK seq, BV seq, warps seq, BWD_SPLIT, SAVE_A); the first is
-# cp.py's default (restored after the sweep). The fused backward that rebuilds A failed Triton 3.6's compile for bf16
-# (H100 and H200, before the chunk tier), so every fused config reads the forward's A. Offline (Triton 3.6, sm_90,
-# bf16, H 8, the chunk-tier launch): backward BK 32 spills 136 B, BK 16 none, BK 64 1.8 KB; forward BK 64 none, 128
-# 64 B.
-CP_CONFIGS = [
-    ("A-o32w4-b32-v128-w8-s64", 32, 32, 128, 4, 8, 64, 128, 8, None, True),
-    ("A-o64w8-b32-v128-w8-s64", 64, 32, 128, 8, 8, 64, 128, 8, None, True),
-    ("A-o64w8-b16-v128-w8-s64", 64, 16, 128, 8, 8, 64, 128, 8, None, True),
-    ("A-o128w8-b32-v128-w8-s64", 128, 32, 128, 8, 8, 64, 128, 8, None, True),
-    ("split-o32w4-b32-v128-w8-s64", 32, 32, 128, 4, 8, 64, 128, 8, True, False),
+# (name, config): the default first. The fused backward that rebuilds A fails Triton 3.6's compile for bf16, so
+# every fused config reads the forward's A; the K-blocks are those that spill little in the offline sm_90 compile
+# (tests/ops/triton/compile_sm90.py chunk-parallel).
+CONFIGS = [
+    ("A-o32w4-b32-v128-w8-s64", ChunkParallelConfig()),
+    ("A-o64w8-b32-v128-w8-s64", ChunkParallelConfig(block_k=64, num_warps=8)),
+    ("A-o64w8-b16-v128-w8-s64", ChunkParallelConfig(block_k=64, num_warps=8, block_k_bwd=16)),
+    ("A-o128w8-b32-v128-w8-s64", ChunkParallelConfig(block_k=128, num_warps=8)),
+    ("split-o32w4-b32-v128-w8-s64", ChunkParallelConfig(bwd_split=True, save_a=False)),
 ]
 
 
@@ -51,18 +53,12 @@ def log(*a, sep=" "):
 
 
 def save(out):
-    with open(os.path.join(out, "gpu_cp_check.json"), "w") as f:
+    with open(os.path.join(out, "gpu_chunk_parallel_check.json"), "w") as f:
         json.dump(RESULTS, f, indent=1)
 
 
 def left():
     return TOTAL_S - (time.time() - T_START)
-
-
-def set_cp_config(cfg):
-    from hgrn2.ops.triton import cp
-    (_, cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.NUM_WARPS_BWD, cp.BK_SEQ, cp.BV_SEQ, cp.NUM_WARPS_SEQ, cp.BWD_SPLIT,
-     cp.SAVE_A) = cfg
 
 
 def rel(x, ref):
@@ -71,9 +67,8 @@ def rel(x, ref):
 
 
 def fns():
-    from hgrn2.ops.triton.chunk import hgrn2_chunk_triton
-    from hgrn2.ops.triton.cp import hgrn2_cp_triton
-    return {"cp": hgrn2_cp_triton, "chunk": hgrn2_chunk_triton}
+    from hgrn2.ops.triton import hgrn2_chunk_parallel_triton, hgrn2_fused_chunk_triton
+    return {"parallel": hgrn2_chunk_parallel_triton, "fused": hgrn2_fused_chunk_triton}
 
 
 # --- (a) correctness ------------------------------------------------------------------------------------------
@@ -198,11 +193,11 @@ def sdpa(o, g, i, lb):
     return run
 
 
-def profile_cp(shape):
-    """Per-kernel GPU time of the default cp config, fwd+bwd (5 iterations under torch.profiler)."""
+def profile_parallel(shape):
+    """Per-kernel GPU time of the default chunk-parallel config, fwd+bwd (5 iterations under torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
     (o, g, i, lb), dy = bench_inputs(*shape)
-    fn = ours("cp")(o, g, i, lb)
+    fn = ours("parallel")(o, g, i, lb)
     for _ in range(2):
         fn().backward(dy)
     sync()
@@ -214,10 +209,11 @@ def profile_cp(shape):
     rows = []
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t and e.key.startswith(("cp_", "hgrn2_")) or (t and "kernel" in e.key.lower() and e.count >= 5):
+        ours_ = e.key.startswith(("chunk_parallel_", "fused_chunk_"))
+        if t and (ours_ or ("kernel" in e.key.lower() and e.count >= 5)):
             rows.append(dict(kernel=e.key[:60], calls=e.count, us_per_iter=round(t / 5, 1)))
     rows.sort(key=lambda r: -r["us_per_iter"])
-    RESULTS["profile_cp_default"] = dict(shape=list(shape), kernels=rows[:15])
+    RESULTS["profile_parallel_default"] = dict(shape=list(shape), kernels=rows[:15])
     for r in rows[:15]:
         log(f"  profile {r['kernel']:>60}: {r['us_per_iter']:8.1f} us/iter ({r['calls']} calls)")
 
@@ -245,48 +241,43 @@ def main():
     RESULTS["device"] = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke)"
     RESULTS["versions"] = dict(torch=torch.__version__, triton=triton.__version__)
     log("device", RESULTS["device"], RESULTS["versions"])
-    from hgrn2.ops.triton import cp
-    RESULTS["cp_defaults"] = dict(BT=cp.BT, BT_FP32=cp.BT_FP32, BK=cp.BK, BK_BWD=cp.BK_BWD, BV=cp.BV,
-                                  BK_SEQ=cp.BK_SEQ, FP32_DOT_PRECISION=cp.FP32_DOT_PRECISION,
-                                  STATE_DTYPE=str(cp.STATE_DTYPE))
-    defaults = ("default", cp.BK, cp.BK_BWD, cp.BV, cp.NUM_WARPS, cp.NUM_WARPS_BWD, cp.BK_SEQ, cp.BV_SEQ,
-                cp.NUM_WARPS_SEQ, cp.BWD_SPLIT, cp.SAVE_A)
+    RESULTS["defaults"] = ChunkParallelConfig().key
 
     case = None if ARGS.timings_only else step("inputs", make_case)
     ref = step("fp64 reference", reference, *case) if case else None
     if ref:
         log("reference done")
-        step("check cp bf16", check, "cp", torch.bfloat16, *case, ref, need_s=30)
-        step("check chunk bf16", check, "chunk", torch.bfloat16, *case, ref, need_s=20)
+        step("check parallel bf16", check, "parallel", torch.bfloat16, *case, ref, need_s=30)
+        step("check fused bf16", check, "fused", torch.bfloat16, *case, ref, need_s=20)
 
     shapes = [(1, 64), (1, 128)] if SMOKE else [tuple(int(v) for v in x.split("x")) for x in ARGS.shapes.split(",")]
     for shape in shapes:
-        step(f"bench chunk {shape}", bench_impl, "chunk (sequential)", ours("chunk"), shape, need_s=25)
+        step(f"bench fused {shape}", bench_impl, "fused", ours("fused"), shape, need_s=25)
         step(f"bench sdpa {shape}", bench_impl, "sdpa flash causal", sdpa, shape, need_s=10)
-    for cfg in CP_CONFIGS[:4] if SMOKE else CP_CONFIGS:
-        set_cp_config(cfg)
-        for shape in shapes:
-            step(f"bench cp {cfg[0]} {shape}", bench_impl, f"cp {cfg[0]}", ours("cp"), shape, need_s=40)
-    set_cp_config(defaults)
-    step("profile cp default", profile_cp, shapes[0], need_s=30)
+    for name, cfg in CONFIGS[:4] if SMOKE else CONFIGS:
+        with launch_config(chunk_parallel=cfg):
+            for shape in shapes:
+                step(f"bench parallel {name} {shape}", bench_impl, f"parallel {name}", ours("parallel"), shape,
+                     need_s=40)
+    step("profile parallel default", profile_parallel, shapes[0], need_s=30)
 
-    cps = [r for r in RESULTS["timings"] if r["impl"].startswith("cp ")]
+    cps = [r for r in RESULTS["timings"] if r["impl"].startswith("parallel ")]
     for s in shapes:
         rows = [r for r in cps if (r["B"], r["T"]) == s]
         if rows:
             best = min(rows, key=lambda r: r["fwd_bwd_ms"])
-            RESULTS.setdefault("best_cp_per_shape", {})[f"B{s[0]}xT{s[1]}"] = best
+            RESULTS.setdefault("best_parallel_per_shape", {})[f"B{s[0]}xT{s[1]}"] = best
     if cps:
         tot = {}
         for r in cps:
             tot.setdefault(r["impl"], []).append(r["fwd_bwd_ms"])
-        RESULTS["best_cp"] = min((k for k in tot if len(tot[k]) == len(shapes)), key=lambda k: sum(tot[k]),
+        RESULTS["best_parallel"] = min((k for k in tot if len(tot[k]) == len(shapes)), key=lambda k: sum(tot[k]),
                                  default=None)
     save(ARGS.out)
 
     if ref:
-        step("check chunk fp32", check, "chunk", torch.float32, *case, ref, need_s=25)
-        step("check cp fp32", check, "cp", torch.float32, *case, ref, need_s=30)
+        step("check fused fp32", check, "fused", torch.float32, *case, ref, need_s=25)
+        step("check parallel fp32", check, "parallel", torch.float32, *case, ref, need_s=30)
 
     log("=== correctness (rel L2 vs fp64 reference) ===")
     for r in RESULTS["correctness"]:
@@ -298,9 +289,9 @@ def main():
     for r in RESULTS["timings"]:
         shape = f"B{r['B']}xT{r['T']}"
         log(f"{r['impl']:>26} {shape:>12} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f}")
-    log("best cp config (sum of fwd+bwd over shapes):", RESULTS["best_cp"])
-    for k, v in RESULTS.get("best_cp_per_shape", {}).items():
-        log(f"best cp at {k}: {v['impl']} fwd {v['fwd_ms']:.3f} fwd+bwd {v['fwd_bwd_ms']:.3f}")
+    log("best chunk-parallel config (sum of fwd+bwd over shapes):", RESULTS["best_parallel"])
+    for k, v in RESULTS.get("best_parallel_per_shape", {}).items():
+        log(f"best chunk-parallel at {k}: {v['impl']} fwd {v['fwd_ms']:.3f} fwd+bwd {v['fwd_bwd_ms']:.3f}")
     if RESULTS["errors"]:
         log("errors:", *RESULTS["errors"], sep="\n  ")
     save(ARGS.out)
@@ -308,7 +299,7 @@ def main():
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="gpu_cp_check_out")
+    ap.add_argument("--out", default="gpu_chunk_parallel_check_out")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (plumbing only)")
     ap.add_argument("--shapes", default="8x2048,2x8192", help="timed shapes, comma list of BxT")
     ap.add_argument("--heads", type=int, default=16, help="heads of the timed shapes (K = V = 128)")

@@ -1,24 +1,25 @@
-"""Launch tuning of the sequential chunk kernels on one GPU: every (V-block, warps, stages, tokens per step)
-combination of each direction, timed and checked, fastest first.
+"""Which launch settings of the fused-chunk kernels are fastest on this GPU? Every (V-block, warps, stages,
+tokens per step) combination of each direction, timed and checked, fastest first.
 
-    PYTHONPATH=. python benchmarks/gpu_chunk_sweep.py [--shapes 8x2048x16,8x2048x8] [--directions bwd,fwd]
+    PYTHONPATH=. python benchmarks/gpu_fused_chunk_sweep.py [--shapes 8x2048x16,8x2048x8] [--directions bwd,fwd]
         [--budget-s 480] [--out F]
-    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_chunk_sweep.py --device cpu --shapes 1x40x1 \
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_fused_chunk_sweep.py --device cpu --shapes 1x40x1 \
         --head-dim 16 --budget-s 20        # a smoke test of this script on a CPU
 
 Per shape (B × T × H, K = V = 128, bf16, β and silu as in `hgrn2 bench ops`): the forward alone, and the
-backward alone (`torch.autograd.grad` of a kept forward graph), for each setting of `chunk.TUNING[direction]`,
-`chunk.BLOCK_T_FWD` / `BLOCK_T_BWD` and `chunk.BWD_SPLIT` (the default row: chunk.py's own, "auto" where the
-backward's form and steps follow `chunk._bwd_form`). Each setting's output is compared with the default
+backward alone (`torch.autograd.grad` of a kept forward graph), for each setting of the direction's fields of
+`FusedChunkConfig` (the default row: the shipped defaults, "auto" where the backward's form and steps follow
+`fused_chunk.bwd_form`). Each setting's output is compared with the default
 setting's (bf16 relative error ≤ 1e-2, else it is reported as WRONG); settings that fail to compile are
 reported, not fatal.
 Times are medians of `triton.testing.do_bench`. The last lines are a table of the three fastest settings per
-shape and direction next to the default; copy the winners into `hgrn2/ops/triton/chunk.py`.
+shape and direction next to the default; copy the winners into `FusedChunkConfig`'s defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import time
@@ -26,18 +27,22 @@ import time
 import torch
 import triton
 
-from hgrn2.ops.triton import chunk as chunk_mod
+from hgrn2.ops.triton import hgrn2_fused_chunk_triton
+from hgrn2.ops.triton.config import FusedChunkConfig
 
-# per direction: max_bv, num_warps, num_stages, tokens per step (and the backward's form, chunk.BWD_SPLIT).
-# Pruned by the offline sm_90 compile (NOTES.md) and the H100 sweep of 2026-11-23 (BENCHMARKS.md): 4 warps
-# spill 1.5-11 KB per thread in the backward, and V-blocks of 32 and pipelining stages never won.
+# per direction: max_bv, num_warps, num_stages, tokens per step (and the backward's form, bwd_split). Pruned
+# where the offline sm_90 compile (tests/ops/triton/compile_sm90.py chunk-grid) shows heavy spills: 4 warps in
+# the backward; V-blocks of 32 and pipelining stages are left out as never faster.
 GRID = {
     "bwd": dict(max_bv=(128, 64), num_warps=(8, 16), num_stages=(None,), block_t=(16, 32), split=(False, True)),
     "fwd": dict(max_bv=(128, 64), num_warps=(4, 8), num_stages=(None, 1), block_t=(16, 32)),
 }
-# the settings chunk.py ships with, per direction (timed first, the reference for every other setting)
-DEFAULT = {d: {**chunk_mod.TUNING[d], "block_t": getattr(chunk_mod, f"BLOCK_T_{d.upper()}")} for d in ("fwd", "bwd")}
-DEFAULT["bwd"]["split"] = chunk_mod.BWD_SPLIT
+# a setting's keys → FusedChunkConfig's fields, per direction
+FIELDS = {d: {"max_bv": f"max_bv_{d}", "num_warps": f"num_warps_{d}", "num_stages": f"num_stages_{d}",
+              "block_t": f"block_t_{d}"} for d in ("fwd", "bwd")}
+FIELDS["bwd"]["split"] = "bwd_split"
+# the shipped settings, per direction (timed first, the reference for every other setting)
+DEFAULT = {d: {k: getattr(FusedChunkConfig(), f) for k, f in FIELDS[d].items()} for d in ("fwd", "bwd")}
 
 
 def rel(a, b) -> float:
@@ -61,20 +66,17 @@ def bench(fn, device) -> float:
     return 1e3 * (time.perf_counter() - t0)
 
 
-def apply(direction: str, setting: dict) -> None:
-    chunk_mod.TUNING[direction] = {k: setting[k] for k in ("max_bv", "num_warps", "num_stages")}
-    setattr(chunk_mod, "BLOCK_T_FWD" if direction == "fwd" else "BLOCK_T_BWD", setting["block_t"])
-    if direction == "bwd":
-        chunk_mod.BWD_SPLIT = setting["split"]
+def config(direction: str, setting: dict) -> FusedChunkConfig:
+    return dataclasses.replace(FusedChunkConfig(), **{FIELDS[direction][k]: v for k, v in setting.items()})
 
 
-def measure(direction: str, xs) -> tuple[float, torch.Tensor]:
-    """(median ms, result) of one direction with the current settings."""
+def measure(direction: str, xs, cfg: FusedChunkConfig) -> tuple[float, torch.Tensor]:
+    """(median ms, result) of one direction with the settings cfg."""
     o, g, i, lb, dy = xs
     K = o.shape[-1]
 
     def fwd():
-        return chunk_mod.hgrn2_chunk_triton(o, g, i, lb, scale=K ** -0.5, o_act="silu")[0]
+        return hgrn2_fused_chunk_triton(o, g, i, lb, scale=K ** -0.5, o_act="silu", config=cfg)[0]
 
     if direction == "fwd":
         with torch.no_grad():
@@ -101,19 +103,16 @@ def sweep_shape(shape, head_dim, directions, device, deadline, log) -> list[dict
             if time.time() > deadline:
                 log(f"budget spent: {direction} {shape} stops")
                 break
-            apply(direction, setting)
             row = {"shape": f"{B}x{T}x{H}", "direction": direction, **setting}
             try:
                 t0 = time.time()
-                ms, out = measure(direction, xs)
+                ms, out = measure(direction, xs, config(direction, setting))
                 row["ms"], row["first_s"] = ms, round(time.time() - t0, 1)
                 want = out if want is None else want
                 row["err_vs_default"] = rel(out, want)
                 row["status"] = "ok" if row["err_vs_default"] <= 1e-2 else "WRONG"
             except Exception as e:  # noqa: BLE001 - a failing setting is a result, not a crash
                 row["status"] = f"{type(e).__name__}: {str(e)[:120]}"
-            finally:
-                apply(direction, default)
             log(json.dumps(row))
             rows.append(row)
     return rows
@@ -127,7 +126,7 @@ def summary(rows) -> str:
             continue
         base = ok[0]["ms"]  # the default setting runs first
         for r in [ok[0]] + sorted(ok[1:], key=lambda r: r["ms"])[:3]:
-            split = {True: "yes", False: "-", None: "auto"}[r.get("split", False)]  # None: chunk._bwd_form
+            split = {True: "yes", False: "-", None: "auto"}[r.get("split", False)]  # None: fused_chunk.bwd_form
             lines.append(f"{r['shape']:<11} {r['direction']:<4} {split:>5} "
                          f"{r['max_bv']:>6} {r['num_warps'] or '-':>5} {r['num_stages'] or '-':>6} "
                          f"{r['block_t'] or '-':>3} {r['ms']:>7.3f}  {r['ms'] / base:>6.2f}x")

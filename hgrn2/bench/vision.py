@@ -1,0 +1,142 @@
+"""`hgrn2 bench vision`: training throughput (images/s) of the DeiT-Tiny-sized HGRN2 against timm's DeiT-Tiny.
+
+Each step is forward + backward + AdamW on random 224×224 images and labels under bf16 autocast with fp32 weights
+(`hgrn2.models.vision` preset `deit_tiny`, bidirectional scans on the Triton kernels on a GPU; timm's
+`deit_tiny_patch16_224`, built without weights). `--warmup` untimed steps, then `--rounds` rounds of `--steps`
+steps timed between CUDA synchronises, interleaved over the models; the median round is reported with the range.
+Data loading is not included.
+
+    hgrn2 bench vision --out-dir bench/vision          # writes bench/vision/bench_vision.json
+    hgrn2 bench vision --quick                         # tiny CPU smoke run of the same code path
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..models.vision import HGRN2ForImageClassification, num_parameters, preset
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--models", default="hgrn2,deit", help="comma list of hgrn2 (ours), deit (timm's)")
+    parser.add_argument("--batch-size", type=int, default=128, help="images per step (the authors' per-GPU batch)")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out-dir", default=None, help="write bench_vision.json here")
+    parser.add_argument("--quick", action="store_true", help="tiny CPU-sized smoke run (28×28 images, batch 2)")
+
+
+def build(name: str, image_size: int) -> torch.nn.Module:
+    if name == "hgrn2":
+        patch = 14 if image_size % 14 == 0 else 16
+        return HGRN2ForImageClassification(preset("deit_tiny", image_size=image_size, patch_size=patch))
+    if name == "deit":
+        import timm
+
+        return timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=image_size,
+                                 patch_size=16 if image_size % 16 == 0 else 14)
+    raise ValueError(f"`--models`: unknown model {name!r}; choose from hgrn2, deit")
+
+
+def make_step(model, batch: int, image_size: int, device: torch.device):
+    """A closure running one training step on fixed random data."""
+    x = torch.randn(batch, 3, image_size, image_size, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step():
+        with autocast:
+            loss = F.cross_entropy(model(x).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(args) -> int:
+    if args.quick:
+        args.image_size, args.batch_size, args.warmup, args.steps, args.rounds = 28, 2, 1, 1, 2
+    for key in ("batch_size", "image_size", "steps", "rounds"):
+        if getattr(args, key) < 1:
+            raise SystemExit(f"--{key.replace('_', '-')}: expected at least 1, got {getattr(args, key)}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    rows, steps = {}, {}
+    torch.manual_seed(0)
+    for name in names:
+        try:
+            model = build(name, args.image_size).to(device)
+        except Exception as e:  # noqa: BLE001 - a missing or broken timm skips that model, with the reason
+            if name != "deit":
+                raise
+            rows[name] = {"model": name, "skipped": f"{type(e).__name__}: {e}"}
+            continue
+        rows[name] = {"model": name, "parameters": num_parameters(model), "seconds": []}
+        steps[name] = make_step(model, args.batch_size, args.image_size, device)
+        for _ in range(args.warmup):
+            steps[name]()
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            _sync(device)
+            rows[name]["seconds"].append(time.perf_counter() - t0)
+    for name in steps:
+        rates = [args.batch_size * args.steps / s for s in rows[name]["seconds"]]
+        rows[name].update(images_per_s=statistics.median(rates), images_per_s_range=[min(rates), max(rates)])
+    if "hgrn2" in steps and "deit" in steps:
+        rows["hgrn2"]["ratio_to_deit"] = rows["hgrn2"]["images_per_s"] / rows["deit"]["images_per_s"]
+    result = {"benchmark": "vision_train_throughput", "device": _device_name(device), "batch_size": args.batch_size,
+              "image_size": args.image_size, "steps": args.steps, "rounds": args.rounds, "warmup": args.warmup,
+              "precision": "bf16 autocast" if device.type == "cuda" else "fp32", "versions": _versions(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": list(rows.values())}
+    print(f"{'model':<8} {'params':>9} {'images/s':>10} {'range':>19}")
+    for row in rows.values():
+        if "skipped" in row:
+            print(f"{row['model']:<8} skipped: {row['skipped']}")
+            continue
+        lo, hi = row["images_per_s_range"]
+        print(f"{row['model']:<8} {row['parameters'] / 1e6:>8.2f}M {row['images_per_s']:>10.1f} "
+              f"{lo:>9.1f}–{hi:<9.1f}")
+    if "ratio_to_deit" in rows.get("hgrn2", {}):
+        print(f"hgrn2 / deit: {rows['hgrn2']['ratio_to_deit']:.2f}× on {result['device']}")
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+        path = os.path.join(args.out_dir, "bench_vision.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f, indent=2)
+        os.replace(path + ".tmp", path)
+        print(f"wrote {path}")
+    return 0
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+
+
+def _versions() -> dict:
+    out = {"torch": torch.__version__}
+    for mod in ("triton", "timm"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent or broken optional packages are recorded as such
+            out[mod] = None
+    return out

@@ -1,0 +1,192 @@
+"""Chunk-parallel forward: a short sequential pass for the chunk-start states, then one program per chunk.
+
+Chunks of BT (64) tokens, each split into NB = BT/16 sub-blocks of 16. Per chunk, with a = log f and
+c the inclusive cumsum of a *within each 16-token sub-block*, r_i the decay of the chunk up to the start of
+sub-block i (exclusive prefix of the sub-block sums) and R [BT, K] that r broadcast to the rows of sub-block i:
+b = R + c is the within-chunk cumsum of log f (b ≤ 0, non-increasing), every exponent below is ≤ 0 except
+e^{−c} (bounded by the largest 16-token decay spread, checked against MAX_SPREAD).
+
+1. `chunk_parallel_fwd_h_kernel`, grid (NK·NV, N·H): walks the chunks of one sequence, stores the chunk-START state
+   h_c [V, K] (STATE_DTYPE) and updates S ← S ⊙ e^{b_last} + vᵀ (k ⊙ e^{b_last − b}); final state in fp32.
+   K may be split (the state's columns are independent).
+2. `chunk_parallel_fwd_o_kernel`, grid (NT_total, NV, H): y = (q ⊙ e^b) h_cᵀ + A v with the causal BT×BT block
+   A[t, s] = Σ_k q_t k_s e^{b_t − b_s}, in one of three tiers per K-block:
+   - chunk tier (the chunk's largest decay, max over channels of −b_last, below CHUNK_SPREAD = 120):
+     A = (q e^{b − m})(k e^{m − b})ᵀ, one product, with the reference m = b_last / 2 per channel, so that every
+     factor lies in [e^{−60}, e^{60}];
+   - sub-block tier (the largest 16-token spread below MAX_SPREAD = 60): A = Σ_j (q e^{c} ⊙ E_j)(k e^{−c} on
+     sub-block j)ᵀ with E_j[t] = e^{r_{i(t)} − r_j} (i(t) ≥ j, else 0): every factor bounded;
+   - otherwise an exact column loop with the exponent masked before exp.
+   The chunk tier reads b from `chunk_parallel_decay_kernel` and holds no code of the other two; a second launch
+   (FALLBACK) redoes the chunks that leave it (listed by `chunk_parallel_decay_kernel`), in the sub-block or exact
+   tier per K-block, over the first launch's output.
+"""
+
+import triton
+import triton.language as tl
+
+from ._common import (
+    act,
+    chunk_bounds,
+    chunk_decay,
+    chunk_offset,
+    chunk_tile,
+    expand_rows,
+    fast_exp,
+    gates,
+    intra_A,
+    load_beta,
+    load_gates,
+    ref_decay,
+    seq_bounds,
+    walk_loads,
+)
+
+
+@triton.jit
+def chunk_parallel_fwd_h_kernel(
+    g, i, lb, bb, h0, h, ht, cu_seqlens, chunk_offsets, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    NV: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Walks one sequence's chunks for a [BV, BK] block of the state. b (the within-chunk cumsum of log f) comes
+    from `chunk_parallel_decay_kernel`, so a step holds no log and no row scan: its latency is what the walk costs."""
+    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+    i_k, i_v = i_kv // NV, i_kv % NV
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos = seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    ck = i_k * BK + tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    beta = load_beta(lb, i_h, K, ck, HAS_LB)
+    s_pos = cv[:, None] * K + ck[None, :]
+    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + i_nh.to(tl.int64) * V * K + s_pos, mask=s_mask, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BV, BK], dtype=tl.float32)
+    # pointers at the sequence's first row and this head (int64 scalars), moved one chunk per step; the tiles'
+    # offsets from there are int32
+    g, bb, i = g + (bos * H + i_h) * K, bb + (bos * H + i_h) * K, i + (bos * H + i_h) * V
+    h += (chunk_offset(chunk_offsets, i_n, NT, VARLEN) * H + i_h) * V * K
+    left = (eos - bos).to(tl.int32)  # rows from the current chunk's start to the sequence's end
+    g_nx, b_nx, bl_nx, i_nx = walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
+    for _ in range(0, tl.cdiv(left, BT)):
+        g_t, b_t, bl_t, i_t = g_nx, b_nx, bl_nx, i_nx
+        _, mtk = chunk_tile(left, ck, H, K, BK, BT)
+        _, mtv = chunk_tile(left, cv, H, V, BV, BT)
+        g, bb, i, left = g + BT * H * K, bb + BT * H * K, i + BT * H * V, left - BT
+        g_nx, b_nx, bl_nx, i_nx = walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
+
+        tl.store(h + s_pos, S.to(h.dtype.element_ty), mask=s_mask)
+        h += H * V * K
+        _, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
+        w = tl.where(mtk, k * fast_exp(bl_t[None, :] - b_t), 0.0)
+        v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0)
+        S = S * fast_exp(bl_t)[None, :] + tl.dot(tl.trans(v.to(DT)), w.to(DT), input_precision=PREC)
+
+    if STORE_HT:
+        tl.store(ht + i_nh.to(tl.int64) * V * K + s_pos, S, mask=s_mask)
+
+
+@triton.jit
+def chunk_parallel_decay_kernel(g, lb, bb, fb, chunks, T, NT, NC, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr, CHUNK_SPREAD: tl.constexpr):
+    """b, the within-chunk cumsum of log f, into bb [B·T, H, K] fp32, and the chunk tier's verdict into fb: one
+    program per (chunk, head, K-block). The parallel kernels' chunk tier reads b (a log and a scan per element
+    fewer there), and so do the sequential walks (their steps are latency-bound).
+
+    fb (int32, zeroed by the caller) = [count | leaves [NC·H] | list [NC·H]]: leaves[c·H + h] = 1 where some
+    channel of the chunk decays by e^{-CHUNK_SPREAD} or more (it leaves the chunk tier), and the program that sets
+    it first appends c·H + h to the list (count: the list's length), which the fallback launches walk instead of
+    a grid over every chunk (the chunk-tier launches read no verdict: they take every chunk)."""
+    i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
+    t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+    n = (t1 - t0).to(tl.int32)
+    ck = i_k * BK + tl.arange(0, BK)
+    offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
+    g, bb = g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
+    a, _, _, _, _ = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), load_beta(lb, i_h, K, ck, HAS_LB),
+                           HAS_LB)
+    b = tl.cumsum(tl.where(mtk, a, 0.0), 0)
+    tl.store(bb + offk, b, mask=mtk)
+    # the verdict from the chunk's last row, read back (a reduction of the tile in registers would take it in a
+    # second layout, and the compiler would redo the gate math for it: twice the instructions)
+    tl.debug_barrier()
+    b_end = tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < tl.where(n > 0, K, 0), other=0.0)
+    if -tl.min(b_end, 0) >= CHUNK_SPREAD:
+        if tl.atomic_or(fb + 1 + i_c * H + i_h, 1) == 0:  # the first K-block to find it appends the chunk
+            tl.store(fb + 1 + NC * H + tl.atomic_add(fb, 1), i_c * H + i_h)
+
+
+@triton.jit
+def chunk_parallel_fwd_o_kernel(
+    o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, NC,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr, FALLBACK: tl.constexpr,
+):
+    """One program per (chunk, V-block, head); loops over K-blocks of BK (A and y accumulate over them).
+
+    Two launches: the first (FALLBACK off, grid (NC, NV, H)) takes the chunk tier everywhere, from the within-chunk
+    cumsum b that `chunk_parallel_decay_kernel` stored in bb (no log, no scan here); the second (FALLBACK on, a small
+    grid (P, NV, 1)) walks the chunks that `chunk_parallel_decay_kernel` listed in fb as leaving the chunk tier, in
+    the sub-block or exact tier per K-block, and rewrites every output of theirs (the first launch wrote them too,
+    possibly non-finite: it reads no verdict, whose load would stall every program before its first tile). STORE_A: the
+    first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's dtype) for the backward's
+    dv."""
+    i_v = tl.program_id(1)
+    if FALLBACK:
+        for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
+            c_h = tl.load(fb + 1 + NC * H + e)
+            _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, c_h // H, i_v, c_h % H, H, K, V, BT,
+                         BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, FALLBACK)
+    else:
+        _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, tl.program_id(0), i_v, tl.program_id(2), H,
+                     K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, FALLBACK)
+
+
+@triton.jit
+def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, i_c, i_v, i_h, H: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+                 MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr,
+                 FALLBACK: tl.constexpr):
+    """`chunk_parallel_fwd_o_kernel`'s work on chunk i_c, V-block i_v, head i_h."""
+    t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+    n = (t1 - t0).to(tl.int32)
+    # the chunk's rows and head as one int64 offset per pointer; the tiles' offsets from there are int32
+    o, g, bb = o + (t0 * H + i_h) * K, g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
+    i, y = i + (t0 * H + i_h) * V, y + (t0 * H + i_h) * V
+    h += (i_c.to(tl.int64) * H + i_h) * V * K
+    if n > 0:  # padding chunks: nothing (the chunk tier also takes fb's chunks; see `chunk_parallel_fwd_o_kernel`)
+        cv = i_v * BV + tl.arange(0, BV)
+        rows = tl.arange(0, BT)
+        offv, mtv = chunk_tile(n, cv, H, V, BV, BT)
+        i_t = tl.load(i + offv, mask=mtv, other=0.0)  # issued first: its latency hides behind the K loop
+        out = tl.zeros([BT, BV], dtype=tl.float32)
+        A = tl.zeros([BT, BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            ck = kb * BK + tl.arange(0, BK)
+            offk, mtk, beta, q, a, k = load_gates(o, g, lb, n, ck, i_h, scale, H, K, BK, BT, O_ACT, HAS_LB)
+            h_t = tl.load(h + (cv[:, None] * K + ck[None, :]), mask=(cv < V)[:, None] & (ck < K)[None, :], other=0.0)
+            if FALLBACK:
+                a = tl.where(mtk, a, 0.0)
+                c, r, R, b_last = chunk_decay(a, BT, BK)
+                A_k, ec, enc = intra_A(q, k, c, r, R, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
+                A += A_k
+                eb = ec * expand_rows(fast_exp(r), BT, BK)
+            else:
+                e_q, e_k, m = ref_decay(bb, n, offk, mtk, ck, H, K)
+                A_k = tl.dot((q * e_q).to(DT), tl.trans((k * e_k).to(DT)), input_precision=PREC)
+                A += tl.where(rows[:, None] >= rows[None, :], A_k, 0.0)
+                eb = e_q * fast_exp(m)[None, :]
+            out += tl.dot((q * eb).to(DT), tl.trans(h_t.to(DT)), input_precision=PREC)
+
+        v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0)
+        out += tl.dot(A.to(DT), v.to(DT), input_precision=PREC)
+        tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
+        if STORE_A:
+            if i_v == 0:
+                a_out += (i_c.to(tl.int64) * H + i_h) * BT * BT
+                tl.store(a_out + (rows[:, None] * BT + rows[None, :]), A.to(a_out.dtype.element_ty))

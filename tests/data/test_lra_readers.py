@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hgrn2.data.lra import readers, tasks
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lra"
+
+
+def test_text_reads_aclimdb_as_bytes():
+    d = readers.read_text(FIX, max_len=200)
+    train = d["train"]
+    assert train.inputs.shape == (5, 200) and sorted(train.labels.tolist()) == [0, 0, 1, 1, 1]
+    first = (FIX / "aclImdb" / "train" / "neg" / "0_7.txt").read_bytes()
+    row = train.inputs[0]
+    assert bytes((row[: len(first)] - readers.BYTE_OFFSET).astype(np.uint8)) == first
+    assert row[len(first)] == 1 and train.lengths[0] == len(first) + 1
+    assert train.truncated == 1  # the 6,000-byte review, cut to the task's length
+    assert d["val"] is d["test"]  # LRA evaluates IMDB on its test split
+
+
+def test_retrieval_reads_the_lra_release_pairs():
+    d = readers.read_retrieval(FIX, max_len=32)
+    assert set(d) == {"train", "val", "test"}
+    s = d["train"]
+    assert s.inputs.shape == (4, 2, 32) and s.lengths.shape == (4, 2) and s.labels.tolist() == [0, 1, 0, 1]
+    text = bytes((s.inputs[1, 1, : s.lengths[1, 1] - 1] - readers.BYTE_OFFSET).astype(np.uint8))
+    assert text == b"paper 1 cites it"
+
+
+def test_image_reads_cifar_in_grey():
+    d = readers.read_image(FIX, val_fraction=0.2)
+    assert d["train"].inputs.shape == (8, 1024) and d["val"].inputs.shape == (2, 1024)
+    assert d["test"].inputs.shape == (2, 1024) and d["test"].labels.tolist() == [1, 7]
+    assert np.array_equal(readers.grey(np.array([[255, 255, 255], [255, 0, 0]], np.uint8)), [255, 76])
+
+
+def test_fashion_mnist_reads_idx_files():
+    d = readers.read_fashion_mnist(FIX / "fashion-mnist", val_fraction=0.25)
+    assert d["train"].inputs.shape == (36, 784) and d["val"].inputs.shape == (12, 784)
+    assert d["test"].inputs.dtype == np.uint8 and d["test"].labels.tolist() == [0, 1] * 6
+
+
+def test_listops_reads_the_release_layout():
+    d = tasks.load("listops", data_root=str(FIX))
+    assert [len(d[s].labels) for s in ("train", "val", "test")] == [8, 2, 2]
+    assert (d["train"].inputs[np.arange(8), d["train"].lengths - 1] == 1).all()
+
+
+@pytest.mark.parametrize("read,layout", [(readers.read_text, "aclImdb"), (readers.read_retrieval, "new_aan_pairs"),
+                                         (readers.read_image, "cifar-10-batches-py"),
+                                         (readers.read_fashion_mnist, "images-idx3")])
+def test_missing_files_name_the_expected_layout(tmp_path, read, layout):
+    with pytest.raises(readers.MissingData, match=layout):
+        read(tmp_path)
+
+
+def test_tasks_need_a_data_path():
+    with pytest.raises(ValueError, match="--data"):
+        tasks.load("text")
+    with pytest.raises(ValueError, match="task"):
+        tasks.check_task("cifar100")
+
+
+def test_pathfinder_reads_the_lra_release():
+    import torch
+    from PIL import Image
+
+    with pytest.warns(UserWarning, match="1 empty image"):
+        d = readers.read_pathfinder(FIX, 32, "hard", fractions=(0.2, 0.2), workers=1)
+    assert [len(d[s].labels) for s in ("train", "val", "test")] == [3, 1, 1]
+    order = torch.randperm(5, generator=torch.Generator().manual_seed(42)).tolist()  # LRA code's random_split
+    base = FIX / "lra_release" / "pathfinder32" / "curv_contour_length_14" / "imgs" / "0"
+    for split, k in (("val", order[3]), ("test", order[4])):
+        png = np.asarray(Image.open(base / f"sample_{k}.png")).reshape(-1)
+        assert np.array_equal(d[split].inputs[0], png) and d[split].labels[0] == k % 2
+    with pytest.raises(readers.MissingData, match="curv_contour_length_14"):
+        readers.read_pathfinder(FIX, 128)

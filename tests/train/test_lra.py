@@ -1,0 +1,117 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hgrn2.cli import main
+from hgrn2.models.lra import MIXERS, LRAClassifier, LRAModelConfig
+from hgrn2.train import checkpoint
+from hgrn2.train.lra import build, load_preset, report
+
+FASHION = Path(__file__).resolve().parents[1] / "fixtures" / "lra" / "fashion-mnist"
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_a_few_steps_reduce_the_loss(mixer):
+    torch.manual_seed(0)
+    model = LRAClassifier(LRAModelConfig(mixer=mixer, num_classes=4, vocab_size=12, hidden_size=16, num_layers=2,
+                                         num_heads=2))
+    ids = torch.randint(0, 12, (8, 24))
+    labels = torch.arange(8) % 4
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        loss = F.cross_entropy(model(ids), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_presets_follow_the_authors_launch_script():
+    listops = load_preset("listops")
+    assert listops["model"]["hidden_size"] == 32 and listops["model"]["num_layers"] == 6
+    assert listops["train"] == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
+                                "schedule_steps": 50000, "epochs": 50}
+    assert load_preset("pathfinder")["model"]["directions"] == "2d"
+    assert load_preset("retrieval")["model"]["glu_expand"] == 2
+
+
+def _cli(out: Path, *extra: str) -> None:
+    args = ["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(out), "--epochs", "2", "--batch-size", "8",
+            "--warmup-steps", "2", "--schedule-steps", "10", "--lr", "3e-3", "--device", "cpu", "--log-every", "2",
+            "--ckpt-every", "0", "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1, "dropout": 0.1}),
+            *extra]
+    assert main(args) == 0
+
+
+def _final(out: Path) -> tuple[dict, dict]:
+    run = out / "fashion_mnist-hgrn2"
+    state = checkpoint.load_latest(str(run / "ckpt"))
+    result = json.loads((run / "result.json").read_text())
+    return state, result
+
+
+def test_interrupted_runs_resume_exactly(tmp_path, capsys):
+    _cli(tmp_path / "whole")
+    _cli(tmp_path / "parts", "--max-steps", "3")   # stops inside epoch 1
+    first = json.loads((tmp_path / "parts" / "fashion_mnist-hgrn2" / "result.json").read_text())
+    assert first["stopped"] == "max_steps" and first["steps"] == 3 and first["history"] == []
+    _cli(tmp_path / "parts", "--max-steps", "7")   # through epoch 1's end, into epoch 2
+    _cli(tmp_path / "parts")
+    whole, whole_result = _final(tmp_path / "whole")
+    parts, parts_result = _final(tmp_path / "parts")
+    assert whole["step"] == parts["step"] == 10
+    for name, value in whole["model"].items():
+        assert torch.equal(value, parts["model"][name]), name
+    strip = lambda r: [{k: v for k, v in h.items() if k not in ("epoch_time", "complete")}  # noqa: E731
+                       for h in r["history"]]
+    assert strip(whole_result) == strip(parts_result) and len(whole_result["history"]) == 2
+    assert whole_result["test_acc_at_best_val"] is not None and whole_result["time_per_epoch_s"] > 0
+
+    capsys.readouterr()
+    assert main(["lra", "--report", "--out", str(tmp_path / "whole")]) == 0
+    printed = capsys.readouterr().out
+    assert "HGRN2 (paper) | 60.52" in printed and "| hgrn2 (here) |" in printed
+    assert (tmp_path / "whole" / "curves.png").is_file()
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="task"):
+        main(["lra", "cifar100", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="batch-size"):
+        main(["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path), "--batch-size", "1000",
+              "--device", "cpu"])
+    assert "hgrn2 (here)" not in report(tmp_path / "nothing")
+
+
+def test_overrides_reach_the_config():
+    import argparse
+
+    from hgrn2.train.lra import CONFIG_DIR
+    args = argparse.Namespace(config=str(CONFIG_DIR), model_options={"hidden_size": 8}, epochs=3, batch_size=None,
+                              lr=None, warmup_steps=None, schedule_steps=None, weight_decay=None)
+    cfg, train = build("pathx", "hgrn1", args)
+    assert cfg.hidden_size == 8 and cfg.max_len == 16384 and cfg.vocab_size is None and cfg.mixer == "hgrn1"
+    assert train["epochs"] == 3 and train["lr"] == 7.5e-4
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
+           "-m", "hgrn2.cli", "lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path),
+           "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--ckpt-every", "0",
+           "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1})]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).parents[2])
+    assert p.returncode == 0, p.stderr[-2000:]
+    result = json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())
+    assert result["world_size"] == 2 and result["steps"] == 5 and len(result["history"]) == 1
+    # both ranks' evaluation shards are counted: accuracies are multiples of 1/12 (the fixture's test split)
+    assert abs(result["history"][0]["test_acc"] * 12 - round(result["history"][0]["test_acc"] * 12)) < 1e-9
