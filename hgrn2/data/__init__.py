@@ -1,1 +1,1 @@
-"""Data: synthetic tasks (MQAR) and text corpora (prepare, packed loading). Import the submodules directly."""
+"""Data: synthetic tasks (MQAR) and text corpora (assembly, prepare, packed loading). Import the submodules directly."""

@@ -119,9 +119,13 @@ def _entries(source: str, doc_root: Path) -> list[tuple[str, Callable[[], str]]]
 
 
 def _load(entries: list[tuple[str, Callable[[], str]]]) -> Iterator[tuple[str, str]]:
+    """Normalised texts; empty ones and exact repeats (one page shipped by two packages) are dropped."""
+    seen: set[str] = set()
     for name, read in entries:
         text = _normalise(read())
-        if text:
+        key = _hash(text)
+        if text and key not in seen:
+            seen.add(key)
             yield name, text
 
 
@@ -141,7 +145,7 @@ def _debian_docs(doc_root: Path) -> list[tuple[str, Callable[[], str]]]:
         raise FileNotFoundError(f"debian-docs: no Debian documentation packages under {str(doc_root)!r} "
                                 f"(python3.X-doc, linux-doc-*); install them with "
                                 f"`sudo apt-get install {DEBIAN_PACKAGES}`")
-    return [(re.sub(r"\.gz$", "", p.relative_to(doc_root).as_posix()), lambda p=p: _read_doc(p)) for p in files]
+    return [(re.sub(r"\.gz$", "", name), lambda p=p: _read_doc(p)) for name, p in files]
 
 
 def _read_doc(path: Path) -> str:
@@ -149,8 +153,9 @@ def _read_doc(path: Path) -> str:
     return html_to_text(raw) if ".html" in path.suffixes else raw
 
 
-def _debian_files(doc_root: Path) -> list[Path]:
-    """python3.X-doc's pages (not its indexes or _sources copies) and linux-doc's English .rst/.txt, sorted."""
+def _debian_files(doc_root: Path) -> list[tuple[str, Path]]:
+    """(name, path) of python3.X-doc's pages (not its indexes or _sources copies) and linux-doc's English .rst/.txt,
+    sorted; a file reached through symlinks (python3/html -> python3.11-doc/html) is named by its real path."""
     skip_html = re.compile(r"(^|/)(_sources|_static|_images|_downloads)/|(^|/)(genindex[^/]*|search|py-modindex)"
                            r"\.html$")
     python = [p for p in doc_root.glob("python3*/html/**/*.html")
@@ -158,7 +163,10 @@ def _debian_files(doc_root: Path) -> list[Path]:
     linux = [p for pattern in ("*.rst", "*.rst.gz", "*.txt", "*.txt.gz")
              for p in doc_root.glob(f"linux-doc-*/Documentation/**/{pattern}")
              if "/translations/" not in p.as_posix()]
-    return sorted(p for p in python + linux if p.is_file())
+    root = doc_root.resolve()
+    real = {p.resolve(): p for p in sorted(python + linux, reverse=True) if p.is_file()}
+    return sorted((r.relative_to(root).as_posix() if r.is_relative_to(root) else p.relative_to(doc_root).as_posix(), p)
+                  for r, p in real.items())
 
 
 SOURCES: dict[str, Callable[[Path], list[tuple[str, Callable[[], str]]]]] = {

@@ -46,20 +46,16 @@ def load_model(path: str, device: str | None = None, dtype: str | torch.dtype | 
 
 
 def load_tokenizer(path: str):
-    """The model directory's tokenizer (AutoTokenizer), or a bare tokenizer.json wrapped as a fast tokenizer."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    """The directory's transformers tokenizer; a bare tokenizer.json (as `hgrn2 data prepare` writes) gets its
+    end-of-text token as data prepare names it."""
+    from hgrn2.data.tokenizer import eos_id, pretrained_tokenizer
+    from hgrn2.data.tokenizer import load_tokenizer as load_raw
 
     names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     if not os.path.isdir(path) or not any(os.path.isfile(os.path.join(path, n)) for n in names):
         raise EvalError(f"--tokenizer: no tokenizer files ({', '.join(names)}) in {path!r}")
-    if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    else:  # a bare tokenizer.json (as `hgrn2 data prepare` writes): its end-of-text token named as data prepare does
-        from hgrn2.data.tokenizer import EOS_CANDIDATES
-
-        tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
-        tok.eos_token = next((t for t in EOS_CANDIDATES if tok.convert_tokens_to_ids(t) != tok.unk_token_id
-                              and t in tok.get_vocab()), None)
+    configured = os.path.isfile(os.path.join(path, "tokenizer_config.json"))
+    tok = pretrained_tokenizer(path, None if configured else eos_id(load_raw(path)))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     return tok
@@ -78,11 +74,12 @@ def context_limit(model) -> int | None:
     return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
 
-def check_length(model, length: int, what: str) -> None:
+def check_length(model, length: int, what: str, ignore_limit: bool = False) -> None:
+    """Refuse inputs past max_position_embeddings unless asked (rotary models run there, to show extrapolation)."""
     limit = context_limit(model)
-    if limit is not None and length > limit:
+    if limit is not None and length > limit and not ignore_limit:
         raise EvalError(f"{what}: {length} tokens exceed the model's context limit of {limit} "
-                        f"(max_position_embeddings)")
+                        f"(max_position_embeddings; --ignore-context-limit evaluates past it)")
 
 
 def forward(model, ids: torch.Tensor, cache=None, attention_mask=None, keep: int = 0):
@@ -117,6 +114,43 @@ def greedy_generate(model, tok, prompts: Sequence[list[int]], max_new_tokens: in
             cut = next((k for k, t in enumerate(new) if t in stop_ids), len(new))
             out[i] = new[:cut]
     return out
+
+
+class ResultLog:
+    """Finished items of a long run, one JSON line each in `path` (flushed and synced per item), so a run that was
+    stopped resumes where it left off. The first line holds the run's settings; a log written with other settings
+    is refused. A last line cut short by a crash is dropped."""
+
+    def __init__(self, path: str, settings: dict):
+        self.path, self.done = path, {}
+        header = {"settings": settings}
+        lines = []
+        if os.path.exists(path):
+            with open(path) as f:
+                lines = f.read().splitlines()
+            if lines and json.loads(lines[0]) != json.loads(json.dumps(header)):
+                raise EvalError(f"--out: {path} holds a run with other settings; remove it or choose another --out")
+            for line in lines[1:]:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                self.done[rec["key"]] = rec
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".tmp", "w") as f:  # rewritten without a cut-off last line
+            f.writelines(json.dumps(r) + "\n" for r in [header, *self.done.values()])
+        os.replace(path + ".tmp", path)
+        self.file = open(path, "a")  # noqa: SIM115 - closed in close()
+
+    def add(self, key: str, record: dict) -> None:
+        record = {"key": key, **record}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.done[key] = record
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def model_label(path: str) -> str:

@@ -43,7 +43,8 @@ from .ppl import score_carried
 @register_model("hgrn2")
 class HGRN2LM(TemplateLM):
     """An lm-eval `LM` over a local HGRN2 model directory. model_args: pretrained (dir), tokenizer (dir),
-    device, dtype, batch_size, chunk (tokens per forward), max_gen_toks."""
+    device, dtype, batch_size, chunk (tokens per forward), max_gen_toks. lm-eval also passes max_batch_size,
+    which only bounds its "auto" batch-size search, so it is accepted and not used."""
 
     def __init__(self, pretrained: str, tokenizer: str | None = None, device: str | None = None,
                  dtype: str | None = None, batch_size: int | str = 8, chunk: int | str = 2048,

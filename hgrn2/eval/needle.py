@@ -11,7 +11,8 @@ Modes:
     passkey   a random 5-digit pass key; without --haystack the filler is the classic repeated sentences
 
 Writes OUT/needle.json (every cell's prompt length, reply and scores) and OUT/needle.png (a heatmap of the chosen
-metric, context length on x and depth on y, as in the paper's figure).
+metric, context length on x and depth on y, as in the paper's figure). Replies are logged to OUT/needle.log.jsonl as
+they come, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 
 from .common import (
     EvalError,
+    ResultLog,
     check_length,
     default_device,
     greedy_generate,
@@ -59,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-context-limit", action="store_true",
+                   help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
 
@@ -85,20 +89,29 @@ def evaluate(args: argparse.Namespace) -> dict:
     hay = _haystack(args.haystack, args.mode, tok)
     device = args.device or default_device()
     model = load_model(args.model, device, args.dtype)
-    check_length(model, max(lengths), "--lengths")
+    check_length(model, max(lengths), "--lengths", args.ignore_context_limit)
     rng = random.Random(args.seed)
-    cells = []  # (length index, depth index, trial, prompt ids, answer)
+    cells = []  # (length index, depth index, trial, prompt ids, answer, log key)
     for li, n in enumerate(lengths):
         for t in range(args.trials):
             needle, question, answer = _needle(args, rng)
             for di, d in enumerate(depths):
                 ids = build_prompt(tok, hay, n, d / 100, needle, question, offset=t * 997)
-                cells.append((li, di, t, ids, answer))
-    replies = _answer(model, tok, cells, args.batch_size)
+                cells.append((li, di, t, ids, answer, _key(n, d, t)))
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in (
+        "out", "batch_size", "device", "metric", "ignore_context_limit")}
+    settings.update(model=os.path.abspath(args.model), dtype=str(next(model.parameters()).dtype))
+    os.makedirs(args.out, exist_ok=True)
+    log = ResultLog(os.path.join(args.out, "needle.log.jsonl"), settings)
+    try:
+        _answer(model, tok, cells, args.batch_size, log)
+    finally:
+        log.close()
+    replies = [log.done[c[5]]["reply"] for c in cells]
     exact = np.zeros((len(depths), len(lengths)))
     rouge = np.zeros_like(exact)
     records = []
-    for (li, di, t, ids, answer), reply in zip(cells, replies):
+    for (li, di, t, ids, answer, _), reply in zip(cells, replies):
         e, r = exact_match(reply, answer), rouge_l(reply, answer)
         exact[di, li] += e / args.trials
         rouge[di, li] += r / args.trials
@@ -187,18 +200,23 @@ def ends_sentence(text: str) -> bool:
     return text.endswith("\n") or text.rstrip().endswith((".", "!", "?"))
 
 
-def _answer(model, tok, cells, batch_size: int) -> list[str]:
+def _key(length: int, depth: float, trial: int) -> str:
+    return f"{length}/{depth:g}/{trial}"
+
+
+def _answer(model, tok, cells, batch_size: int, log: ResultLog) -> None:
+    """Greedy replies (first line) for the cells not in `log` yet, logged batch by batch."""
     from tqdm.auto import tqdm
 
     longest = max(len(tok(c[4], add_special_tokens=False)["input_ids"]) for c in cells)
-    replies = []
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    for s in tqdm(range(0, len(cells), batch_size), desc="needle", dynamic_ncols=True):
-        part = cells[s:s + batch_size]
+    todo = [c for c in cells if c[5] not in log.done]
+    for s in tqdm(range(0, len(todo), batch_size), desc="needle", dynamic_ncols=True):
+        part = todo[s:s + batch_size]
         gens = greedy_generate(model, tok, [c[3] for c in part], longest + 8, batch_size, stop_ids=eos,
                                stop_strings=["\n"])
-        replies += [tok.decode(g, skip_special_tokens=True).split("\n")[0].strip() for g in gens]
-    return replies
+        for c, g in zip(part, gens):
+            log.add(c[5], {"reply": tok.decode(g, skip_special_tokens=True).split("\n")[0].strip()})
 
 
 def _normalise(text: str) -> str:

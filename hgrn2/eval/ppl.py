@@ -11,6 +11,7 @@ into `--length`-token pieces (`--sequences stream`). Two modes:
 
 The loss at position p (predicting token p from tokens < p) is averaged over the sequences that reach p, so one run
 gives the length-extrapolation curve. Writes OUT/ppl.json (totals, the curve, its binned form) and OUT/ppl.png.
+Finished batches are kept in OUT/ppl.parts until the run completes, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -61,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", nargs="*", default=[], metavar="PPL_JSON",
                    help="ppl.json files of other runs drawn on the same plot (e.g. a Llama baseline)")
     p.add_argument("--bin", type=int, default=None, help="curve bin width in tokens (default: ~200 bins)")
+    p.add_argument("--ignore-context-limit", action="store_true",
+                   help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
 
@@ -96,11 +100,15 @@ def evaluate(args: argparse.Namespace) -> dict:
     if top >= vocab:
         raise EvalError(f"DATA: token id {top} is outside the model's vocabulary of {vocab}")
     if args.mode == "carried":
-        check_length(model, max(len(s) for s in seqs), "--mode carried (longest sequence)")
-        losses = score_carried(model, seqs, args.chunk, args.batch_size)
+        check_length(model, max(len(s) for s in seqs), "--mode carried (longest sequence)",
+                     args.ignore_context_limit)
     else:
-        check_length(model, args.window, "--window")
-        losses = score_windows(model, seqs, args.window, args.batch_size)
+        check_length(model, args.window, "--window", args.ignore_context_limit)
+    parts = _parts_dir(args, model)
+    if args.mode == "carried":
+        losses = score_carried(model, seqs, args.chunk, args.batch_size, parts=parts)
+    else:
+        losses = score_windows(model, seqs, args.window, args.batch_size, parts=parts)
     result = summarize(losses, args.bin)
     result.update(model=os.path.abspath(args.model), data=source, split=args.split, mode=args.mode,
                   window=args.window, chunk=args.chunk, sequences_from=args.sequences, length=args.length,
@@ -108,7 +116,28 @@ def evaluate(args: argparse.Namespace) -> dict:
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "ppl.json"), result)
     plot_curve([result] + others, os.path.join(args.out, "ppl.png"), args.train_length)
+    shutil.rmtree(parts)
     return result
+
+
+def _parts_dir(args, model) -> str:
+    """OUT/ppl.parts: each finished batch's losses, so an interrupted run resumes; refused if written with other
+    settings."""
+    settings = {k: v for k, v in sorted(vars(args).items()) if k in (
+        "data", "split", "tokenizer", "sample_by", "sequences", "length", "mode", "window", "chunk", "batch_size",
+        "max_sequences")}
+    settings.update(model=os.path.abspath(args.model), dtype=str(next(model.parameters()).dtype))
+    settings = json.loads(json.dumps(settings))
+    parts = os.path.join(args.out, "ppl.parts")
+    path = os.path.join(parts, "settings.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            if json.load(f) != settings:
+                raise EvalError(f"--out: {parts} holds a run with other settings; remove it or choose another --out")
+    else:
+        os.makedirs(parts, exist_ok=True)
+        write_json(path, settings)
+    return parts
 
 
 def _read_result(path: str) -> dict:
@@ -201,10 +230,11 @@ def make_sequences(docs: list[np.ndarray], how: str, length: int | None) -> list
 
 
 @torch.no_grad()
-def score_carried(model, seqs: list[np.ndarray], chunk: int, batch_size: int, desc: str = "ppl") -> list[np.ndarray]:
+def score_carried(model, seqs: list[np.ndarray], chunk: int, batch_size: int, desc: str = "ppl",
+                  parts: str | None = None) -> list[np.ndarray]:
     """Next-token losses (nats, float64, length n−1 per sequence), one pass per sequence carrying the cache across
     `chunk`-token forwards. Batches hold sequences of similar length, right-padded (padding only follows the real
-    tokens, so no real position sees it)."""
+    tokens, so no real position sees it). With `parts`, each batch's losses are saved there and reused."""
     from tqdm.auto import tqdm
 
     device = next(model.parameters()).device
@@ -213,6 +243,13 @@ def score_carried(model, seqs: list[np.ndarray], chunk: int, batch_size: int, de
     bar = tqdm(total=sum(len(s) - 1 for s in seqs), unit="tok", desc=desc, dynamic_ncols=True)
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
+        saved = os.path.join(parts, f"{desc}-{b // batch_size:07d}.npy") if parts else None
+        if saved and os.path.isfile(saved):
+            loss = np.load(saved)
+            for r, i in enumerate(idx):
+                out[i] = loss[r, : len(seqs[i]) - 1]
+            bar.update(sum(len(seqs[i]) - 1 for i in idx))
+            continue
         n = max(len(seqs[i]) for i in idx)
         x = torch.zeros((len(idx), n), dtype=torch.long)
         for r, i in enumerate(idx):
@@ -225,17 +262,22 @@ def score_carried(model, seqs: list[np.ndarray], chunk: int, batch_size: int, de
             losses.append(F.cross_entropy(logits.float().transpose(1, 2), x[:, s + 1:e + 1], reduction="none"))
             bar.update(sum(max(0, min(e, len(seqs[i]) - 1) - s) for i in idx))
         loss = torch.cat(losses, 1).double().cpu().numpy()
+        if saved:
+            with open(saved + ".tmp", "wb") as f:
+                np.save(f, loss)
+            os.replace(saved + ".tmp", saved)
         for r, i in enumerate(idx):
             out[i] = loss[r, : len(seqs[i]) - 1]
     bar.close()
     return out
 
 
-def score_windows(model, seqs: list[np.ndarray], window: int, batch_size: int) -> list[np.ndarray]:
+def score_windows(model, seqs: list[np.ndarray], window: int, batch_size: int,
+                  parts: str | None = None) -> list[np.ndarray]:
     """Next-token losses per sequence with the state reset every `window` tokens; NaN where a window starts."""
     pieces = [(j, s) for j, seq in enumerate(seqs) for s in range(0, len(seq), window)]
     scored = score_carried(model, [seqs[j][s:s + window] for j, s in pieces if len(seqs[j][s:s + window]) >= 2],
-                           window, batch_size)
+                           window, batch_size, parts=parts)
     out = [np.full(len(seq) - 1, np.nan) for seq in seqs]
     k = 0
     for j, s in pieces:

@@ -8,7 +8,8 @@ the first blank line of `input`) is moved after the document. lm-eval's own `scr
 script from the hub at run time, so this reader is the offline route.
 
 `--max-input-tokens N` keeps the first N tokens of each document (SCROLLS' baselines truncate the same way); the
-number of truncated examples is reported. Writes OUT/scrolls.json (metrics ×100 and every prediction).
+number of truncated examples is reported. Writes OUT/scrolls.json (metrics ×100 and every prediction); answers are
+logged to OUT/scrolls.log.jsonl as they come, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -21,9 +22,17 @@ import string
 import sys
 from collections import Counter
 
-from .common import EvalError, check_length, default_device, greedy_generate, load_model, load_tokenizer, write_json
+from .common import (
+    EvalError,
+    ResultLog,
+    check_length,
+    default_device,
+    greedy_generate,
+    load_model,
+    load_tokenizer,
+    write_json,
+)
 
-SUMMARY = ("gov_report", "summ_screen_fd", "qmsum")
 TASKS = {"gov_report": "rouge", "summ_screen_fd": "rouge", "qmsum": "rouge", "qasper": "f1", "narrative_qa": "f1",
          "quality": "em", "contract_nli": "em"}
 QUESTION_FIRST = ("qmsum", "qasper", "narrative_qa", "quality", "contract_nli")
@@ -73,19 +82,38 @@ def evaluate(args: argparse.Namespace) -> dict:
     model = load_model(args.model, device, args.dtype)
     check_length(model, max(map(len, prompts)) + args.max_new_tokens, "prompt + --max-new-tokens (use "
                  "--max-input-tokens)")
-    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    gens = greedy_generate(model, tok, prompts, args.max_new_tokens, args.batch_size, stop_ids=eos,
-                           stop_strings=["\n"])
-    preds = [tok.decode(g, skip_special_tokens=True).split("\n")[0].strip() for g in gens]
+    settings = {"model": os.path.abspath(args.model), "data": os.path.abspath(args.data), "task": args.task,
+                "max_input_tokens": args.max_input_tokens, "max_new_tokens": args.max_new_tokens,
+                "dtype": str(next(model.parameters()).dtype)}
+    os.makedirs(args.out, exist_ok=True)
+    log = ResultLog(os.path.join(args.out, "scrolls.log.jsonl"), settings)
+    try:
+        _generate(model, tok, examples, prompts, args, log)
+    finally:
+        log.close()
+    preds = [log.done[ex["id"]]["prediction"] for ex in examples]
     metrics = score(args.task, preds, [ex["outputs"] for ex in examples])
     result = {"model": os.path.abspath(args.model), "data": os.path.abspath(args.data), "task": args.task,
               "examples": len(examples), "truncated": truncated, "max_input_tokens": args.max_input_tokens,
               "max_new_tokens": args.max_new_tokens, "metrics": metrics,
               "predictions": [{"id": ex["id"], "prediction": p, "references": ex["outputs"]}
                               for ex, p in zip(examples, preds)]}
-    os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "scrolls.json"), result)
     return result
+
+
+def _generate(model, tok, examples, prompts, args, log: ResultLog) -> None:
+    """Greedy answers for the examples not in `log` yet, longest prompts first, logged batch by batch."""
+    from tqdm.auto import tqdm
+
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    todo = sorted((i for i, ex in enumerate(examples) if ex["id"] not in log.done), key=lambda i: -len(prompts[i]))
+    for s in tqdm(range(0, len(todo), args.batch_size), desc=args.task, dynamic_ncols=True):
+        part = todo[s:s + args.batch_size]
+        gens = greedy_generate(model, tok, [prompts[i] for i in part], args.max_new_tokens, args.batch_size,
+                               stop_ids=eos, stop_strings=["\n"])
+        for i, g in zip(part, gens):
+            log.add(examples[i]["id"], {"prediction": tok.decode(g, skip_special_tokens=True).split("\n")[0].strip()})
 
 
 def read_examples(path: str) -> list[dict]:

@@ -57,8 +57,13 @@ def run(args: argparse.Namespace) -> int:
     tok.padding_side = "left"  # the recurrent state must start at the first real token
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    if tok.pad_token is None and len(args.prompt) > 1:
+        print(f"hgrn2 generate: error: the tokenizer in {args.model_dir!r} has no padding, end-of-text or unknown "
+              f"token to pad a batch of prompts with; give one --prompt, or save the tokenizer with a pad token",
+              file=sys.stderr)
+        return 2
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype).to(args.device).eval()
-    batch = tok(args.prompt, return_tensors="pt", padding=True).to(args.device)
+    batch = tok(args.prompt, return_tensors="pt", padding=len(args.prompt) > 1).to(args.device)
     kw = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p) \
         if args.sample else dict(do_sample=False)
     with torch.no_grad():

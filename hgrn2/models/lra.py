@@ -36,7 +36,10 @@ POOLINGS = ("mean", "last")
 
 @dataclass
 class LRAModelConfig:
-    """One LRA encoder. `vocab_size` None means real-valued inputs of `in_channels` per position (pixels)."""
+    """One LRA encoder. `vocab_size` None means real-valued inputs of `in_channels` per position (pixels).
+
+    `dropout` acts on each residual branch (and attention weights); `embed_dropout` on the embedded input.
+    """
 
     mixer: str = "hgrn2"
     num_classes: int = 10
@@ -49,6 +52,7 @@ class LRAModelConfig:
     directions: str = "bi"
     norm: str = "batch"
     dropout: float = 0.0
+    embed_dropout: float = 0.0
     pooling: str = "mean"
     positional: bool = True
     max_len: int = 16384
@@ -67,8 +71,9 @@ class LRAModelConfig:
                 raise ValueError(f"`{name}`: expected a positive int, got {value!r}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 0):
             raise ValueError(f"`vocab_size`: expected a positive int or None (pixels), got {self.vocab_size!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"`dropout`: expected a probability in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "embed_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"`{name}`: expected a probability in [0, 1), got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,8 +170,8 @@ class BiHGRU1(HGRU1Complex):
         u = u.float().unflatten(-1, (self.hidden_size, 2))
         i, g = torch.complex(u[..., 0], u[..., 1]), self.lambda_proj(x).float()
         if attention_mask is not None:
-            # the state still rotates through padding; padding sits at the end, so only the reverse scan sees
-            # it, and it starts from a zero state there
+            # the state still rotates through padding, harmlessly: padding is a suffix, so forward scans meet it
+            # after every real token and reverse scans start in it from a zero state
             keep = attention_mask.to(torch.bool)[..., None]
             i, g = i * keep, g.masked_fill(~keep, 1e4)
 
@@ -254,7 +259,7 @@ class LRAEncoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, d) if cfg.vocab_size else nn.Linear(cfg.in_channels, d)
         if cfg.positional:
             self.register_buffer("positions", sinusoidal(cfg.max_len, d), persistent=False)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.embed_dropout)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = SeqNorm(cfg.norm, d)
         use_lb = cfg.use_lower_bound and cfg.mixer != "attention"

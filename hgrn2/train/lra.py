@@ -4,8 +4,9 @@
     torchrun --nproc-per-node 4 -m hgrn2.cli lra pathx --out runs/lra
     hgrn2 lra --report --out runs/lra            # the paper-style table and the curves
 
-Each (task, model) run lives in `<out>/<task>-<model>/`: `result.json` (settings, learning curve per epoch, time
-per epoch, best validation accuracy and the test accuracy at that epoch, as LRA reports), `log.jsonl`, and
+Each (task, model) run lives in `<out>/<task>-<model>/`: `result.json` (settings, learning curve per epoch: train
+loss and accuracy, validation and test accuracy; time per epoch; the best validation accuracy and the test accuracy
+at that epoch, as LRA reports), `log.jsonl` (the running epoch loss every `--log-every` steps), and
 checkpoints under `ckpt/` (every `--ckpt-every` steps, at each epoch end and when a time or step limit stops the
 run). Running the same command again resumes exactly: model, optimiser, step, data order and random state.
 """
@@ -99,6 +100,9 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     for key in ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay"):
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
+    unknown = sorted(set(model_opts) - set(LRAModelConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"`--model-options`: unknown keys {unknown}; see hgrn2.models.lra.LRAModelConfig")
     cfg = LRAModelConfig(mixer=mixer, num_classes=info.num_classes, vocab_size=info.vocab_size,
                          max_len=info.max_len, dual=info.dual, **model_opts)
     return cfg, train
@@ -117,6 +121,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     distributed.barrier(d)
     if not d.main:
         data = lra_tasks.load(task, **load)
+    empty = [s for s in ("train", "val", "test") if len(data[s].labels) == 0]
+    if empty:
+        raise ValueError(f"`--data` / `--examples` / `--images`: task {task!r} has no {' or '.join(empty)} examples")
     train_split = data["train"]
     batch = tr["batch_size"]
     if batch % d.world:
@@ -137,12 +144,15 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     amp = d.device.type == "cuda" and not args.fp32
 
     step, epoch, start_it, history = 0, 0, 0, []
+    # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
+    epoch_sums = torch.zeros(3, dtype=torch.float64, device=d.device)
     state = checkpoint.load_latest(str(run_dir / "ckpt"))
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, epoch, start_it, history = state["step"], state["epoch"], state["iteration"], state["history"]
         checkpoint.set_rng_state(state["rng"][d.rank] if d.rank < len(state["rng"]) else state["rng"][0])
+        epoch_sums = torch.tensor(state["epoch_sums"], dtype=torch.float64, device=d.device)
     logger = RunLogger(str(run_dir), enabled=d.main, start_step=step, tensorboard=False)
 
     def save(it: int) -> None:
@@ -150,7 +160,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
         if d.main:
             checkpoint.save(str(run_dir / "ckpt"), step, {
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
-                "iteration": it, "history": history, "rng": rngs}, keep_last=2)
+                "iteration": it, "history": history, "rng": rngs, "epoch_sums": epoch_sums.tolist()}, keep_last=2)
         distributed.barrier(d)
 
     def record(stopped: str | None) -> dict:
@@ -173,7 +183,6 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     model.train()
     bar = tqdm(total=tr["epochs"] * steps_per_epoch, initial=step, desc=f"{task}-{mixer}", disable=not d.main,
                unit="step")
-    sums = torch.zeros(3, dtype=torch.float64, device=d.device)
     while epoch < tr["epochs"] and stopped is None:
         t_epoch = time.time()
         order = np.random.default_rng([args.seed, epoch]).permutation(len(train_split.labels))
@@ -191,13 +200,15 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             opt.step()
             step += 1
             bar.update(1)
-            sums += torch.stack([loss.detach().double() * len(y), (logits.argmax(-1) == y).sum().double(),
-                                 torch.tensor(len(y), device=d.device)])
+            # summed over ranks every step (one small all-reduce), so the sums resume exactly
+            epoch_sums += distributed.total(torch.stack([
+                loss.detach().double() * len(y), (logits.argmax(-1) == y).sum().double(),
+                torch.tensor(len(y), device=d.device, dtype=torch.float64)]), d)
             if step % args.log_every == 0:
-                s = distributed.total(sums, d).tolist()
-                logger.log({"kind": "train", "step": step, "loss": s[0] / s[2], "acc": s[1] / s[2], "lr": lr})
-                bar.set_postfix(loss=f"{s[0] / s[2]:.3f}", acc=f"{s[1] / s[2]:.3f}")
-                sums.zero_()
+                e = epoch_sums.tolist()
+                logger.log({"kind": "train", "step": step, "epoch_loss": e[0] / e[2], "epoch_acc": e[1] / e[2],
+                            "lr": lr})
+                bar.set_postfix(loss=f"{e[0] / e[2]:.3f}", acc=f"{e[1] / e[2]:.3f}")
             limit = (args.max_steps is not None and step >= args.max_steps) or time.time() > deadline
             if limit and (it + 1) < steps_per_epoch:
                 stopped = "max_steps" if args.max_steps is not None and step >= args.max_steps else "max_minutes"
@@ -209,7 +220,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             ev_batch = 2 * per_rank
             val = evaluate(ddp, data["val"], pixels, ev_batch, d, amp)
             test = evaluate(ddp, data["test"], pixels, ev_batch, d, amp)
-            history.append({"epoch": epoch + 1, "step": step, "val_acc": val["acc"], "val_loss": val["loss"],
+            e = epoch_sums.tolist()
+            history.append({"epoch": epoch + 1, "step": step, "train_loss": e[0] / e[2], "train_acc": e[1] / e[2],
+                            "val_acc": val["acc"], "val_loss": val["loss"],
                             "test_acc": test["acc"], "test_loss": test["loss"],
                             "epoch_time": time.time() - t_epoch, "complete": start_it == 0})
             logger.log({"kind": "val", "step": step, "epoch": epoch + 1, "val_acc": val["acc"],
@@ -218,6 +231,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
                 tqdm.write(f"{task}-{mixer} epoch {epoch + 1}: val {val['acc']:.4f} test {test['acc']:.4f} "
                            f"({history[-1]['epoch_time']:.1f}s)")
             epoch, start_it = epoch + 1, 0
+            epoch_sums.zero_()
             save(0)
             record(None)
             if args.max_steps is not None and step >= args.max_steps:
@@ -281,7 +295,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("tasks", nargs="*", help=f"tasks: {', '.join(lra_tasks.TASKS)}")
     p.add_argument("--models", nargs="+", default=["hgrn2"], choices=MIXERS, help="encoders to train (default hgrn2)")
     p.add_argument("--out", default="runs/lra", help="output folder (one subfolder per task and model)")
-    p.add_argument("--data", help="folder holding the public data (text, retrieval, image; ListOps files optional)")
+    p.add_argument("--data", help="folder holding the public data (text, retrieval, image; for listops, pathfinder "
+                   "and pathx: LRA's released files instead of generated ones)")
     p.add_argument("--data-dir", help="cache for generated data (default ~/.cache/hgrn2/lra or $HGRN2_CACHE/lra)")
     p.add_argument("--config", default=str(CONFIG_DIR), help="folder of per-task preset YAML files")
     p.add_argument("--examples", type=int, help="ListOps: expressions in all splits (default LRA's 96K/2K/2K)")

@@ -98,6 +98,9 @@ def test_debian_docs_from_a_doc_tree(tmp_path):
     (lin / "process.txt").write_text("Submitting patches.\n")
     (lin / "translations" / "zh_CN" / "index.rst").write_text("translated")
     (lin / "admin-guide" / "logo.svg").write_text("<svg/>")
+    (root / "python3").mkdir()
+    (root / "python3" / "html").symlink_to("../python3.11/html")  # as python3-doc ships it: read once
+    (lin / "process2.txt").write_text("Submitting patches.\n")  # an exact repeat: kept once
     docs = dict(documents("debian-docs", root))
     assert docs == {
         "linux-doc-6.1/Documentation/admin-guide/README.rst": "Linux kernel\n============\n\nRelease notes.",

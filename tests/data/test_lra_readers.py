@@ -77,3 +77,20 @@ def test_pathfinder_reads_the_lra_release():
         assert np.array_equal(d[split].inputs[0], png) and d[split].labels[0] == k % 2
     with pytest.raises(readers.MissingData, match="curv_contour_length_14"):
         readers.read_pathfinder(FIX, 128)
+
+
+def test_image_reads_the_binary_cifar_release(tmp_path):
+    d = tmp_path / "cifar-10-batches-bin"
+    d.mkdir()
+    py = FIX / "cifar-10-batches-py"
+    for name in [f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]:
+        import pickle
+
+        with open(py / name, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        rows = np.concatenate([np.array(batch[b"labels"], np.uint8)[:, None], batch[b"data"]], 1)
+        rows.tofile(d / f"{name}.bin")
+    binary, python = readers.read_image(tmp_path, val_fraction=0.2), readers.read_image(FIX, val_fraction=0.2)
+    for split in ("train", "val", "test"):
+        assert np.array_equal(binary[split].inputs, python[split].inputs)
+        assert np.array_equal(binary[split].labels, python[split].labels)

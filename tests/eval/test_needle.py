@@ -96,3 +96,18 @@ def test_errors(llama_dir, hay_file, tmp_path, capsys, argv, message):
     assert main(["eval", "needle", llama_dir, "--out", str(tmp_path), "--device", "cpu"] + argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("hgrn2 eval needle: error: ") and message in last
+
+
+def test_resumes_from_its_log(hgrn2_dir, tmp_path):
+    argv = ["eval", "needle", hgrn2_dir, "--mode", "passkey", "--out", str(tmp_path), "--lengths", "150",
+            "--depths", "3", "--device", "cpu"]
+    assert main(argv) == 0
+    log = tmp_path / "needle.log.jsonl"
+    lines = log.read_text().splitlines()
+    rec = json.loads(lines[2])
+    rec["reply"] = json.loads((tmp_path / "needle.json").read_text())["cells"][1]["answer"]
+    log.write_text("\n".join([lines[0], lines[1], json.dumps(rec)]) + "\n")  # the third cell is to be redone
+    assert main(argv) == 0
+    cells = json.loads((tmp_path / "needle.json").read_text())["cells"]
+    assert [c["exact"] for c in cells].count(1.0) >= 1 and cells[1]["exact"] == 1.0
+    assert len(log.read_text().splitlines()) == 4

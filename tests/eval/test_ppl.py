@@ -124,3 +124,43 @@ def test_errors_files(hgrn2_dir, tmp_path, capsys):
     assert "no tokenizer files" in capsys.readouterr().err
     assert main(["eval", "ppl", str(bare), str(tmp_path / "t.txt"), "--out", str(tmp_path)]) == 2
     assert "not a model directory" in capsys.readouterr().err
+
+
+def test_ignore_context_limit_runs_past_it(llama_dir, corpus, tmp_path):
+    assert main(["eval", "ppl", llama_dir, corpus[0], "--out", str(tmp_path), "--ignore-context-limit"]) == 0
+    assert len(json.loads((tmp_path / "ppl.json").read_text())["curve"]["loss"]) == 80  # past the limit of 64
+
+
+def test_bare_tokenizer_json_gets_data_prepares_eos(hgrn2_dir, tmp_path):
+    import shutil
+
+    from hgrn2.eval.common import load_tokenizer
+
+    shutil.copy(os.path.join(hgrn2_dir, "tokenizer.json"), tmp_path / "tokenizer.json")
+    tok = load_tokenizer(str(tmp_path))
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 0 and tok.pad_token_id == 0
+    assert tok("class")["input_ids"] == load_tokenizer(hgrn2_dir)("class")["input_ids"]
+
+
+def test_resumes_from_saved_batches(hgrn2_dir, corpus, tmp_path, monkeypatch, capsys):
+    argv = ["eval", "ppl", hgrn2_dir, corpus[0], "--out", str(tmp_path), "--batch-size", "2"]
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ppl, "plot_curve", stop)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    monkeypatch.undo()
+    parts = sorted((tmp_path / "ppl.parts").glob("*.npy"))
+    assert len(parts) == 3  # 5 sequences in batches of 2
+    full = json.loads((tmp_path / "ppl.json").read_text())
+    first = np.load(parts[0])  # the two longest sequences (80 and 61 predicted tokens)
+    removed = first[0, :80].sum() + first[1, :61].sum()
+    np.save(parts[0], np.zeros_like(first))  # taken from the saved batch on resuming, so their loss is now 0
+    assert main(argv + ["--chunk", "7"]) == 2
+    assert "holds a run with other settings" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "ppl.json").read_text())
+    assert res["tokens"] == full["tokens"] and res["loss"] == pytest.approx(full["loss"] - removed / 184)
+    assert not (tmp_path / "ppl.parts").exists()

@@ -87,3 +87,22 @@ def test_left_padded_batches_match_single_prompts_on_llama(llama_dir, tmp_path):
                              pad_token_id=tok.pad_token_id)
         assert pred["prediction"] == tok.decode(gen[0, len(ids):], skip_special_tokens=True).split("\n")[0].strip()
     assert len(lengths) > 1  # the batch was padded
+
+
+def test_resumes_from_its_log(hgrn2_dir, tmp_path, capsys):
+    argv = ["eval", "scrolls", hgrn2_dir, str(FIXTURE), "--task", "qmsum", "--out", str(tmp_path),
+            "--max-new-tokens", "4", "--device", "cpu"]
+    assert main(argv + ["--limit", "2"]) == 0
+    log = tmp_path / "scrolls.log.jsonl"
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3  # settings + two answers
+    rec = json.loads(lines[1])
+    rec["prediction"] = "kept from the log"
+    log.write_text("\n".join([lines[0], json.dumps(rec), lines[2], '{"key": "cut sh']) + "\n")
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "scrolls.json").read_text())
+    assert res["examples"] == 3
+    assert [p["prediction"] for p in res["predictions"]].count("kept from the log") == 1
+    assert len(log.read_text().splitlines()) == 4
+    assert main(argv[:-4] + ["--max-new-tokens", "5", "--device", "cpu"]) == 2
+    assert "holds a run with other settings" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -97,6 +97,9 @@ def test_overrides_reach_the_config():
     cfg, train = build("pathx", "hgrn1", args)
     assert cfg.hidden_size == 8 and cfg.max_len == 16384 and cfg.vocab_size is None and cfg.mixer == "hgrn1"
     assert train["epochs"] == 3 and train["lr"] == 7.5e-4
+    args.model_options = {"width": 8}
+    with pytest.raises(ValueError, match="model-options"):
+        build("listops", "hgrn2", args)
 
 
 @pytest.mark.slow

@@ -278,3 +278,9 @@ def test_saved_model_carries_tokenizer_and_special_tokens(text_data, tmp_path, c
         assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert main(["generate", final, "--prompt", "a", "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens" in capsys.readouterr().err
+
+    shutil.copy(os.path.join(final, "tokenizer.json"), bare)  # a bare tokenizer.json: no special tokens known
+    assert main(["generate", str(bare), "--prompt", "The", "--max-new-tokens", "2", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(bare), "--prompt", "a", "--prompt", "b", "--device", "cpu"]) == 2
+    assert "no padding, end-of-text or unknown token" in capsys.readouterr().err

@@ -56,7 +56,7 @@ def _disc(center: np.ndarray, radius: float) -> np.ndarray:
 
 
 def _contour(rng: np.random.Generator, spec: Spec) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Pixels [n, 2] of one random contour (8-connected: sampled every half pixel) and its two ends, or None."""
+    """Pixels [n, 2] of one random contour (8-connected: sampled every half pixel or finer) and its ends, or None."""
     S, n = spec.resolution, spec.segments
     margin = spec.marker_radius + 1
     turns = np.concatenate([[rng.uniform(0, 2 * math.pi)], rng.uniform(-spec.max_turn, spec.max_turn, n - 1)])
@@ -75,8 +75,8 @@ def _contour(rng: np.random.Generator, spec: Spec) -> tuple[np.ndarray, np.ndarr
     if spec.gap:
         pts[1:, : spec.gap * 2] = np.nan
     pts = np.concatenate([pts.reshape(-1, 2), joints[-1:]])
-    pix = np.rint(pts[~np.isnan(pts[:, 0])]).astype(np.int64)
-    return np.unique(pix, axis=0), joints[0], joints[-1]
+    # repeated pixels are harmless (drawing and the collision test are idempotent), so they are not removed
+    return np.rint(pts[~np.isnan(pts[:, 0])]).astype(np.int64), joints[0], joints[-1]
 
 
 def _fits(pixels: np.ndarray, occupied: np.ndarray) -> bool:

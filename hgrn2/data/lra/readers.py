@@ -108,8 +108,22 @@ def read_retrieval(root: str | Path, max_len: int = 4000) -> dict[str, Split]:
     return out
 
 
-CIFAR_LAYOUTS = """  ROOT/cifar-10-batches-py/{data_batch_1..5,test_batch}   (the original python release)
-  ROOT/{data_batch_1..5,test_batch}"""
+CIFAR_LAYOUTS = """  ROOT/cifar-10-batches-py/{data_batch_1..5,test_batch}           (the original python release)
+  ROOT/cifar-10-batches-bin/{data_batch_1..5,test_batch}.bin     (the original binary release)
+  ROOT/{data_batch_1..5,test_batch}[.bin]"""
+CIFAR_FILES = {"train": [f"data_batch_{k}" for k in range(1, 6)], "test": ["test_batch"]}
+
+
+def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(rgb uint8 [N, 32, 32, 3], labels) of one python-pickle or binary (.bin) CIFAR-10 batch file."""
+    if path.suffix == ".bin":
+        rows = np.fromfile(path, np.uint8).reshape(-1, 3073)
+        data, labels = rows[:, 1:], rows[:, 0].astype(np.int64)
+    else:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        data, labels = np.asarray(batch[b"data"], np.uint8), np.asarray(batch[b"labels"], np.int64)
+    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
 
 
 def grey(rgb: np.ndarray) -> np.ndarray:
@@ -121,20 +135,20 @@ def read_image(root: str | Path, val_fraction: float = 0.1, seed: int = 42) -> d
     """CIFAR-10 in grey as 1,024-pixel sequences (row-major), uint8; validation: 10% of train (the LRA code's
     `val_split`)."""
     root = Path(root)
-    base = root / "cifar-10-batches-py" if (root / "cifar-10-batches-py").is_dir() else root
-    names = {"train": [f"data_batch_{k}" for k in range(1, 6)], "test": ["test_batch"]}
-    if not all((base / n).is_file() for ns in names.values() for n in ns):
+    found = None
+    for base, ext in ((root / "cifar-10-batches-py", ""), (root / "cifar-10-batches-bin", ".bin"), (root, ""),
+                      (root, ".bin")):
+        if all((base / (n + ext)).is_file() for ns in CIFAR_FILES.values() for n in ns):
+            found = base, ext
+            break
+    if found is None:
         raise _missing("image", root, CIFAR_LAYOUTS)
+    base, ext = found
     out = {}
-    for split, files in names.items():
-        xs, ys = [], []
-        for name in files:
-            with open(base / name, "rb") as f:
-                batch = pickle.load(f, encoding="bytes")
-            xs.append(np.asarray(batch[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-            ys.append(np.asarray(batch[b"labels"], np.int64))
-        x = grey(np.concatenate(xs)).reshape(-1, 1024)
-        out[split] = Split(x, np.full(len(x), 1024, np.int64), np.concatenate(ys))
+    for split, files in CIFAR_FILES.items():
+        parts = [_cifar_batch(base / (name + ext)) for name in files]
+        x = grey(np.concatenate([p[0] for p in parts])).reshape(-1, 1024)
+        out[split] = Split(x, np.full(len(x), 1024, np.int64), np.concatenate([p[1] for p in parts]))
     return _with_val(out, val_fraction, seed)
 
 
@@ -186,7 +200,7 @@ PATHFINDER_LAYOUTS = """  ROOT/lra_release/pathfinderR/LEVEL/{metadata/*.npy,img
 
 
 def _read_pngs(paths: list[str]) -> np.ndarray:
-    from PIL import Image
+    from PIL import Image  # checked by read_pathfinder
 
     out = []
     for p in paths:
@@ -208,6 +222,10 @@ def read_pathfinder(root: str | Path, resolution: int = 32, level: str = "hard",
 
     if level not in LEVEL_DIRS:
         raise ValueError(f"`level`: expected one of {sorted(LEVEL_DIRS)}, got {level!r}")
+    try:
+        import PIL  # noqa: F401
+    except ImportError as e:
+        raise ImportError("reading the Pathfinder PNGs needs Pillow: pip install 'hgrn2[lra]'") from e
     root = Path(root)
     name = f"pathfinder{resolution}"
     for base in (root / "lra_release" / name / LEVEL_DIRS[level], root / name / LEVEL_DIRS[level],
