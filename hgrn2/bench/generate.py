@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+import traceback
 
 from hgrn2.bench.common import add_output_argument, command_of, environment, format_table, time_ms, write_result
 
@@ -195,6 +196,9 @@ def measure(name, model, batch, prompt, new, vocab, device, seed) -> dict:
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return {"status": "OOM"}
+    except Exception as e:  # noqa: BLE001 - one model failing to decode is its row's status; the others still run
+        traceback.print_exc()
+        return {"status": f"failed: {type(e).__name__}: {e}"[:300]}
     if out.shape != (batch, prompt + new):
         return {"status": f"decoded {tuple(out.shape)} tokens, expected {(batch, prompt + new)}"}
     step_ms = max(total_ms - prefill_ms, 0.0) / (new - 1)
