@@ -11,7 +11,8 @@ Models of the same width, depth and MLP size (0.4B: d 1024, 24 layers, SwiGLU 28
 Prefill: one forward over the prompt with the cache on (`time_ms`). Decode: one full decoding after a warm-up one
 (wall clock between CUDA synchronises; a decoding takes seconds, so the timer's repeated calls would multiply the
 run time), minus the prefill, over the `new − 1` one-token steps. The floor is the time to read every weight once at
-the copy bandwidth measured here. The rows are written after each one, so a run stopped by `--budget-s` keeps them.
+the copy bandwidth measured here. The rows are written after each one, so a run stopped by `--budget-s` (or killed)
+keeps them, and the same command run again measures only the rows still missing (`--fresh`: all of them).
 
     hgrn2 bench generate                           # writes benchmarks/results/<device>/generate.json
     hgrn2 bench generate --quick                   # tiny CPU smoke run of the same code path
@@ -23,8 +24,17 @@ import gc
 import json
 import time
 import traceback
+from pathlib import Path
 
-from hgrn2.bench.common import add_output_argument, command_of, environment, format_table, time_ms, write_result
+from hgrn2.bench.common import (
+    RESULTS_DIR,
+    add_output_argument,
+    command_of,
+    environment,
+    format_table,
+    time_ms,
+    write_result,
+)
 
 # name -> (hidden, layers, SwiGLU width)
 SIZES = {"0.4b": (1024, 24, 2816), "1.3b": (2048, 24, 5632)}
@@ -41,6 +51,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="start no new row after this many seconds (0: no limit); skipped rows say so")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fresh", action="store_true",
+                        help="measure every row again (default: keep the ok rows of an earlier run with the same "
+                             "--prompt, --new, --seed in the same JSON)")
     add_output_argument(parser)
     parser.add_argument("--quick", action="store_true", help="tiny CPU-sized smoke run (d 64, 2 layers, 32+8 tokens)")
 
@@ -67,16 +80,21 @@ def run(args) -> int:
         print("no GPU: fla (Triton only), peak memory and the CUDA-graph replay are skipped; timings are CPU smoke")
     vocab = 256 if args.quick else VOCAB
     bandwidth = copy_bandwidth(device, 2**24 if args.quick else 2**30)
+    kept = {} if args.fresh else earlier_rows(args, device)
     start, rows = time.perf_counter(), []
     for size in size_names:
         hidden, layers, inter = sizes[size]
         for name in names:
             base = {"model": name, "size": size, "hidden": hidden, "layers": layers}
+            if all((name, size, b) in kept for b in batches):
+                rows += [kept[name, size, b] for b in batches]
+                print(f"{name} {size}: kept from the earlier run")
+                continue
             if args.budget_s and time.perf_counter() - start > args.budget_s:
                 rows += [{**base, "batch": b, "status": "skipped: --budget-s reached"} for b in batches]
                 continue
             rows += measure_model(name, (hidden, layers, inter, vocab), batches, args, device, bandwidth, base,
-                                  start, rows)
+                                  start, rows, kept)
     print(f"wrote {save(args, device, rows, bandwidth)}")
     print_table(rows)
     return 0
@@ -100,7 +118,23 @@ def copy_bandwidth(device, nbytes: int) -> float:
     return 2 * nbytes / (ms / 1e3)
 
 
-def measure_model(name, shape, batches, args, device, bandwidth, base, start, done) -> list[dict]:
+def earlier_rows(args, device) -> dict:
+    """(model, size, batch) -> row: the ok rows of this benchmark's JSON from an earlier run with the same settings."""
+    folder = Path(args.out) if args.out else RESULTS_DIR / environment(device)["device_slug"]
+    path = folder / "generate.json"
+    if not path.exists():
+        return {}
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    same = ("prompt", "new", "seed", "quick")
+    if any(record.get("args", {}).get(k) != getattr(args, k) for k in same) or record.get("quick") != args.quick:
+        return {}
+    return {(r["model"], r["size"], r["batch"]): r for r in record.get("rows", []) if r.get("status") == "ok"}
+
+
+def measure_model(name, shape, batches, args, device, bandwidth, base, start, done, kept) -> list[dict]:
     """The rows of one model at one size, one per batch; the model is freed afterwards."""
     import torch
 
@@ -111,6 +145,9 @@ def measure_model(name, shape, batches, args, device, bandwidth, base, start, do
         return [{**base, "batch": b, "status": f"unavailable: {e}"} for b in batches]
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     for b in batches:
+        if (name, base["size"], b) in kept:
+            rows.append(kept[name, base["size"], b])
+            continue
         row = {**base, "batch": b, "prompt": args.prompt, "new_tokens": args.new, "params": weight_bytes // 2,
                "floor_ms": 1e3 * weight_bytes / bandwidth}
         if args.budget_s and time.perf_counter() - start > args.budget_s:

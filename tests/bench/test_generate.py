@@ -57,3 +57,14 @@ def test_bench_generate_quick_llama(tmp_path):
     assert len(report["rows"]) == 4
     for r in report["rows"]:
         check_ok_row(r)
+
+
+def test_bench_generate_resumes(tmp_path, capsys):
+    first = run_quick(tmp_path, "hgrn2")
+    second = run_quick(tmp_path, "hgrn2,hgrn2-static")
+    assert "hgrn2 tiny: kept from the earlier run" in capsys.readouterr().out
+    assert second["rows"][:2] == first["rows"] and [r["model"] for r in second["rows"]] == ["hgrn2"] * 2 + [
+        "hgrn2-static"] * 2
+    assert all(r["status"] == "ok" for r in second["rows"])
+    run_quick(tmp_path, "hgrn2", "--fresh")
+    assert "kept from the earlier run" not in capsys.readouterr().out
