@@ -153,6 +153,7 @@ def measure_model(name, shape, batches, args, device, bandwidth, base, start, do
         if args.budget_s and time.perf_counter() - start > args.budget_s:
             row["status"] = "skipped: --budget-s reached"
         else:
+            print(f"{name} {base['size']} batch {b} ...", flush=True)
             row.update(measure(name, model, b, args.prompt, args.new, shape[3], device, args.seed))
             same_as(row, done + rows)
         rows.append(row)

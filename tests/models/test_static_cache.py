@@ -127,3 +127,11 @@ def test_graph_replay_equals_eager(config, lengths, dtype):
         torch.testing.assert_close(logits_g, logits, rtol=tol, atol=tol)
     seq_d, logits_d = greedy(m, ids, mask)  # eager: the same kernels on the same values
     assert torch.equal(seq_d, seq) and torch.equal(logits_d, logits)
+
+
+@torch.no_grad()
+def test_beam_search_reorders_buffers_in_place():
+    m = model(**CONFIGS["hgrn2-conv"])
+    ids, mask = left_padded((5, 3))
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=3)
+    assert torch.equal(m.generate(ids, static_cache=True, **kw), m.generate(ids, **kw))
