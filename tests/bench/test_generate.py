@@ -19,6 +19,7 @@ def check_ok_row(r: dict) -> None:
     assert r["decode_tok_per_s"] == pytest.approx(1e3 * r["batch"] / r["decode_ms_per_step"])
     assert r["total_ms"] > r["prefill_ms"] > 0 and r["floor_ms"] > 0
     assert (r["peak_gib"] is not None) == torch.cuda.is_available()
+    assert (r["forward_ms_per_step"] > 0) if r["model"].startswith("hgrn2") else r["forward_ms_per_step"] is None
 
 
 def test_bench_generate_quick(tmp_path, capsys):
