@@ -183,6 +183,8 @@ class HGRN2StaticCache(HGRN2Cache):
     cuda_graph: replay the decode step from a CUDA graph when it runs on a GPU (eager elsewhere).
     """
 
+    graph_devices = ("cuda",)  # where `decode` captures and replays (tests emulate the graph on the CPU)
+
     def __init__(self, num_layers: int, cuda_graph: bool = True):
         Cache.__init__(self, layers=[StaticRecurrentLayer() for _ in range(num_layers)])
         self.cuda_graph = cuda_graph
@@ -194,9 +196,9 @@ class HGRN2StaticCache(HGRN2Cache):
 
     def graphable(self, input_ids: torch.Tensor | None) -> bool:
         """Whether `decode` may replay a graph for this step: a one-token CUDA step after the prompt, no autograd."""
-        return (self.cuda_graph and input_ids is not None and input_ids.is_cuda and input_ids.ndim == 2
-                and input_ids.shape[1] == 1 and self.get_seq_length() > 0 and not torch.is_grad_enabled()
-                and all(layer.buffers is not None for layer in self.layers))
+        return (self.cuda_graph and input_ids is not None and input_ids.device.type in self.graph_devices
+                and input_ids.ndim == 2 and input_ids.shape[1] == 1 and self.get_seq_length() > 0
+                and not torch.is_grad_enabled() and all(layer.buffers is not None for layer in self.layers))
 
     def decode(self, step: Callable[[torch.Tensor], torch.Tensor], input_ids: torch.Tensor) -> torch.Tensor:
         """Logits of `step(input_ids)` (one decode step that updates this cache), replayed from a CUDA graph captured

@@ -1,8 +1,11 @@
 """The static-state decode path: the same tokens and logits as the dynamic cache, buffers at fixed addresses, the
 CUDA graph used on a GPU only."""
 
+import contextlib
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hgrn2.models import HGRN2Cache, HGRN2Config, HGRN2ForCausalLM, HGRN2StaticCache
 from hgrn2.models.modeling_hgrn2 import CACHE_FIELD
@@ -91,6 +94,84 @@ def test_cuda_graph_skipped_on_cpu(monkeypatch):
     ids, mask = left_padded((5, 3))
     greedy(m, ids, mask, static_cache=True)
     assert m._static_cache.graph is None and not m._static_cache.graphable(ids[:, -1:])
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every tensor op with its arguments (the same tensor objects), as a CUDA graph records kernels with
+    their addresses."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, args, kwargs or {}, out))
+        return out
+
+
+class _FakeGraph:
+    """A CPU stand-in for torch.cuda.CUDAGraph: replay reruns the recorded ops on whatever the recorded tensors hold
+    now and writes each result into the tensor recorded as that op's output. A step that read anything but fixed
+    tensors (a state passed by value, a fresh tensor per step) would replay stale values."""
+
+    captured = 0
+
+    def __init__(self):
+        self.ops = []
+        _FakeGraph.captured += 1
+
+    def replay(self):
+        for func, args, kwargs, out in self.ops:
+            res = func(*args, **kwargs)
+            for o, r in zip(_tensors(out), _tensors(res)):
+                if o is not r and (o.data_ptr(), o.stride()) != (r.data_ptr(), r.stride()):
+                    o.copy_(r)
+
+
+def _tensors(x):
+    return [t for t in (x if isinstance(x, (tuple, list)) else (x,)) if isinstance(t, torch.Tensor)]
+
+
+@contextlib.contextmanager
+def _fake_capture(graph, **kw):
+    with _Recorder() as rec:
+        yield
+    graph.ops = rec.ops
+
+
+class _FakeStream:
+    def __init__(self, *a, **k):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+
+@pytest.mark.parametrize("config", ["hgrn2", "hgrn2-conv"])
+@pytest.mark.parametrize("lengths", [(6,), (7, 3, 5)], ids=["batch1", "left-padded"])
+@torch.no_grad()
+def test_graph_bookkeeping_with_an_emulated_graph(monkeypatch, config, lengths):
+    """The capture/replay logic of `HGRN2StaticCache.decode` on the CPU, with the CUDA graph emulated."""
+    monkeypatch.setattr(HGRN2StaticCache, "graph_devices", ("cuda", "cpu"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _fake_capture)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    m = model(**CONFIGS[config])
+    torch.manual_seed(2)
+    ids, mask = left_padded(lengths)
+    seq, logits = greedy(m, ids, mask)
+    before = _FakeGraph.captured
+    for _ in range(2):  # captured on the first call, replayed by both
+        seq_g, logits_g = greedy(m, ids, mask, static_cache=True)
+        assert m._static_cache.graph is not None and m._static_cache.get_seq_length() == ids.shape[1] + 6
+        assert torch.equal(seq_g, seq)
+        torch.testing.assert_close(logits_g, logits, rtol=1e-6, atol=1e-6)
+    assert _FakeGraph.captured == before + 1
+    greedy(m, ids.repeat(2, 1), mask.repeat(2, 1), static_cache=True)  # another batch size: captured again
+    assert _FakeGraph.captured == before + 2
 
 
 @torch.no_grad()
