@@ -161,6 +161,8 @@ def measure_model(name, shape, batches, args, device, bandwidth, base, start, do
         print(json.dumps(public(row)), flush=True)
         save(args, device, done + rows, bandwidth)
     del model
+    if name == "llama-static":
+        torch._dynamo.reset()  # transformers compiled its decode step: drop the compiled code and its graphs
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -221,7 +223,7 @@ def measure(name, model, batch, prompt, new, vocab, device, seed) -> dict:
     cuda = device.type == "cuda"
     try:
         with torch.no_grad():
-            prefill_ms = time_ms(lambda: model(ids, use_cache=True, logits_to_keep=1), device=device, warmup=1, rep=5)
+            prefill_ms = time_ms(lambda: model(ids, use_cache=True, logits_to_keep=1), device=device, rep=200)
             # warm-up; transformers' static cache is sized by the decoding length, so it warms up at full length
             decode(name, model, ids, new if name == "llama-static" else min(new, 8))
             if cuda:
