@@ -129,8 +129,7 @@ def earlier_rows(args, device) -> dict:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    same = ("prompt", "new", "seed", "quick")
-    if any(record.get("args", {}).get(k) != getattr(args, k) for k in same) or record.get("quick") != args.quick:
+    if any(record.get("args", {}).get(k) != getattr(args, k) for k in ("prompt", "new", "seed", "quick")):
         return {}
     return {(r["model"], r["size"], r["batch"]): r for r in record.get("rows", []) if r.get("status") == "ok"}
 
@@ -144,12 +143,13 @@ def measure_model(name, shape, batches, args, device, bandwidth, base, start, do
         model = build(name, *shape, device, args.seed)
     except Exception as e:  # noqa: BLE001 - a missing optional model is a row, not a crash
         return [{**base, "batch": b, "status": f"unavailable: {e}"} for b in batches]
+    params = sum(p.numel() for p in model.parameters())
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     for b in batches:
         if (name, base["size"], b) in kept:
             rows.append(kept[name, base["size"], b])
             continue
-        row = {**base, "batch": b, "prompt": args.prompt, "new_tokens": args.new, "params": weight_bytes // 2,
+        row = {**base, "batch": b, "prompt": args.prompt, "new_tokens": args.new, "params": params,
                "floor_ms": 1e3 * weight_bytes / bandwidth}
         if args.budget_s and time.perf_counter() - start > args.budget_s:
             row["status"] = "skipped: --budget-s reached"
