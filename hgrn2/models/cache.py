@@ -200,10 +200,12 @@ class HGRN2StaticCache(HGRN2Cache):
                 and input_ids.ndim == 2 and input_ids.shape[1] == 1 and self.get_seq_length() > 0
                 and not torch.is_grad_enabled() and all(layer.buffers is not None for layer in self.layers))
 
-    def decode(self, step: Callable[[torch.Tensor], torch.Tensor], input_ids: torch.Tensor) -> torch.Tensor:
+    def decode(self, step: Callable[[torch.Tensor], torch.Tensor], input_ids: torch.Tensor,
+               weights: tuple = ()) -> torch.Tensor:
         """Logits of `step(input_ids)` (one decode step that updates this cache), replayed from a CUDA graph captured
-        on first use. Returns a copy, so a caller may keep it past the next step."""
-        key = (tuple(input_ids.shape), input_ids.device, tuple(_ptrs(layer.buffers) for layer in self.layers))
+        on first use. `weights`: what identifies the model's weights (a graph reads them at fixed addresses; a new
+        value recaptures). Returns a copy, so a caller may keep it past the next step."""
+        key = (tuple(input_ids.shape), input_ids.device, weights, tuple(_ptrs(layer.buffers) for layer in self.layers))
         if self.graph is None or self.graph[0] != key:
             self.graph = (key, *self._capture(step, input_ids))
         _, graph, ids, logits = self.graph
@@ -216,21 +218,24 @@ class HGRN2StaticCache(HGRN2Cache):
     def _capture(self, step, input_ids: torch.Tensor):
         """Warm up `step` on a side stream (Triton autotuning, lazy allocations), put the states back as they were,
         then capture one step; the Python side of the cache (positions seen) is restored too."""
+        self.graph = None  # a failed capture leaves none behind
         seen = [layer.seen for layer in self.layers]
         saved = [_map(layer.buffers, torch.clone) for layer in self.layers]
         ids = input_ids.clone()
-        side = torch.cuda.Stream(input_ids.device)
-        side.wait_stream(torch.cuda.current_stream(input_ids.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                step(ids)
-        torch.cuda.current_stream(input_ids.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits = step(ids)
-        for layer, s, n in zip(self.layers, saved, seen):
-            _copy_into(layer.buffers, s)
-            layer.seen = n
+        try:
+            side = torch.cuda.Stream(input_ids.device)
+            side.wait_stream(torch.cuda.current_stream(input_ids.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    step(ids)
+            torch.cuda.current_stream(input_ids.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = step(ids)
+        finally:
+            for layer, s, n in zip(self.layers, saved, seen):
+                _copy_into(layer.buffers, s)
+                layer.seen = n
         return graph, ids, logits
 
 

@@ -229,7 +229,8 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
         if (isinstance(cache, HGRN2StaticCache) and use_cache is not False and labels is None and shift_labels is None
                 and not output_hidden_states and cu_seqlens is None and cache.graphable(input_ids)
                 and _only_real_tokens(attention_mask)):
-            result = CausalLMOutputWithPast(logits=cache.decode(self._decode_step(cache), input_ids),
+            weights = (self.model.embeddings.weight.data_ptr(), self.lm_head.weight.data_ptr())  # moved: recapture
+            result = CausalLMOutputWithPast(logits=cache.decode(self._decode_step(cache), input_ids, weights),
                                             **{CACHE_FIELD: cache})
             return result if return_dict else result.to_tuple()
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,

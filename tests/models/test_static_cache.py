@@ -170,8 +170,37 @@ def test_graph_bookkeeping_with_an_emulated_graph(monkeypatch, config, lengths):
         assert torch.equal(seq_g, seq)
         torch.testing.assert_close(logits_g, logits, rtol=1e-6, atol=1e-6)
     assert _FakeGraph.captured == before + 1
+    m.to(torch.float64).to(torch.float32)  # the weights move (a graph would read the old ones): captured again
+    m.lm_head.weight.mul_(2)
+    seq, logits = greedy(m, ids, mask)
+    seq_g, logits_g = greedy(m, ids, mask, static_cache=True)
+    assert torch.equal(seq_g, seq) and _FakeGraph.captured == before + 2
+    torch.testing.assert_close(logits_g, logits, rtol=1e-6, atol=1e-6)
     greedy(m, ids.repeat(2, 1), mask.repeat(2, 1), static_cache=True)  # another batch size: captured again
-    assert _FakeGraph.captured == before + 2
+    assert _FakeGraph.captured == before + 3
+
+
+@torch.no_grad()
+def test_failed_capture_leaves_the_state_as_it_was(monkeypatch):
+    @contextlib.contextmanager
+    def failing_capture(graph, **kw):
+        raise RuntimeError("operation not permitted when stream is capturing")
+        yield
+
+    for name, fake in (("CUDAGraph", _FakeGraph), ("graph", failing_capture), ("Stream", _FakeStream),
+                       ("current_stream", _FakeStream), ("stream", lambda s: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.setattr(HGRN2StaticCache, "graph_devices", ("cpu",))
+    m = model(**CONFIGS["hgrn2-conv"])
+    ids = torch.randint(1, 128, (2, 6))
+    cache = HGRN2StaticCache(m.config.num_hidden_layers)
+    m(ids, use_cache=True, **{CACHE_FIELD: cache})
+    expected = getattr(m(ids, use_cache=True), CACHE_FIELD)
+    with pytest.raises(RuntimeError, match="capturing"):
+        m(ids[:, -1:], use_cache=True, **{CACHE_FIELD: cache})  # the warm-up steps ran, then the capture failed
+    assert cache.graph is None and cache.get_seq_length() == 6
+    for layer, ref in zip(cache.layers, expected.layers):
+        assert all(torch.equal(a, b) for a, b in zip(layer.buffers, ref.state))
 
 
 @torch.no_grad()
