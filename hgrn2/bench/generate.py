@@ -21,6 +21,7 @@ keeps them, and the same command run again measures only the rows still missing 
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import time
@@ -43,7 +44,7 @@ MODELS = ("hgrn2", "hgrn2-static", "fla", "llama", "llama-static")
 VOCAB = 32000
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
     parser.add_argument("--sizes", default="0.4b,1.3b", help=f"comma list of {', '.join(SIZES)}")
     parser.add_argument("--batches", default="1,64", help="comma list of batch sizes")
@@ -59,7 +60,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny CPU-sized smoke run (d 64, 2 layers, 32+8 tokens)")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import torch
 
     sizes = dict(SIZES)
