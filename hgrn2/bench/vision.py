@@ -6,15 +6,12 @@ Each step is forward + backward + AdamW on random 224×224 images and labels und
 steps timed between CUDA synchronises, interleaved over the models; the median round is reported with the range.
 Data loading is not included.
 
-    hgrn2 bench vision --out-dir bench/vision          # writes bench/vision/bench_vision.json
-    hgrn2 bench vision --quick                         # tiny CPU smoke run of the same code path
+    hgrn2 bench vision                 # writes benchmarks/results/<device>/vision.json (--out DIR: DIR/vision.json)
+    hgrn2 bench vision --quick         # tiny CPU smoke run of the same code path
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
 import time
 
@@ -22,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.vision import HGRN2ForImageClassification, num_parameters, preset
+from .common import _version, add_output_argument, command_of, environment, write_result
 
 
 def add_arguments(parser) -> None:
@@ -31,7 +29,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out-dir", default=None, help="write bench_vision.json here")
+    add_output_argument(parser)
     parser.add_argument("--quick", action="store_true", help="tiny CPU-sized smoke run (28×28 images, batch 2)")
 
 
@@ -104,10 +102,7 @@ def run(args) -> int:
         rows[name].update(images_per_s=statistics.median(rates), images_per_s_range=[min(rates), max(rates)])
     if "hgrn2" in steps and "deit" in steps:
         rows["hgrn2"]["ratio_to_deit"] = rows["hgrn2"]["images_per_s"] / rows["deit"]["images_per_s"]
-    result = {"benchmark": "vision_train_throughput", "device": _device_name(device), "batch_size": args.batch_size,
-              "image_size": args.image_size, "steps": args.steps, "rounds": args.rounds, "warmup": args.warmup,
-              "precision": "bf16 autocast" if device.type == "cuda" else "fp32", "versions": _versions(),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": list(rows.values())}
+    env = environment(device)
     print(f"{'model':<8} {'params':>9} {'images/s':>10} {'range':>19}")
     for row in rows.values():
         if "skipped" in row:
@@ -117,26 +112,10 @@ def run(args) -> int:
         print(f"{row['model']:<8} {row['parameters'] / 1e6:>8.2f}M {row['images_per_s']:>10.1f} "
               f"{lo:>9.1f}–{hi:<9.1f}")
     if "ratio_to_deit" in rows.get("hgrn2", {}):
-        print(f"hgrn2 / deit: {rows['hgrn2']['ratio_to_deit']:.2f}× on {result['device']}")
-    if args.out_dir:
-        os.makedirs(args.out_dir, exist_ok=True)
-        path = os.path.join(args.out_dir, "bench_vision.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(result, f, indent=2)
-        os.replace(path + ".tmp", path)
-        print(f"wrote {path}")
+        print(f"hgrn2 / deit: {rows['hgrn2']['ratio_to_deit']:.2f}× on {env['device']}")
+    env["versions"]["timm"] = _version("timm")
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "command_line")}
+    settings["precision"] = "bf16 autocast" if device.type == "cuda" else "fp32"
+    path = write_result(args.out, "vision", env, list(rows.values()), command_of(args), args=settings)
+    print(f"wrote {path}")
     return 0
-
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-
-
-def _versions() -> dict:
-    out = {"torch": torch.__version__}
-    for mod in ("triton", "timm"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - absent or broken optional packages are recorded as such
-            out[mod] = None
-    return out

@@ -3,17 +3,19 @@
     patches (p×p, row-major) → Linear → depth × [x += mixer(LN x); x += GLU(LN x)] → mean over patches
     → parameter-free RMS norm → Linear head
 
-No class token and no position embedding, as in the authors' code. The token mixer is the authors' bidirectional
-HGRU2 (`BiHgru2_1d` of hgru2-pytorch): one set of projections, the gated recurrence run forwards and backwards over
-the patches with the same gates, the two outputs summed (each direction includes the current patch), then
-LayerNorm and the output projection. Input activation SiLU, output gate sigmoid, scale 1, biases on.
+No class token, no position embedding and no drop path, as in the authors' code (`Hgrn1dVit` accepts a drop-path
+rate but never passes it to its blocks); PyTorch's default initialisation, as there. The token mixer is the
+authors' bidirectional HGRU2 (`BiHgru2_1d` of hgru2-pytorch): one set of projections, the gated recurrence run
+forwards and backwards over the patches with the same gates, the two outputs summed (each direction includes the
+current patch), then LayerNorm and the output projection. Input activation SiLU, output gate sigmoid, scale 1,
+biases on.
 
 Lower bounds follow `Hgrn1dVit`: β of layer l = Σ_{j<l} softmax(Γ, 0)_j (layer 0 gets 0), Γ initialised to ones.
 
 `PRESETS` hold the DeiT-Tiny / DeiT-Small sizes. The authors' `hgrn2_vit_*` definitions are not public; the HGRN1
 ones (`hgrn1d_vit_*`) give patch 14, depth 12, width 192 / 384. With the HGRN2 mixer a GLU width of 3× the model
 width (the `Hgrn1dVit` default, 576 at width 192) gives the paper's 6.1M / 23.8M parameters; HGRN1's 2× would give
-4.8M / 18.9M. The expansion ratio (head dimension) is 64: 3 / 6 heads, as DeiT's.
+4.8M / 18.4M. The expansion ratio (head dimension) is 64: 3 / 6 heads, as DeiT's.
 """
 
 from __future__ import annotations
@@ -85,7 +87,12 @@ def reverse_hgrn2(o, g, i, lower_bound=None, **kw):
 
 
 class BiHGRU2(HGRU2):
-    """HGRU2 over a whole sequence in both directions with shared projections and gates: y = y→ + y←."""
+    """HGRU2 over whole sequences, both directions with shared projections and gates (y = y→ + y←), or the
+    forward direction alone with `bidirectional=False`."""
+
+    def __init__(self, hidden_size: int, *, bidirectional: bool = True, **kw):
+        super().__init__(hidden_size, **kw)
+        self.bidirectional = bidirectional
 
     def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, hidden], lower_bound [hidden] or None → [B, T, hidden]."""
@@ -96,15 +103,9 @@ class BiHGRU2(HGRU2):
         lb = None if lower_bound is None else lower_bound.view(H, K)
         kw = dict(scale=self.scale, o_act=self.o_act, i_act=self.i_act, backend=self.backend)
         y, _ = ops.hgrn2(q, f, i, lb, **kw)
-        y = y + reverse_hgrn2(q, f, i, lb, **kw)[0]
+        if self.bidirectional:
+            y = y + reverse_hgrn2(q, f, i, lb, **kw)[0]
         return self.o_proj(self.g_norm(y.reshape(B, T, D)))
-
-
-class CausalHGRU2(HGRU2):
-    """HGRU2 in one direction (raster order), with BiHGRU2's call signature."""
-
-    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None) -> torch.Tensor:
-        return super().forward(x, lower_bound)[0]
 
 
 class VisionBlock(nn.Module):
@@ -112,11 +113,10 @@ class VisionBlock(nn.Module):
 
     def __init__(self, c: VisionConfig, layer_idx: int):
         super().__init__()
-        mixer = BiHGRU2 if c.bidirectional else CausalHGRU2
         self.token_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
-        self.token_mixer = mixer(c.hidden_size, layer_idx=layer_idx, expand_ratio=c.expand_ratio, o_act="sigmoid",
-                                 i_act="silu", scale=1.0, norm="layernorm", norm_eps=c.norm_eps, bias=True,
-                                 backend=c.backend)
+        self.token_mixer = BiHGRU2(c.hidden_size, bidirectional=c.bidirectional, layer_idx=layer_idx,
+                                   expand_ratio=c.expand_ratio, o_act="sigmoid", i_act="silu", scale=1.0,
+                                   norm="layernorm", norm_eps=c.norm_eps, bias=True, backend=c.backend)
         self.feature_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
         self.feature_mixer = GLU(c.hidden_size, intermediate_size=c.glu_size, hidden_act="silu", bias=True)
 

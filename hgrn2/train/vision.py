@@ -338,6 +338,9 @@ class VisionTrainer:
                 raise ValueError("`ema_decay`: the checkpoint has no EMA weights; resume with ema_decay=0")
             self.ema.load_state_dict(state["ema"])
         self.epoch, self.step, self.best = state["epoch"], state["step"], state["best_acc1"]
+        if len(state["rng"]) != self.d.world:
+            raise ValueError(f"`out_dir`: its checkpoint was written by {len(state['rng'])} rank(s); resume it with "
+                             f"as many (this run has {self.d.world}) or use another out_dir")
         ckpt.set_rng_state(state["rng"][self.d.rank])
 
     def autocast(self):

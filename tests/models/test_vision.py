@@ -91,11 +91,15 @@ def test_reverse_scan_on_triton_matches_fp64_step_loop():
     pytest.importorskip("triton")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     B, T, H, K = 1, 20, 1, 16
-    o, g, i = (torch.randn(B, T, H, K, dtype=torch.float64, device=device) for _ in range(3))
+    o, g, i = (torch.randn(B, T, H, K, dtype=torch.float64, device=device, requires_grad=True) for _ in range(3))
     lb = torch.rand(H, K, dtype=torch.float64, device=device) * 0.9
     y, _ = reverse_hgrn2(o.float(), g.float(), i.float(), lb.float(), o_act="sigmoid", i_act="silu",
                          backend="triton")
-    assert rel_err(y, reverse_step_loop(o, g, i, lb)) < 1e-4
+    ref = reverse_step_loop(o, g, i, lb)
+    assert rel_err(y, ref) < 1e-4
+    dy = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(y, (o, g, i), dy.float()), torch.autograd.grad(ref, (o, g, i), dy)):
+        assert rel_err(a, b) < 1e-3
 
 
 def test_bidirectional_mixer_is_forward_plus_reverse():
