@@ -25,6 +25,6 @@ hgrn2 eval ppl "$OUT/run/final" "$OUT/data" --split val --sequences stream --len
   --train-length "$SEQ" --bin $((SEQ / 2)) --max-sequences "${SEQUENCES:-32}" --out "$OUT/ppl" "${RECORD[@]}"
 LENGTHS=$((SEQ / 2))  # context lengths from half to 8x SEQ_LEN
 for ((n = SEQ; n <= SEQ * 8; n *= 2)); do LENGTHS="$LENGTHS,$n"; done
-find "$OUT/corpus/valid" -name '*.txt' | sort | head -n 50 | xargs cat > "$OUT/haystack.txt"
+find "$OUT/corpus/valid" -name '*.txt' | sort | head -n 50 | xargs awk 'FNR == 1 && NR > 1 {print ""} 1' > "$OUT/haystack.txt"
 hgrn2 eval needle "$OUT/run/final" --haystack "$OUT/haystack.txt" --mode "${NEEDLE_MODE:-passkey}" \
   --lengths "$LENGTHS" --depths 5 --trials "${TRIALS:-1}" --out "$OUT/needle" "${RECORD[@]}"

@@ -57,8 +57,9 @@ SECTIONS = {
     "eval_ppl": ("Evaluation: loss by position past the training length",
                  "`hgrn2 eval ppl --record`: the next-token loss at each position of held-out text, averaged over "
                  "the sequences and binned, the recurrent state carried through each whole sequence; the model "
-                 "was trained on shorter sequences (training length and recipe in the note). A recurrent model "
-                 "that extrapolates keeps the loss flat or falling past the training length."),
+                 "was trained on shorter sequences (training length and recipe in the note; "
+                 "`benchmarks/eval_length_needle.sh` runs corpus, tokenizer, training and both evaluations). A "
+                 "recurrent model that extrapolates keeps the loss flat or falling past the training length."),
     "eval_needle": ("Evaluation: needle in a haystack",
                     "`hgrn2 eval needle --record`: a fact hidden at a depth of a haystack of held-out text, the "
                     "question asked at the end, the greedy reply scored by exact match and ROUGE-L F1; cells are "

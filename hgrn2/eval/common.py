@@ -200,7 +200,13 @@ def training_note(model_dir: str) -> str | None:
     with open(path) as f:
         c = yaml.safe_load(f)
     m = ", ".join(f"{k} {v}" for k, v in (c.get("model") or {}).items())
-    return (f"model: `hgrn2 train` {c.get('arch')} ({m}) on {c.get('data')}, seq_len {c.get('seq_len')}, "
+    data = str(c.get("data"))
+    meta = os.path.join(data, "meta.json")
+    if os.path.isfile(meta):
+        with open(meta) as f:
+            splits = json.load(f)["splits"]
+        data += f" ({splits['train']['tokens']:,} training tokens)"
+    return (f"model: `hgrn2 train` {c.get('arch')} ({m}) on {data}, seq_len {c.get('seq_len')}, "
             f"{c.get('max_steps')} steps × {c.get('batch_size')} sequences, lr {c.get('lr')}, {c.get('precision')}")
 
 

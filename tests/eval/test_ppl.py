@@ -193,3 +193,7 @@ def test_training_note_from_train_config(tmp_path):
     assert training_note(str(tmp_path)) == ("model: `hgrn2 train` hgrn2 (hidden_size 128, num_hidden_layers 2) on d, "
                                             "seq_len 256, 160 steps × 8 sequences, lr 0.003, fp32")
     assert training_note(str(tmp_path / "none")) is None
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "meta.json").write_text(json.dumps({"splits": {"train": {"tokens": 12345}}}))
+    (tmp_path / "train_config.yaml").write_text(f"data: {tmp_path / 'd'}\nseq_len: 8\n")
+    assert f"on {tmp_path / 'd'} (12,345 training tokens), seq_len 8" in training_note(str(tmp_path))
