@@ -23,8 +23,8 @@ hgrn2 train --config tiny --set data="$OUT/data" out_dir="$OUT/run" max_steps="$
   eval_every="$STEPS" save_every="$STEPS" "$@"
 hgrn2 eval ppl "$OUT/run/final" "$OUT/data" --split val --sequences stream --length $((SEQ * 8)) \
   --train-length "$SEQ" --bin $((SEQ / 2)) --max-sequences "${SEQUENCES:-32}" --out "$OUT/ppl" "${RECORD[@]}"
-LENGTHS=$((SEQ / 2))  # context lengths from half to 8x SEQ_LEN
-for ((n = SEQ; n <= SEQ * 8; n *= 2)); do LENGTHS="$LENGTHS,$n"; done
+LENGTHS=""  # context lengths from half to 8x SEQ_LEN, at least 128 (room for needle, question and haystack)
+for ((n = SEQ / 2; n <= SEQ * 8; n *= 2)); do ((n < 128)) || LENGTHS="${LENGTHS:+$LENGTHS,}$n"; done
 find "$OUT/corpus/valid" -name '*.txt' | sort | head -n 50 | xargs awk 'FNR == 1 && NR > 1 {print ""} 1' > "$OUT/haystack.txt"
 hgrn2 eval needle "$OUT/run/final" --haystack "$OUT/haystack.txt" --mode "${NEEDLE_MODE:-passkey}" \
   --lengths "$LENGTHS" --depths 5 --trials "${TRIALS:-1}" --out "$OUT/needle" "${RECORD[@]}"
