@@ -14,6 +14,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("generate",): ("hgrn2.models.generate_cli", "generate text from a saved model"),
     ("bench", "ops"): ("hgrn2.bench.ops", "time the recurrence against fla and SDPA"),
     ("bench", "train"): ("hgrn2.bench.train", "training throughput against fla HGRN2 and Llama/SDPA"),
+    ("bench", "generate"): ("hgrn2.bench.generate", "decoding speed and memory against fla HGRN2 and Llama"),
     ("data", "corpus"): ("hgrn2.data.corpus", "assemble a plain-text corpus from installed documentation"),
     ("bench", "layer"): ("hgrn2.bench.layer", "the HGRU2 layer with projections against fla's HGRN2Attention"),
     ("bench", "profile"): ("hgrn2.bench.profile", "where a layer's or a training step's time goes"),

@@ -15,7 +15,7 @@ fla checkpoints: `hgrn2 convert-fla SRC DST` (or `convert.convert_fla_checkpoint
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from .cache import HGRN2Cache
+from .cache import HGRN2Cache, HGRN2StaticCache
 from .configuration_hgrn2 import HGRN2Config
 from .modeling_hgrn2 import HGRN2ForCausalLM, HGRN2ForSequenceClassification, HGRN2Model, HGRN2PreTrainedModel
 from .presets import PRESETS
@@ -26,4 +26,4 @@ AutoModelForCausalLM.register(HGRN2Config, HGRN2ForCausalLM, exist_ok=True)
 AutoModelForSequenceClassification.register(HGRN2Config, HGRN2ForSequenceClassification, exist_ok=True)
 
 __all__ = ["HGRN2Config", "HGRN2Model", "HGRN2ForCausalLM", "HGRN2ForSequenceClassification",
-           "HGRN2PreTrainedModel", "HGRN2Cache", "PRESETS"]
+           "HGRN2PreTrainedModel", "HGRN2Cache", "HGRN2StaticCache", "PRESETS"]

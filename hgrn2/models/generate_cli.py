@@ -31,9 +31,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 def check_model_dir(path: str) -> None:
     """A local directory with a config and a tokenizer (names are never looked up on a hub)."""
     if not os.path.isdir(path):
-        raise ValueError(f"`model_dir`: expected a local model directory, got {path!r} (no such directory)")
+        raise ValueError(f"`model_dir`: {path!r} is not a directory (no such directory; models load from local paths)")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"`model_dir`: {path!r} has no config.json (expected a directory written by "
+        raise ValueError(f"`model_dir`: {path!r} holds no config.json (expected a directory written by "
                          f"save_pretrained, `hgrn2 train` or `hgrn2 convert-fla`)")
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise ValueError(f"`model_dir`: {path!r} has no tokenizer (one of {', '.join(TOKENIZER_FILES)})")

@@ -30,7 +30,7 @@ from ..layers.conv import ShortConv
 from ..layers.norm import LayerNorm, RMSNorm
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.gates import lower_bounds_from_logits
-from .cache import HGRN2Cache
+from .cache import HGRN2Cache, HGRN2StaticCache
 from .configuration_hgrn2 import HGRN2Config
 
 # transformers ≥ 5.24 names the recurrent cache `cache` (model outputs, forward arguments, generate's model kwargs),
@@ -225,8 +225,16 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
         """labels [B, T] (shifted inside, −100 ignored) or shift_labels [B, T] (already aligned with the inputs).
         logits_to_keep: int k > 0 keeps the last k positions' logits (0 keeps all), or a tensor of indices."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        cache = _one_cache(cache, past_key_values)
+        if (isinstance(cache, HGRN2StaticCache) and use_cache is not False and labels is None and shift_labels is None
+                and not output_hidden_states and cu_seqlens is None and cache.graphable(input_ids)
+                and _only_real_tokens(attention_mask)):
+            weights = (self.model.embeddings.weight.data_ptr(), self.lm_head.weight.data_ptr())  # moved: recapture
+            result = CausalLMOutputWithPast(logits=cache.decode(self._decode_step(cache), input_ids, weights),
+                                            **{CACHE_FIELD: cache})
+            return result if return_dict else result.to_tuple()
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                         cache=_one_cache(cache, past_key_values), use_cache=use_cache,
+                         cache=cache, use_cache=use_cache,
                          output_hidden_states=output_hidden_states, return_dict=True, cu_seqlens=cu_seqlens)
         h = out.last_hidden_state
         loss = logits = None
@@ -248,6 +256,26 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
         result = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                         **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
         return result if return_dict else result.to_tuple()
+
+    def _decode_step(self, cache: HGRN2StaticCache):
+        """The one-token step a CUDA graph captures: ids [B, 1] → logits [B, 1, vocab], the states updated in
+        `cache`'s buffers. No attention mask: a decoded token is never padding (`_only_real_tokens`)."""
+        def step(ids):
+            return self.lm_head(self.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state)
+        return step
+
+    def generate(self, *args, static_cache: bool = False, **kwargs):
+        """transformers' `generate`; `static_cache=True` decodes with an `HGRN2StaticCache` kept on the model (its
+        buffers and CUDA graph reused by the next call of the same batch size), as `cache_implementation="static"`
+        does for transformers' attention models."""
+        if static_cache:
+            if kwargs.get(CACHE_FIELD) is not None or kwargs.get("past_key_values") is not None:
+                raise ValueError("`static_cache`: pass either static_cache=True or a cache, not both")
+            if getattr(self, "_static_cache", None) is None:
+                self._static_cache = HGRN2StaticCache(self.config.num_hidden_layers)
+            self._static_cache.reset()
+            kwargs[CACHE_FIELD] = self._static_cache
+        return super().generate(*args, **kwargs)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None,
                                       use_cache=True, logits_to_keep=None, cache=None, next_sequence_length=None,
@@ -313,6 +341,11 @@ class HGRN2ForSequenceClassification(HGRN2PreTrainedModel):
                 loss = F.cross_entropy(logits.float(), labels.view(-1))
         result = SequenceClassifierOutputWithPast(loss=loss, logits=logits)
         return result if return_dict else result.to_tuple()
+
+
+def _only_real_tokens(attention_mask: torch.Tensor | None) -> bool:
+    """The mask's last column (this step's token) is all ones: no padding to apply in a decode step."""
+    return attention_mask is None or bool(attention_mask[:, -1].all())
 
 
 def _check_ids(ids: torch.Tensor, vocab_size: int) -> None:

@@ -83,20 +83,32 @@ class _Chunked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, logf, k, v, h0):
-        y, s, starts = _forward(q, logf, k, v, h0)
-        ctx.save_for_backward(q, logf, k, v, h0)
-        return y, s
+        # The forward's own graph over detached copies of q, k, v, h0 (log f held constant) gives their gradients
+        # in the backward without a recomputation.
+        leaves = [x.detach().requires_grad_(ctx.needs_input_grad[n]) if x is not None else None
+                  for n, x in zip((0, 2, 3, 4), (q, k, v, h0))]
+        with torch.enable_grad():
+            y, s, starts = _forward(leaves[0], logf.detach(), *leaves[1:])
+        ctx.graph = (y, s, leaves)
+        ctx.save_for_backward(q, logf, k, v, starts.detach())
+        return y.detach(), s.detach()
 
     @staticmethod
     def backward(ctx, dy, ds):
-        q, logf, k, v, h0 = ctx.saved_tensors
-        leaves = [x.detach().requires_grad_() if x is not None else None for x in (q, k, v, h0)]
-        with torch.enable_grad():
-            y, s, starts = _forward(leaves[0], logf, leaves[1], leaves[2], leaves[3])
-            wrt = [x for x in leaves if x is not None]
-            grads = iter(torch.autograd.grad((y, s), wrt, (dy, ds)))
-        dq, dk, dv, dh0 = (next(grads) if x is not None else None for x in leaves)
-        dlogf = _dlogf(q, logf, k, v, dy, starts.detach(), ds)
+        q, logf, k, v, starts = ctx.saved_tensors
+        y, s, leaves = ctx.graph
+        wrt = [x for x in leaves if x is not None and x.requires_grad]
+        if wrt and (y.grad_fn is None or s.grad_fn is None):  # a traced forward (torch.compile) keeps no graph
+            leaves = [x.detach().requires_grad_(x.requires_grad) if x is not None else None for x in leaves]
+            wrt = [x for x in leaves if x is not None and x.requires_grad]
+            with torch.enable_grad():
+                y, s, _ = _forward(leaves[0], logf.detach(), *leaves[1:])
+        outs = [(t, d) for t, d in ((y, dy), (s, ds)) if t.grad_fn is not None]
+        # retained: a backward may run twice over one graph (retain_graph=True); freed with the outer graph
+        grads = iter(torch.autograd.grad([t for t, _ in outs], wrt, [d for _, d in outs], allow_unused=True,
+                                         retain_graph=True) if wrt else ())
+        dq, dk, dv, dh0 = (next(grads) if x is not None and x.requires_grad else None for x in leaves)
+        dlogf = _dlogf(q, logf, k, v, dy, starts, ds) if ctx.needs_input_grad[1] else None
         return dq, dlogf, dk, dv, dh0
 
 
@@ -106,8 +118,7 @@ def _forward(q, logf, k, v, h0):
     b = logf.cumsum(dim=3)
     y = _intra(q, k, v, logf)
     b_last = b[..., -1:, :]  # [B, H, N, 1, K]
-    after = _exclusive_cumsum(logf.flip(3), 3).flip(3)  # b_C − b_s summed directly, without cancellation
-    u = (k * after.exp()).transpose(-1, -2) @ v  # [B, H, N, K, V]: chunk's own contribution to S
+    u = (k * _suffix_sum(logf).exp()).transpose(-1, -2) @ v  # [B, H, N, K, V]: chunk's own contribution to S
     decay = b_last.exp().transpose(-1, -2)  # [B, H, N, K, 1]
     s = q.new_zeros(B, H, K, v.shape[-1]) if h0 is None else h0.transpose(-1, -2)
     starts = []
@@ -131,25 +142,53 @@ def _dlogf(q, logf, k, v, dy, starts, ds):
         ends[:, :, n] = g
         g = decay[:, :, n] * g + reads[:, :, n]
     readers = q * b.exp() * (dy @ starts.transpose(-1, -2))  # start state → token r: holds f_t for t ≤ r
-    after = _exclusive_cumsum(logf.flip(3), 3).flip(3)  # b_C − b_s summed directly, without cancellation
-    sources = k * after.exp() * (v @ ends.transpose(-1, -2))  # token s → end state: holds f_t for t > s
+    sources = k * _suffix_sum(logf).exp() * (v @ ends.transpose(-1, -2))  # token s → end state: holds f_t for t > s
     d = readers.flip(3).cumsum(3).flip(3) + _exclusive_cumsum(sources, 3)
     d = d + b_last.exp() * (starts * ends).sum(-1)[..., None, :]  # start state → end state
-    return d + torch.stack([_intra_dlogf(q[:, :, n], k[:, :, n], v[:, :, n], logf[:, :, n], dy[:, :, n])
-                            for n in range(q.shape[2])], dim=2)
+    return d + _intra_dlogf(q, k, logf, dy @ v.transpose(-1, -2))
 
 
-def _intra_dlogf(q, k, v, logf, dy):
-    """Pairs inside one chunk ([B, H, C, ·] tensors): Σ_{s<t≤r} q_r k_s e^{b_r − b_s} (dy_r·v_s) → [B, H, C, K]."""
-    C = q.shape[-2]
-    strict = _lower(C, q.device, -1)[:, :, None]  # [r, s, 1]: s < r
+def _intra_dlogf(q, k, logf, w):
+    """Pairs inside a chunk: Σ_{s<t≤r} q_r k_s e^{b_r − b_s} w_rs with w = dy·vᵀ ([B, H, N, C, C]) → [B, H, N, C, K].
+
+    Per sub-block I holding t: pairs inside I element-wise; pairs with one end in I and the other before or after
+    it as matrix products factorised at I's edges (every factor ≤ 1); pairs spanning I as one product.
+    """
+    C, out = q.shape[-2], []
+    for start in range(0, C, SUB):
+        end = start + SUB
+        qi, ki, li = q[..., start:end, :], k[..., start:end, :], logf[..., start:end, :]
+        d = _sub_block_dlogf(qi, ki, li, w[..., start:end, start:end])
+        if start > 0:  # sources before I: e^{b_s → start of I} for them, e^{start of I → b_r} for readers in I
+            k_before = k[..., :start, :] * _suffix_sum(logf[..., :start, :]).exp()
+            readers = qi * li.cumsum(-2).exp() * (w[..., start:end, :start] @ k_before)
+            d = d + readers.flip(-2).cumsum(-2).flip(-2)  # Σ_{r ≥ t in I}
+        if end < C:  # readers after I
+            q_after = q[..., end:, :] * logf[..., end:, :].cumsum(-2).exp()
+            sources = ki * _suffix_sum(li).exp() * (w[..., end:, start:end].transpose(-1, -2) @ q_after)
+            d = d + _exclusive_cumsum(sources, -2)  # Σ_{s < t in I}
+            if start > 0:  # sources before I, readers after it: the decay spans all of I
+                d = d + li.sum(-2, keepdim=True).exp() * (q_after * (w[..., end:, :start] @ k_before)).sum(
+                    -2, keepdim=True)
+        out.append(d)
+    return torch.cat(out, dim=-2)
+
+
+def _sub_block_dlogf(q, k, logf, w):
+    """Σ_{s<t≤r} over pairs inside one sub-block, element-wise ([..., S, K] tensors, w [..., S, S])."""
+    n = q.shape[-2]
+    strict = _lower(n, q.device, -1)[:, :, None]  # [r, s, 1]: s < r
     # b_r − b_s as a sum from s on, not a difference of two sums from the chunk start (which cancel when both are
     # large, leaving an error of rounding relative to them in the exponent)
     diff = torch.where(strict, logf[..., :, None, :], 0).cumsum(-3).masked_fill(~strict, float("-inf"))
-    pairs = q[..., :, None, :] * k[..., None, :, :] * diff.exp() * (dy @ v.transpose(-1, -2))[..., None]
-    pairs = torch.where(strict, pairs, 0)  # [B, H, r, s, K]
+    pairs = torch.where(strict, q[..., :, None, :] * k[..., None, :, :] * diff.exp() * w[..., None], 0)
     before = _exclusive_cumsum(pairs, -2)  # [r, t]: Σ_{s<t} pairs[r, s]
-    return torch.where(_lower(C, q.device)[:, :, None], before, 0).sum(-3)  # Σ_{r≥t}
+    return torch.where(_lower(n, q.device)[:, :, None], before, 0).sum(-3)  # Σ_{r≥t}
+
+
+def _suffix_sum(x):
+    """Σ of the entries after each position along dim −2 (e.g. b_end − b_s from log f, without cancellation)."""
+    return _exclusive_cumsum(x.flip(-2), -2).flip(-2)
 
 
 def _exclusive_cumsum(x, dim):
@@ -178,7 +217,7 @@ def _intra(q, k, v, logf):
         y = torch.where(lower, diag[..., None] * v[..., None, blk, :], 0).sum(-2)
         if i > 0:  # earlier sub-blocks, factorised at the end of the previous one: both factors ≤ 1
             before = slice(0, i * SUB)
-            k_before = k[..., before, :] * _exclusive_cumsum(logf[..., before, :].flip(-2), -2).flip(-2).exp()
+            k_before = k[..., before, :] * _suffix_sum(logf[..., before, :]).exp()
             y = y + ((qi * li.cumsum(-2).exp()) @ k_before.transpose(-1, -2)) @ v[..., before, :]
         rows.append(y)
     return torch.cat(rows, dim=-2)

@@ -70,7 +70,7 @@ class LMRun:
 
 
 def assemble_corpus(source: str, out: Path, max_bytes: int | None, vocab_size: int) -> Path:
-    """Assemble the source's documents (`hgrn2.data.corpus`, into `out/text`), train a BPE on the training
+    """Assemble the source's documents (`hgrn2.data.corpus`, into `out`-text), train a BPE on the training
     documents and tokenise both splits (`hgrn2.data.prepare`) into `out`; returns `out`. Reuses `out` when it
     already holds a prepared corpus."""
     from hgrn2.data.corpus import assemble
@@ -78,7 +78,8 @@ def assemble_corpus(source: str, out: Path, max_bytes: int | None, vocab_size: i
 
     if (out / "meta.json").is_file():
         return out
-    text = assemble(source, out / "text", max_bytes, val_fraction=0.05, overwrite=True)
+    # the text beside the tokens, not in them: the prepared folder alone is what a GPU machine needs
+    text = assemble(source, out.with_name(out.name + "-text"), max_bytes, val_fraction=0.05, overwrite=True)
     print(f"corpus {source} in {text}; training a BPE of {vocab_size} tokens")
     prepare([str(text / "train")], str(out), train_tokenizer=vocab_size, val_inputs=[str(text / "valid")],
             sample_by="document", overwrite=True)

@@ -98,3 +98,13 @@ def test_every_parameter_gets_a_gradient(mixer):
     ids = torch.randint(0, cfg.vocab_size, (2, 8))
     m(input_ids=ids, labels=ids).loss.backward()
     assert [n for n, p in m.named_parameters() if p.grad is None] == []
+
+
+@pytest.mark.slow
+def test_ddp_trains_softmax_attention(tmp_path):
+    from tests.train.helpers import base_overrides, make_corpus, run_train
+
+    data = make_corpus(tmp_path / "data")
+    overrides = base_overrides(data, str(tmp_path / "out"), max_steps=2, parallel="ddp")
+    p = run_train([*overrides, "model.token_mixer=attention"], nproc=2, timeout=300)
+    assert "2 rank(s)" in p.stdout

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hgrn2.ops import hgrn2
-from tests.ops.test_gate_edges import step_loop
+from tests.ops.test_gate_edges import device, step_loop
 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # error / scale, outputs and gradients
 
@@ -62,16 +62,17 @@ def truth(o, g, i, beta, h0, cu):
 
 def check(backend, c):
     xs = make(c)
-    leaves = [None if x is None else x.clone().requires_grad_() for x in xs]
+    dev = device(backend)
+    leaves = [None if x is None else x.to(dev, copy=True).requires_grad_() for x in xs]
     exact = [None if x is None else x.double().requires_grad_() for x in xs]
-    cu = None if c["cu"] is None else torch.tensor(c["cu"])
+    cu = None if c["cu"] is None else torch.tensor(c["cu"], device=dev)
     y, s = hgrn2(*leaves[:4], initial_state=leaves[4], output_final_state=True, cu_seqlens=cu, backend=backend)
     yt, st_ = truth(*exact, c["cu"])
     gen = torch.Generator().manual_seed(1)
     # weights representable in y's dtype: the gradient reaching y is then exact for every backend
     wy = torch.randn(yt.shape, generator=gen).to(c["dtype"]).double()
     ws = torch.randn(st_.shape, generator=gen, dtype=torch.float64)
-    ((y.double() * wy).sum() + (s.double() * ws).sum()).backward()
+    ((y.double().cpu() * wy).sum() + (s.double().cpu() * ws).sum()).backward()
     ((yt * wy).sum() + (st_ * ws).sum()).backward()
     pairs = [("y", y, yt), ("state", s, st_)] + [(n, a.grad, b.grad) for n, a, b in
                                                  zip(("do", "dg", "di", "dβ", "dh0"), leaves, exact) if a is not None]
@@ -80,7 +81,7 @@ def check(backend, c):
     for name, got, ref in pairs:
         assert torch.isfinite(got).all(), f"{name}: non-finite"
         scale = ref.abs().max().item()
-        err = (got.double() - ref.detach()).abs().max().item()
+        err = (got.double().cpu() - ref.detach()).abs().max().item()
         if not err <= tol * scale + 1e-30:
             bad[name] = f"error {err:.2e} vs scale {scale:.2e}"
     assert not bad, f"{backend}: {bad} for {c}"

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hgrn2.ops import hgrn1, hgrn2
+from tests.ops.test_gate_edges import device
 
 BACKENDS = ["reference", "chunk", pytest.param("triton", marks=pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="triton not installed"))]
@@ -52,8 +53,9 @@ def test_list_in_place_of_a_tensor(name):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("B, H, K, V", [(0, 2, 4, 3), (2, 0, 4, 3), (2, 2, 0, 3), (2, 2, 4, 0)])
 def test_empty_inputs_give_one_result_on_every_backend(backend, B, H, K, V):
-    o, g, i = (x.requires_grad_() for x in args(B=B, T=20, H=H, K=K, V=V))
-    y, s = hgrn2(o, g, i, torch.zeros(H, K), output_final_state=True, backend=backend)
+    dev = device(backend)
+    o, g, i = (x.to(dev, copy=True).requires_grad_() for x in args(B=B, T=20, H=H, K=K, V=V))
+    y, s = hgrn2(o, g, i, torch.zeros(H, K, device=dev), output_final_state=True, backend=backend)
     assert y.shape == (B, 20, H, V) and y.dtype == i.dtype and not y.any()
     assert s.shape == (B, H, V, K) and s.dtype == torch.float32
     y.sum().backward()

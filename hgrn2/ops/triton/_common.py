@@ -193,6 +193,22 @@ def decay_to_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
 
 
 @triton.jit
+def causal_av(A, v, DT: tl.constexpr, PREC: tl.constexpr):
+    """A v for a causal block A [BT, BT] and v [BT, BV], keeping a non-finite v[s] out of the rows t < s.
+
+    In the product those rows hold A[t, s] = 0, and 0·inf = NaN would carry the bad value back in time; the
+    non-finite entries enter as 0 and each column is NaN from its first non-finite row on (the true value there is
+    non-finite too).
+    """
+    BT: tl.constexpr = v.shape[0]
+    rows = tl.arange(0, BT)
+    bad = (v != v) | (tl.abs(v) == float("inf"))
+    out = tl.dot(A.to(DT), tl.where(bad, 0.0, v).to(DT), input_precision=PREC)
+    first = tl.min(tl.where(bad, rows[:, None], BT), 0)
+    return tl.where(rows[:, None] >= first[None, :], float("nan"), out)
+
+
+@triton.jit
 def diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
 

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ._common import (
     act,
+    causal_av,
     chunk_bounds,
     chunk_decay,
     chunk_offset,
@@ -184,7 +185,7 @@ def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, i_c, i_v, i
             out += tl.dot((q * eb).to(DT), tl.trans(h_t.to(DT)), input_precision=PREC)
 
         v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0)
-        out += tl.dot(A.to(DT), v.to(DT), input_precision=PREC)
+        out += causal_av(A, v, DT, PREC)
         tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
         if STORE_A:
             if i_v == 0:

@@ -12,7 +12,7 @@ It reads o, g, i once and writes y once (plus the final state); k and log f live
 import triton
 import triton.language as tl
 
-from ._common import act, diag_block, gates, load_beta, seq_bounds, step_tile
+from ._common import act, causal_av, diag_block, gates, load_beta, seq_bounds, step_tile
 
 
 @triton.jit
@@ -62,7 +62,7 @@ def fused_chunk_fwd_kernel(
         A, eb, w_end = diag_block(q, k, b, b_last, -tl.min(b_last), MAX_SPREAD, DT, PREC)
         v_c = v.to(DT)
         out = tl.dot((q * eb).to(DT), tl.trans(S.to(DT)), input_precision=PREC)
-        out += tl.dot(A.to(DT), v_c, input_precision=PREC)
+        out += causal_av(A, v, DT, PREC)
         tl.store(y + offv, out.to(y.dtype.element_ty), mask=mtv)
         S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v_c), (k * w_end).to(DT), input_precision=PREC)
 
