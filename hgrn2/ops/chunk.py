@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from .gates import activate, log_forget, one_minus_forget
 
-CHUNK = 64  # tokens per chunk: the state recurrence runs T / CHUNK sequential steps
-SUB = 16  # tokens per sub-block: the diagonal blocks cost SUB·SUB·K per token-head
+CHUNK = 64  # most tokens per chunk: the state recurrence runs T / CHUNK sequential steps
+SUB = 8  # tokens per sub-block: the diagonal blocks cost SUB·SUB·K per token-head
 
 
 def hgrn2_chunk(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
@@ -55,16 +55,22 @@ def _packed(o, g, i, lower_bound, *, initial_state, cu_seqlens, output_final_sta
 def _chunked(q, logf, k, v, h0):
     """q, logf, k: [B, T, H, K]; v: [B, T, H, V]; h0: [B, H, V, K] or None → y [B, T, H, V], state [B, H, V, K]."""
     T = q.shape[1]
-    y, s = _Chunked.apply(*(_to_chunks(x) for x in (q, logf, k, v)), h0)
+    size = _chunk_size(T)
+    y, s = _Chunked.apply(*(_to_chunks(x, size) for x in (q, logf, k, v)), h0)
     return _from_chunks(y, T), s
 
 
-def _to_chunks(x):
+def _chunk_size(T: int) -> int:
+    """CHUNK tokens, or fewer for a shorter sequence: whole sub-blocks, so that padding adds less than SUB tokens."""
+    return min(CHUNK, -(-T // SUB) * SUB)
+
+
+def _to_chunks(x, size):
     """[B, T, H, D] → [B, H, N, C, D], padded with zeros: such tokens have f = 1 (log f = 0) and k = v = q = 0, so they
     leave the state alone and write nothing."""
     B, T, H, D = x.shape
-    x = F.pad(x, (0, 0, 0, 0, 0, (-T) % CHUNK))
-    return x.view(B, -1, CHUNK, H, D).permute(0, 3, 1, 2, 4)
+    x = F.pad(x, (0, 0, 0, 0, 0, (-T) % size))
+    return x.view(B, -1, size, H, D).permute(0, 3, 1, 2, 4)
 
 
 def _from_chunks(x, T):
@@ -208,7 +214,7 @@ def _intra(q, k, v, logf):
     lower = _lower(SUB, q.device)[:, :, None]
     strict = _lower(SUB, q.device, -1)[:, :, None]
     rows = []
-    for i in range(CHUNK // SUB):
+    for i in range(q.shape[-2] // SUB):
         blk = slice(i * SUB, (i + 1) * SUB)
         qi, li = q[..., blk, :], logf[..., blk, :]
         # Diagonal sub-block, exact: e^{Σ_{s<u≤t} log f_u}, the exponent −inf above the diagonal.
