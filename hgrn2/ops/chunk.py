@@ -149,7 +149,7 @@ def _dlogf(q, logf, k, v, dy, starts, ds):
         g = decay[:, :, n] * g + reads[:, :, n]
     readers = q * b.exp() * (dy @ starts.transpose(-1, -2))  # start state → token r: holds f_t for t ≤ r
     sources = k * _suffix_sum(logf).exp() * (v @ ends.transpose(-1, -2))  # token s → end state: holds f_t for t > s
-    d = readers.flip(3).cumsum(3).flip(3) + _exclusive_cumsum(sources, 3)
+    d = readers.flip(3).cumsum(3).flip(3) + _exclusive_cumsum(sources)
     d = d + b_last.exp() * (starts * ends).sum(-1)[..., None, :]  # start state → end state
     return d + _intra_dlogf(q, k, logf, dy @ v.transpose(-1, -2))
 
@@ -172,7 +172,7 @@ def _intra_dlogf(q, k, logf, w):
         if end < C:  # readers after I
             q_after = q[..., end:, :] * logf[..., end:, :].cumsum(-2).exp()
             sources = ki * _suffix_sum(li).exp() * (w[..., end:, start:end].transpose(-1, -2) @ q_after)
-            d = d + _exclusive_cumsum(sources, -2)  # Σ_{s < t in I}
+            d = d + _exclusive_cumsum(sources)  # Σ_{s < t in I}
             if start > 0:  # sources before I, readers after it: the decay spans all of I
                 d = d + li.sum(-2, keepdim=True).exp() * (q_after * (w[..., end:, :start] @ k_before)).sum(
                     -2, keepdim=True)
@@ -186,21 +186,21 @@ def _sub_block_dlogf(q, k, logf, w):
     strict = _lower(n, q.device, -1)[:, :, None]  # [r, s, 1]: s < r
     # b_r − b_s as a sum from s on, not a difference of two sums from the chunk start (which cancel when both are
     # large, leaving an error of rounding relative to them in the exponent)
-    diff = torch.where(strict, logf[..., :, None, :], 0).cumsum(-3).masked_fill(~strict, float("-inf"))
+    # (0 on and above the diagonal, where `strict` drops the pair whatever its value)
+    diff = torch.where(strict, logf[..., :, None, :], 0).cumsum(-3)
     pairs = torch.where(strict, q[..., :, None, :] * k[..., None, :, :] * diff.exp() * w[..., None], 0)
-    before = _exclusive_cumsum(pairs, -2)  # [r, t]: Σ_{s<t} pairs[r, s]
+    before = _exclusive_cumsum(pairs)  # [r, t]: Σ_{s<t} pairs[r, s]
     return torch.where(_lower(n, q.device)[:, :, None], before, 0).sum(-3)  # Σ_{r≥t}
 
 
 def _suffix_sum(x):
     """Σ of the entries after each position along dim −2 (e.g. b_end − b_s from log f, without cancellation)."""
-    return _exclusive_cumsum(x.flip(-2), -2).flip(-2)
+    return _exclusive_cumsum(x.flip(-2)).flip(-2)
 
 
-def _exclusive_cumsum(x, dim):
-    """Σ of the entries strictly before each position along `dim` (no subtraction, so no cancellation)."""
-    c = x.cumsum(dim).narrow(dim, 0, x.shape[dim] - 1)
-    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), c], dim)
+def _exclusive_cumsum(x):
+    """Σ of the entries strictly before each position along dim −2 (no subtraction, so no cancellation)."""
+    return F.pad(x[..., :-1, :].cumsum(-2), (0, 0, 1, 0))
 
 
 def _intra(q, k, v, logf):
@@ -217,9 +217,9 @@ def _intra(q, k, v, logf):
     for i in range(q.shape[-2] // SUB):
         blk = slice(i * SUB, (i + 1) * SUB)
         qi, li = q[..., blk, :], logf[..., blk, :]
-        # Diagonal sub-block, exact: e^{Σ_{s<u≤t} log f_u}, the exponent −inf above the diagonal.
+        # Diagonal sub-block, exact: e^{Σ_{s<u≤t} log f_u}, the exponent 0 above the diagonal, which `lower` drops.
         diff = torch.where(strict, li[..., :, None, :], 0).cumsum(-3)
-        diag = torch.einsum("...tk,...sk,...tsk->...ts", qi, k[..., blk, :], diff.masked_fill(~lower, -torch.inf).exp())
+        diag = torch.einsum("...tk,...sk,...tsk->...ts", qi, k[..., blk, :], diff.exp())
         y = torch.where(lower, diag[..., None] * v[..., None, blk, :], 0).sum(-2)
         if i > 0:  # earlier sub-blocks, factorised at the end of the previous one: both factors ≤ 1
             before = slice(0, i * SUB)
