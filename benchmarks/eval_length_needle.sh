@@ -1,37 +1,30 @@
 #!/usr/bin/env bash
-# Length-extrapolation curve and needle heatmap of a small HGRN2 trained by `hgrn2 train` on real text: CPython's
-# documentation topics (pydoc_data, shipped with Python), every 10th topic held out for evaluation; or, with
-# TEXT_DIR set, the local corpus TEXT_DIR/train.txt and TEXT_DIR/val.txt.
-# usage: [TEXT_DIR=DIR] benchmarks/eval_length_needle.sh OUT_DIR [MAX_STEPS] [SEQ_LEN] [`hgrn2 train --set` KEY=VALUE...]
-# Writes OUT_DIR/ppl/ppl.{json,png} (loss by position up to 8x SEQ_LEN) and OUT_DIR/needle/needle.{json,png}.
+# Does a small HGRN2 trained by `hgrn2 train` on real text at SEQ_LEN tokens keep its loss flat past SEQ_LEN when its
+# state is carried (up to 8x), and can it retrieve a needle from held-out text? Assembles a corpus with
+# `hgrn2 data corpus SOURCE` (python-docs: CPython's help topics, always installed; debian-docs: python3-doc and
+# linux-doc, tens of MB), trains a byte-level BPE and the model, then writes the records eval_ppl.json and
+# eval_needle.json with their PNGs into RECORD_DIR (default benchmarks/results/<device>/) for `hgrn2 bench report`.
+# usage: benchmarks/eval_length_needle.sh OUT_DIR [SOURCE] [MAX_BYTES] [MAX_STEPS] [SEQ_LEN] [`hgrn2 train --set`
+#        KEY=VALUE...]; environment: RECORD_DIR, VOCAB (BPE size, 4096), SEQUENCES (held-out sequences of 8 x SEQ_LEN
+#        tokens scored, 128), NEEDLE_MODE (passkey | easy | standard), TRIALS (per needle cell, 1).
 set -euo pipefail
-OUT=${1:?usage: $0 OUT_DIR [MAX_STEPS] [SEQ_LEN] [KEY=VALUE ...]}
-STEPS=${2:-300}
-SEQ=${3:-128}
-shift $(( $# < 3 ? $# : 3 ))
-mkdir -p "$OUT/text"
-if [[ -n "${TEXT_DIR:-}" ]]; then
-  cp "$TEXT_DIR/train.txt" "$TEXT_DIR/val.txt" "$OUT/text/"
-else
-  python - "$OUT/text" <<'PY'
-import os
-import sys
-
-from pydoc_data.topics import topics
-
-keys = sorted(topics)
-for name, part in (("train", [k for i, k in enumerate(keys) if i % 10]), ("val", keys[::10])):
-    with open(os.path.join(sys.argv[1], f"{name}.txt"), "w") as f:
-        f.write("\n\n".join(topics[k].strip() for k in part) + "\n")
-PY
-fi
-python -m hgrn2.cli data prepare "$OUT/text/train.txt" --val-inputs "$OUT/text/val.txt" --sample-by document \
-  --train-tokenizer 2048 --out "$OUT/data" --overwrite
-python -m hgrn2.cli train --config tiny --set data="$OUT/data" out_dir="$OUT/run" max_steps="$STEPS" seq_len="$SEQ" \
+OUT=${1:?usage: $0 OUT_DIR [SOURCE] [MAX_BYTES] [MAX_STEPS] [SEQ_LEN] [KEY=VALUE ...]}
+SOURCE=${2:-python-docs}
+MAX_BYTES=${3:-20M}
+STEPS=${4:-300}
+SEQ=${5:-256}
+shift $(( $# < 5 ? $# : 5 ))
+RECORD=(--record ${RECORD_DIR:+"$RECORD_DIR"})
+hgrn2() { python -m hgrn2.cli "$@"; }
+hgrn2 data corpus "$SOURCE" "$OUT/corpus" --max-bytes "$MAX_BYTES" --overwrite
+hgrn2 data prepare "$OUT/corpus/train" --val-inputs "$OUT/corpus/valid" --sample-by document \
+  --train-tokenizer "${VOCAB:-4096}" --out "$OUT/data" --overwrite
+hgrn2 train --config tiny --set data="$OUT/data" out_dir="$OUT/run" max_steps="$STEPS" seq_len="$SEQ" \
   eval_every="$STEPS" save_every="$STEPS" "$@"
-python -m hgrn2.cli eval ppl "$OUT/run/final" "$OUT/data" --split val --sequences stream --length $((SEQ * 8)) \
-  --train-length "$SEQ" --bin $((SEQ / 4)) --out "$OUT/ppl"
-LENGTHS=256  # needle and question take ~130 tokens of a 2048-token BPE; powers of two up to 16x SEQ_LEN
-for ((n = 512; n <= SEQ * 16; n *= 2)); do LENGTHS="$LENGTHS,$n"; done
-python -m hgrn2.cli eval needle "$OUT/run/final" --haystack "$OUT/text/val.txt" --mode easy \
-  --lengths "$LENGTHS" --depths 11 --out "$OUT/needle"
+hgrn2 eval ppl "$OUT/run/final" "$OUT/data" --split val --sequences stream --length $((SEQ * 8)) \
+  --train-length "$SEQ" --bin $((SEQ / 2)) --max-sequences "${SEQUENCES:-128}" --out "$OUT/ppl" "${RECORD[@]}"
+LENGTHS=""  # context lengths from half to 8x SEQ_LEN, at least 128 (room for needle, question and haystack)
+for ((n = SEQ / 2; n <= SEQ * 8; n *= 2)); do ((n < 128)) || LENGTHS="${LENGTHS:+$LENGTHS,}$n"; done
+find "$OUT/corpus/valid" -name '*.txt' | sort | head -n 50 | xargs awk 'FNR == 1 && NR > 1 {print ""} 1' > "$OUT/haystack.txt"
+hgrn2 eval needle "$OUT/run/final" --haystack "$OUT/haystack.txt" --mode "${NEEDLE_MODE:-passkey}" \
+  --lengths "$LENGTHS" --depths 5 --trials "${TRIALS:-1}" --out "$OUT/needle" "${RECORD[@]}"

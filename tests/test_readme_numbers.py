@@ -1,4 +1,4 @@
-"""README's results (between `<!-- results` and `<!-- /results -->`) quote BENCHMARKS.md: every number there
+"""README's results (every block between `<!-- results` and `<!-- /results -->`) quote BENCHMARKS.md: every number there
 appears in BENCHMARKS.md as written, so a headline cannot drift from the measured tables."""
 
 import pathlib
@@ -15,9 +15,9 @@ def numbers(text: str) -> list[str]:
 
 def readme_results() -> str:
     text = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- results.*?-->(.*?)<!-- /results -->", text, re.S)
-    assert match, "README.md: no <!-- results --> ... <!-- /results --> block"
-    return match.group(1)
+    blocks = re.findall(r"<!-- results.*?-->(.*?)<!-- /results -->", text, re.S)
+    assert blocks, "README.md: no <!-- results --> ... <!-- /results --> block"
+    return "\n".join(blocks)
 
 
 def test_number_pattern():

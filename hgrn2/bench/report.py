@@ -55,6 +55,16 @@ SECTIONS = {
                     "fla's HGRN2ForCausalLM with random weights (bounds and norms randomised too), converted by "
                     "`hgrn2 convert-fla`: logits of both against the fp64 reference and each other (relative L2), "
                     "argmax agreement over the prompt, and whether 32 greedy tokens agree."),
+    "eval_ppl": ("Evaluation: loss by position past the training length",
+                 "`hgrn2 eval ppl --record`: the next-token loss at each position of held-out text, averaged over "
+                 "the sequences and binned, the recurrent state carried through each whole sequence; the model "
+                 "was trained on shorter sequences (training length and recipe in the note; "
+                 "`benchmarks/eval_length_needle.sh` runs corpus, tokenizer, training and both evaluations). A "
+                 "recurrent model that extrapolates keeps the loss flat or falling past the training length."),
+    "eval_needle": ("Evaluation: needle in a haystack",
+                    "`hgrn2 eval needle --record`: a fact hidden at a depth of a haystack of held-out text, the "
+                    "question asked at the end, the greedy reply scored by exact match and ROUGE-L F1; cells are "
+                    "depth (rows) × context length in tokens (columns), the mean over trials."),
     "memory": ("Activation memory of a training step",
                "Bytes autograd keeps for the backward, activations [B, T, ...] only, per hidden element and layer."),
 }
@@ -143,6 +153,35 @@ def convert_table(rec: dict) -> str:
                                       ("greedy equal", "greedy_equal", "")])
 
 
+def eval_ppl_table(rec: dict) -> str:
+    rows = [dict(r, positions=f"{r['start']}–{r['end']}") for r in rec["rows"]]
+    table = format_table(rows, [("positions", "positions", ""), ("loss", "loss", ".4f"), ("ppl", "ppl", ".2f"),
+                                ("tokens", "tokens", "d")])
+    return (f"{rec['sequences']} sequences ({rec['sequences_from']}, {rec['length'] or 'whole'} tokens each), "
+            f"{rec['mode']} state, training length {rec['train_length']}: loss {rec['loss']:.4f}, ppl "
+            f"{rec['ppl']:.2f}.\n\n{table}")
+
+
+def eval_needle_table(rec: dict) -> str:
+    cells: dict = {}
+    for r in rec["rows"]:
+        cells.setdefault((r["depth"], r["length"]), []).append(r)
+    lengths = sorted({n for _, n in cells})
+    rows = []
+    for depth in sorted({d for d, _ in cells}):
+        row = {"depth": f"{depth:.0f}%"}
+        for n in lengths:
+            got = cells.get((depth, n), [])
+            row[n] = (f"{sum(c['exact'] for c in got) / len(got):.2f} / {sum(c['rougeL'] for c in got) / len(got):.2f}"
+                      if got else None)
+        rows.append(row)
+    table = format_table(rows, [("depth", "depth", "")] + [(f"{n} tokens", n, "") for n in lengths])
+    replies = sorted({r["reply"].strip().replace("`", "'") for r in rec["rows"]})
+    sample = "; ".join(f"`{t if len(t) <= 60 else t[:60] + '…'}`" for t in replies[:3])
+    return (f"{rec['mode']} mode, cells exact / ROUGE-L; expected e.g. `{rec['rows'][0]['answer'].strip()}`; "
+            f"{len(replies)} distinct replies, e.g. {sample}.\n\n{table}")
+
+
 def generic_table(rec: dict) -> str:
     keys = [k for k, v in rec["rows"][0].items() if isinstance(v, (str, int, float, bool))] if rec["rows"] else []
     return format_table(rec["rows"], [(k, k, ".4g" if isinstance(rec["rows"][0][k], float) else "") for k in keys])
@@ -151,7 +190,7 @@ def generic_table(rec: dict) -> str:
 TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format_table(rec["rows"], [
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
-    "convert_fla": convert_table}
+    "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table}
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:

@@ -168,6 +168,48 @@ def write_json(path: str, obj) -> None:
     os.replace(path + ".tmp", path)
 
 
+def add_record_argument(p) -> None:
+    p.add_argument("--record", nargs="?", const="", default=None, metavar="DIR",
+                   help="also write the result as a benchmark record, DIR/<benchmark>.json with its PNG beside it "
+                        "(default DIR: benchmarks/results/<device>/), which `hgrn2 bench report` renders")
+
+
+def write_record(args, benchmark: str, rows: list[dict], figure: str, device: str, **extra) -> str:
+    """The result as a benchmark record (`hgrn2.bench.common.write_result`: command, device, versions, commit, date,
+    rows) at `args.record`/<benchmark>.json, the figure copied beside it, the model's training recipe as its note."""
+    import shutil
+
+    from hgrn2.bench.common import command_of, environment, write_result
+
+    note = training_note(args.model)
+    path = write_result(args.record or None, benchmark, environment(device), rows, command_of(args),
+                        figure=f"{benchmark}.png", **({"note": note} if note else {}), **extra)
+    png = path.with_suffix(".png")
+    shutil.copyfile(figure, f"{png}.tmp")
+    os.replace(f"{png}.tmp", png)
+    return str(path)
+
+
+def training_note(model_dir: str) -> str | None:
+    """One line on how `hgrn2 train` made the model (its `train_config.yaml`), or None for other models."""
+    path = os.path.join(model_dir, "train_config.yaml")
+    if not os.path.isfile(path):
+        return None
+    import yaml
+
+    with open(path) as f:
+        c = yaml.safe_load(f)
+    m = ", ".join(f"{k} {v}" for k, v in (c.get("model") or {}).items())
+    data = str(c.get("data"))
+    meta = os.path.join(data, "meta.json")
+    if os.path.isfile(meta):
+        with open(meta) as f:
+            splits = json.load(f)["splits"]
+        data += f" ({splits['train']['tokens']:,} training tokens)"
+    return (f"model: `hgrn2 train` {c.get('arch')} ({m}) on {data}, seq_len {c.get('seq_len')}, "
+            f"{c.get('max_steps')} steps × {c.get('batch_size')} sequences, lr {c.get('lr')}, {c.get('precision')}")
+
+
 def save_figure(fig, path: str) -> None:
     """Save a matplotlib figure atomically."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -29,6 +29,7 @@ import numpy as np
 from .common import (
     EvalError,
     ResultLog,
+    add_record_argument,
     check_length,
     default_device,
     greedy_generate,
@@ -37,6 +38,7 @@ from .common import (
     model_label,
     save_figure,
     write_json,
+    write_record,
 )
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
@@ -65,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    add_record_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,7 +102,7 @@ def evaluate(args: argparse.Namespace) -> dict:
                 ids = build_prompt(tok, hay, n, d / 100, needle, question, offset=t * 997)
                 cells.append((li, di, t, ids, answer, _key(n, d, t)))
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in (
-        "out", "batch_size", "device", "metric", "ignore_context_limit")}
+        "out", "batch_size", "device", "metric", "ignore_context_limit", "record", "command_line")}
     settings.update(model=os.path.abspath(args.model), dtype=str(next(model.parameters()).dtype))
     os.makedirs(args.out, exist_ok=True)
     log = ResultLog(os.path.join(args.out, "needle.log.jsonl"), settings)
@@ -123,6 +126,10 @@ def evaluate(args: argparse.Namespace) -> dict:
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "needle.json"), result)
     plot_heatmap(result, args.metric, os.path.join(args.out, "needle.png"), model_label(args.model))
+    if args.record is not None:
+        path = write_record(args, "eval_needle", records, os.path.join(args.out, "needle.png"), device,
+                            mode=args.mode, metric=args.metric, trials=args.trials, lengths=lengths, depths=depths)
+        print(f"wrote record {path}")
     return result
 
 

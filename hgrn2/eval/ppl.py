@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from .common import (
     EvalError,
+    add_record_argument,
     check_length,
     default_device,
     forward,
@@ -37,6 +38,7 @@ from .common import (
     model_label,
     save_figure,
     write_json,
+    write_record,
 )
 
 TEXT_SUFFIXES = (".txt", ".text", ".raw", ".md", ".rst")
@@ -67,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    add_record_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,7 +120,20 @@ def evaluate(args: argparse.Namespace) -> dict:
     write_json(os.path.join(args.out, "ppl.json"), result)
     plot_curve([result] + others, os.path.join(args.out, "ppl.png"), args.train_length)
     shutil.rmtree(parts)
+    if args.record is not None:
+        _record(args, result, device)
     return result
+
+
+def _record(args, result: dict, device: str) -> None:
+    b = result["binned"]
+    rows = [{"start": lo, "end": hi, "loss": v, "ppl": math.exp(v), "tokens": n}
+            for lo, hi, v, n in zip(b["start"], b["end"], b["loss"], b["count"]) if v is not None]
+    path = write_record(args, "eval_ppl", rows, os.path.join(args.out, "ppl.png"), device,
+                        train_length=args.train_length, **{k: result[k] for k in (
+                            "loss", "ppl", "sequences", "tokens", "mode", "sequences_from", "length", "chunk",
+                            "window", "dtype")})
+    print(f"wrote record {path}")
 
 
 def _parts_dir(args, model) -> str:

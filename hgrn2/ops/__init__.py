@@ -27,7 +27,7 @@ __all__ = [
 
 HGRN2_BACKENDS = ("reference", "chunk", "triton")
 HGRN1_BACKENDS = ("reference", "scan", "triton")
-DECODE_MAX_T = 16  # at or below this many tokens the step loop beats the chunked torch path on the CPU
+DECODE_MAX_T = 16  # at or below this many tokens the step loop beats the chunked torch path for inference
 
 
 @functools.cache
@@ -46,14 +46,19 @@ def available_backends() -> dict[str, list[str]]:
     return {"hgrn2": ["reference", "chunk", *extra], "hgrn1": ["reference", "scan", *extra]}
 
 
-def _pick(backend: str | None, names: tuple[str, ...], x: torch.Tensor, fast_torch: str) -> str:
+def _pick(backend: str | None, names: tuple[str, ...], x: torch.Tensor, fast_torch: str, *inputs) -> str:
     if backend is not None:
         if backend not in names:
             _fail("backend", f"one of {names} or None", repr(backend))
         return backend
     if x.is_cuda and triton_available():
         return "triton"
-    return "reference" if x.shape[1] <= DECODE_MAX_T else fast_torch
+    return "reference" if x.shape[1] <= DECODE_MAX_T and not _training(*inputs) else fast_torch
+
+
+def _training(*inputs) -> bool:
+    """Whether autograd will record the op: the step loop's per-token graph makes its backward slow."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
 
 
 def _check_common(name, x, lower_bound, lb_shape, initial_state, state_shape, cu_seqlens):
@@ -109,7 +114,7 @@ def hgrn2(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initi
     for name, act in (("o_act", o_act), ("i_act", i_act)):
         if act not in ACTIVATIONS:
             _fail(name, f"one of {ACTIVATIONS}", repr(act))
-    name = _pick(backend, HGRN2_BACKENDS, o, "chunk")
+    name = _pick(backend, HGRN2_BACKENDS, o, "chunk", o, g, i, lower_bound, initial_state)
     if o.numel() == 0 or i.numel() == 0:
         dt = torch.float64 if o.dtype == torch.float64 else torch.float32
         return _empty(i.new_zeros(B, T, H, V), (n, H, V, K), dt, output_final_state, o, g, i, lower_bound,
@@ -153,7 +158,7 @@ def hgrn1(i, g, lower_bound=None, *, theta=None, initial_state=None, output_fina
         check_float("theta", theta, 1)
         check_state("theta", theta, (D,), i.device)
     n = _check_common("i", i, lower_bound, (D,), initial_state, (D,), cu_seqlens)
-    name = _pick(backend, HGRN1_BACKENDS, i, "scan")
+    name = _pick(backend, HGRN1_BACKENDS, i, "scan", i, g, lower_bound, theta, initial_state)
     if i.numel() == 0:
         dt = torch.promote_types(torch.promote_types(g.dtype, torch.float32), i.dtype)
         return _empty(i.new_zeros(i.shape), (n, D), dt, output_final_state, i, g, lower_bound, initial_state, theta)

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from .gates import activate, log_forget, one_minus_forget
 
-CHUNK = 64  # tokens per chunk: the state recurrence runs T / CHUNK sequential steps
-SUB = 16  # tokens per sub-block: the diagonal blocks cost SUB·SUB·K per token-head
+CHUNK = 64  # most tokens per chunk: the state recurrence runs T / CHUNK sequential steps
+SUB = 8  # tokens per sub-block: the diagonal blocks cost SUB·SUB·K per token-head
 
 
 def hgrn2_chunk(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
@@ -55,16 +55,22 @@ def _packed(o, g, i, lower_bound, *, initial_state, cu_seqlens, output_final_sta
 def _chunked(q, logf, k, v, h0):
     """q, logf, k: [B, T, H, K]; v: [B, T, H, V]; h0: [B, H, V, K] or None → y [B, T, H, V], state [B, H, V, K]."""
     T = q.shape[1]
-    y, s = _Chunked.apply(*(_to_chunks(x) for x in (q, logf, k, v)), h0)
+    size = _chunk_size(T)
+    y, s = _Chunked.apply(*(_to_chunks(x, size) for x in (q, logf, k, v)), h0)
     return _from_chunks(y, T), s
 
 
-def _to_chunks(x):
+def _chunk_size(T: int) -> int:
+    """CHUNK tokens, or fewer for a shorter sequence: whole sub-blocks, so that padding adds less than SUB tokens."""
+    return min(CHUNK, -(-T // SUB) * SUB)
+
+
+def _to_chunks(x, size):
     """[B, T, H, D] → [B, H, N, C, D], padded with zeros: such tokens have f = 1 (log f = 0) and k = v = q = 0, so they
     leave the state alone and write nothing."""
     B, T, H, D = x.shape
-    x = F.pad(x, (0, 0, 0, 0, 0, (-T) % CHUNK))
-    return x.view(B, -1, CHUNK, H, D).permute(0, 3, 1, 2, 4)
+    x = F.pad(x, (0, 0, 0, 0, 0, (-T) % size))
+    return x.view(B, -1, size, H, D).permute(0, 3, 1, 2, 4)
 
 
 def _from_chunks(x, T):
@@ -143,7 +149,7 @@ def _dlogf(q, logf, k, v, dy, starts, ds):
         g = decay[:, :, n] * g + reads[:, :, n]
     readers = q * b.exp() * (dy @ starts.transpose(-1, -2))  # start state → token r: holds f_t for t ≤ r
     sources = k * _suffix_sum(logf).exp() * (v @ ends.transpose(-1, -2))  # token s → end state: holds f_t for t > s
-    d = readers.flip(3).cumsum(3).flip(3) + _exclusive_cumsum(sources, 3)
+    d = readers.flip(3).cumsum(3).flip(3) + _exclusive_cumsum(sources)
     d = d + b_last.exp() * (starts * ends).sum(-1)[..., None, :]  # start state → end state
     return d + _intra_dlogf(q, k, logf, dy @ v.transpose(-1, -2))
 
@@ -166,7 +172,7 @@ def _intra_dlogf(q, k, logf, w):
         if end < C:  # readers after I
             q_after = q[..., end:, :] * logf[..., end:, :].cumsum(-2).exp()
             sources = ki * _suffix_sum(li).exp() * (w[..., end:, start:end].transpose(-1, -2) @ q_after)
-            d = d + _exclusive_cumsum(sources, -2)  # Σ_{s < t in I}
+            d = d + _exclusive_cumsum(sources)  # Σ_{s < t in I}
             if start > 0:  # sources before I, readers after it: the decay spans all of I
                 d = d + li.sum(-2, keepdim=True).exp() * (q_after * (w[..., end:, :start] @ k_before)).sum(
                     -2, keepdim=True)
@@ -180,21 +186,21 @@ def _sub_block_dlogf(q, k, logf, w):
     strict = _lower(n, q.device, -1)[:, :, None]  # [r, s, 1]: s < r
     # b_r − b_s as a sum from s on, not a difference of two sums from the chunk start (which cancel when both are
     # large, leaving an error of rounding relative to them in the exponent)
-    diff = torch.where(strict, logf[..., :, None, :], 0).cumsum(-3).masked_fill(~strict, float("-inf"))
+    # (0 on and above the diagonal, where `strict` drops the pair whatever its value)
+    diff = torch.where(strict, logf[..., :, None, :], 0).cumsum(-3)
     pairs = torch.where(strict, q[..., :, None, :] * k[..., None, :, :] * diff.exp() * w[..., None], 0)
-    before = _exclusive_cumsum(pairs, -2)  # [r, t]: Σ_{s<t} pairs[r, s]
+    before = _exclusive_cumsum(pairs)  # [r, t]: Σ_{s<t} pairs[r, s]
     return torch.where(_lower(n, q.device)[:, :, None], before, 0).sum(-3)  # Σ_{r≥t}
 
 
 def _suffix_sum(x):
     """Σ of the entries after each position along dim −2 (e.g. b_end − b_s from log f, without cancellation)."""
-    return _exclusive_cumsum(x.flip(-2), -2).flip(-2)
+    return _exclusive_cumsum(x.flip(-2)).flip(-2)
 
 
-def _exclusive_cumsum(x, dim):
-    """Σ of the entries strictly before each position along `dim` (no subtraction, so no cancellation)."""
-    c = x.cumsum(dim).narrow(dim, 0, x.shape[dim] - 1)
-    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), c], dim)
+def _exclusive_cumsum(x):
+    """Σ of the entries strictly before each position along dim −2 (no subtraction, so no cancellation)."""
+    return F.pad(x[..., :-1, :].cumsum(-2), (0, 0, 1, 0))
 
 
 def _intra(q, k, v, logf):
@@ -208,12 +214,12 @@ def _intra(q, k, v, logf):
     lower = _lower(SUB, q.device)[:, :, None]
     strict = _lower(SUB, q.device, -1)[:, :, None]
     rows = []
-    for i in range(CHUNK // SUB):
+    for i in range(q.shape[-2] // SUB):
         blk = slice(i * SUB, (i + 1) * SUB)
         qi, li = q[..., blk, :], logf[..., blk, :]
-        # Diagonal sub-block, exact: e^{Σ_{s<u≤t} log f_u}, the exponent −inf above the diagonal.
+        # Diagonal sub-block, exact: e^{Σ_{s<u≤t} log f_u}, the exponent 0 above the diagonal, which `lower` drops.
         diff = torch.where(strict, li[..., :, None, :], 0).cumsum(-3)
-        diag = torch.einsum("...tk,...sk,...tsk->...ts", qi, k[..., blk, :], diff.masked_fill(~lower, -torch.inf).exp())
+        diag = torch.einsum("...tk,...sk,...tsk->...ts", qi, k[..., blk, :], diff.exp())
         y = torch.where(lower, diag[..., None] * v[..., None, blk, :], 0).sum(-2)
         if i > 0:  # earlier sub-blocks, factorised at the end of the previous one: both factors ≤ 1
             before = slice(0, i * SUB)

@@ -86,6 +86,21 @@ def test_passkey_without_haystack(hgrn2_dir, tmp_path):
     assert len(cells) == 4 and all(c["answer"].isdigit() and len(c["answer"]) == 5 for c in cells)
 
 
+def test_record_holds_every_cell_and_renders_as_a_grid(hgrn2_dir, tmp_path):
+    from hgrn2.bench import report
+
+    rec_dir = tmp_path / "results" / "cpu"
+    assert main(["eval", "needle", hgrn2_dir, "--mode", "passkey", "--out", str(tmp_path / "n"), "--lengths",
+                 "100,150", "--depths", "2", "--trials", "2", "--device", "cpu", "--record", str(rec_dir)]) == 0
+    rec = json.loads((rec_dir / "eval_needle.json").read_text())
+    cells = json.loads((tmp_path / "n" / "needle.json").read_text())["cells"]
+    assert rec["benchmark"] == "eval_needle" and rec["rows"] == cells and rec["mode"] == "passkey"
+    assert (rec_dir / "eval_needle.png").is_file()
+    text = report.render(tmp_path / "results")
+    assert "## Evaluation: needle in a haystack" in text and "| depth | 100 tokens | 150 tokens |" in text
+    assert text.count("| 0% |") == 1 and text.count("| 100% |") == 1
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--lengths", "128"], "exceed the model's context limit of 64"),
     (["--lengths", "a,b"], "--lengths: expected comma-separated integers"),

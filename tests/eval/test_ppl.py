@@ -164,3 +164,36 @@ def test_resumes_from_saved_batches(hgrn2_dir, corpus, tmp_path, monkeypatch, ca
     res = json.loads((tmp_path / "ppl.json").read_text())
     assert res["tokens"] == full["tokens"] and res["loss"] == pytest.approx(full["loss"] - removed / 184)
     assert not (tmp_path / "ppl.parts").exists()
+
+
+def test_record_is_a_benchmark_record_with_the_binned_curve(hgrn2_dir, corpus, tmp_path):
+    from hgrn2.bench import report
+
+    rec_dir = tmp_path / "results" / "cpu"
+    assert main(["eval", "ppl", hgrn2_dir, corpus[0], "--out", str(tmp_path / "ppl"), "--train-length", "32",
+                 "--bin", "16", "--record", str(rec_dir)]) == 0
+    rec = json.loads((rec_dir / "eval_ppl.json").read_text())
+    res = json.loads((tmp_path / "ppl" / "ppl.json").read_text())
+    assert rec["benchmark"] == "eval_ppl" and rec["command"].startswith("hgrn2 eval ppl ")
+    assert [r["loss"] for r in rec["rows"]] == res["binned"]["loss"] and rec["loss"] == res["loss"]
+    assert rec["rows"][0]["ppl"] == pytest.approx(math.exp(rec["rows"][0]["loss"]))
+    assert (rec_dir / "eval_ppl.png").read_bytes() == (tmp_path / "ppl" / "ppl.png").read_bytes()
+    assert "note" not in rec  # not made by `hgrn2 train`
+    text = report.render(tmp_path / "results")
+    assert "## Evaluation: loss by position" in text and f"{rec['rows'][-1]['loss']:.4f}" in text
+    assert "![Evaluation: loss by position" in text
+
+
+def test_training_note_from_train_config(tmp_path):
+    from hgrn2.eval.common import training_note
+
+    (tmp_path / "train_config.yaml").write_text(
+        "arch: hgrn2\nmodel:\n  hidden_size: 128\n  num_hidden_layers: 2\ndata: d\nseq_len: 256\nmax_steps: 160\n"
+        "batch_size: 8\nlr: 0.003\nprecision: fp32\n")
+    assert training_note(str(tmp_path)) == ("model: `hgrn2 train` hgrn2 (hidden_size 128, num_hidden_layers 2) on d, "
+                                            "seq_len 256, 160 steps × 8 sequences, lr 0.003, fp32")
+    assert training_note(str(tmp_path / "none")) is None
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "meta.json").write_text(json.dumps({"splits": {"train": {"tokens": 12345}}}))
+    (tmp_path / "train_config.yaml").write_text(f"data: {tmp_path / 'd'}\nseq_len: 8\n")
+    assert f"on {tmp_path / 'd'} (12,345 training tokens), seq_len 8" in training_note(str(tmp_path))

@@ -4,7 +4,17 @@ import pytest
 import torch
 
 from hgrn2.bench.common import rel_err
-from hgrn2.ops import activate, clamp_forget_logits, hgrn2, log_forget, lower_bounds_from_logits, one_minus_forget
+from hgrn2.ops import (
+    DECODE_MAX_T,
+    HGRN2_BACKENDS,
+    _pick,
+    activate,
+    clamp_forget_logits,
+    hgrn2,
+    log_forget,
+    lower_bounds_from_logits,
+    one_minus_forget,
+)
 
 
 def make(B=2, T=37, H=2, K=8, V=6, *, gscale=3.0, lb=0.5, dtype=torch.float64, state=True, seed=None):
@@ -47,7 +57,7 @@ def test_reference_equals_closed_form():
         assert torch.allclose(y[0, t, 0], acc, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("T", [1, 17, 64, 65, 150])
+@pytest.mark.parametrize("T", [1, 17, 40, 64, 65, 150])
 @pytest.mark.parametrize("lb", [None, 0.999])
 def test_chunk_matches_reference_fp32(T, lb):
     o, g, i, beta, h0 = make(T=T, lb=lb, seed=T)
@@ -64,6 +74,16 @@ def test_chunk_matches_reference_fp32(T, lb):
     for a, b in zip(leaves, ref):
         if a is not None:
             assert rel_err(a.grad, b.grad) < 1e-4
+
+
+def test_auto_backend_takes_the_step_loop_only_for_short_inference():
+    short, long = torch.randn(2, DECODE_MAX_T, 1, 4), torch.randn(2, DECODE_MAX_T + 1, 1, 4)
+    trained = short.clone().requires_grad_()
+    assert _pick(None, HGRN2_BACKENDS, short, "chunk", short, None) == "reference"
+    assert _pick(None, HGRN2_BACKENDS, long, "chunk", long, None) == "chunk"
+    assert _pick(None, HGRN2_BACKENDS, trained, "chunk", trained, None) == "chunk"
+    with torch.no_grad():
+        assert _pick(None, HGRN2_BACKENDS, trained, "chunk", trained, None) == "reference"
 
 
 def test_chunk_gradcheck_fp64():
