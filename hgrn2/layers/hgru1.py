@@ -22,6 +22,7 @@ they leave the state as it was, wherever they sit and whatever state comes in.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 import torch.nn as nn
@@ -33,12 +34,12 @@ from .norm import build_norm
 PAD_LOGIT = 1e4  # σ(1e4) = 1, σ(−1e4) = 0 exactly in every float dtype: 1 − f = 0, f = 1 (to rounding with β)
 
 
-def check_choice(name: str, value, choices) -> None:
+def check_choice(name: str, value: object, choices: Collection[object]) -> None:
     if value not in choices:
         raise ValueError(f"`{name}`: expected one of {choices}, got {value!r}")
 
 
-def check_positive_int(name: str, value) -> None:
+def check_positive_int(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"`{name}`: expected a positive int, got {value!r}")
 
@@ -57,7 +58,8 @@ def check_call(x: torch.Tensor, hidden_size: int, attention_mask: torch.Tensor |
             raise ValueError("`attention_mask`: pass either attention_mask (padding) or cu_seqlens (packing)")
 
 
-def mask_gates(i: torch.Tensor, g: torch.Tensor, attention_mask: torch.Tensor | None):
+def mask_gates(i: torch.Tensor, g: torch.Tensor,
+               attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Zero input and f = 1 at padded positions, so the recurrence carries the state through them unchanged."""
     if attention_mask is None:
         return i, g
@@ -94,7 +96,9 @@ class HGRU1(nn.Module):
         self.norm = build_norm(norm, inner, norm_eps)
         self.out_proj = nn.Linear(inner, hidden_size, bias=bias)
 
-    def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, state: torch.Tensor | None = None,
+                use_cache: bool = False, attention_mask: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, T, hidden]; lower_bound [hidden] (β, repeated over the `expand` copies) or None.
 
         Returns (y [B, T, hidden], state [N, expand·hidden] float32 if use_cache else None).
@@ -136,7 +140,9 @@ class HGRU1Complex(nn.Module):
         d = self.hidden_size
         self.theta.copy_(torch.exp(-2 * math.log(10000) / d * torch.arange(d, dtype=torch.float64)))
 
-    def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, state: torch.Tensor | None = None,
+                use_cache: bool = False, attention_mask: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, T, hidden]; lower_bound [hidden] or None. Returns (y [B, T, hidden], state [N, hidden] complex64
         if use_cache else None)."""
         check_call(x, self.hidden_size, attention_mask, cu_seqlens)

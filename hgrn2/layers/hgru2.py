@@ -24,6 +24,9 @@ from ..ops.projection import linears
 from .conv import ShortConv
 from .norm import build_norm
 
+# the op's [B, H, V, K] state, or (state, q_conv, f_conv, i_conv) with short convolutions
+HGRU2State = torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
 
 class HGRU2(nn.Module):
     """HGRN2 mixer on x [B, T, hidden]; H = hidden / expand_ratio heads of state [V, K] = [e, e].
@@ -66,8 +69,9 @@ class HGRU2(nn.Module):
         self.g_norm = build_norm(norm, hidden_size, norm_eps)
         self.o_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, state=None, use_cache: bool = False,
-                attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, state: HGRU2State | None = None,
+                use_cache: bool = False, attention_mask: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, HGRU2State | None]:
         """x [B, T, hidden]; lower_bound [hidden] or None; attention_mask [B, T] 0/1 (left padding).
 
         Returns (y [B, T, hidden], new state or None).

@@ -30,6 +30,7 @@ State: [B, n·d] float32.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -75,10 +76,10 @@ class Dense(Expansion):
         self.weight = nn.Parameter(torch.empty(n * d, d))
         self.reset_parameters()
 
-    def init_weights(self):
+    def init_weights(self) -> None:
         _normal(self.weight, self.d)
 
-    def expand(self, x):
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight.to(x.dtype).T
 
 
@@ -91,11 +92,11 @@ class LowRank(Expansion):
         self.up = nn.Parameter(torch.empty(n * d, rank))
         self.reset_parameters()
 
-    def init_weights(self):
+    def init_weights(self) -> None:
         _normal(self.down, self.d)
         _normal(self.up, self.down.shape[0])
 
-    def expand(self, x):
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
         return (x @ self.down.to(x.dtype).T) @ self.up.to(x.dtype).T
 
 
@@ -111,12 +112,12 @@ class GroupLinear(Expansion):
         self.mix = nn.Parameter(torch.empty(n, n)) if interact else None
         self.reset_parameters()
 
-    def init_weights(self):
+    def init_weights(self) -> None:
         _normal(self.weight, self.d // self.n)
         if self.mix is not None:
             nn.init.eye_(self.mix)
 
-    def expand(self, x):
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
         x = x.unflatten(-1, (self.n, -1))  # [..., n, e]
         if self.mix is not None:
             x = torch.einsum("...le,kl->...ke", x, self.mix.to(x.dtype))
@@ -132,11 +133,11 @@ class Scaled(Expansion):
         self.scale = nn.Parameter(torch.empty(n, d) if per_channel else torch.empty(n, 1))
         self.reset_parameters()
 
-    def init_weights(self):
+    def init_weights(self) -> None:
         _normal(self.weight, self.d)
         nn.init.normal_(self.scale, mean=1.0, std=0.5)  # unequal copies: equal ones would stay equal
 
-    def expand(self, x):
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
         return ((x @ self.weight.to(x.dtype).T)[..., None, :] * self.scale.to(x.dtype)).flatten(-2)
 
 
@@ -160,7 +161,9 @@ class PESE(nn.Module):
     def expansion(self, d: int, n: int, bias: bool) -> Expansion:
         raise NotImplementedError
 
-    def forward(self, x, lower_bound=None, state=None, use_cache=False, attention_mask=None, cu_seqlens=None):
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, state: torch.Tensor | None = None,
+                use_cache: bool = False, attention_mask: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, T, hidden]; lower_bound [hidden] or None. Returns (y [B, T, hidden], state [N, n·hidden] float32
         if use_cache else None)."""
         check_call(x, self.hidden_size, attention_mask, cu_seqlens)
@@ -176,47 +179,47 @@ class PESE(nn.Module):
 class NaivePESE(PESE):
     """Naive: dense d → n·d maps (n·d² parameters each)."""
 
-    def expansion(self, d, n, bias):
+    def expansion(self, d: int, n: int, bias: bool) -> Expansion:
         return Dense(d, n, bias)
 
 
 class LRPESE(PESE):
     """Low rank: d → r → n·d, rank `rank` (default d // (n + 1), so that d·r·(n+1) ≈ d²)."""
 
-    def __init__(self, hidden_size: int, *, rank: int | None = None, expand: int = 4, **options):
+    def __init__(self, hidden_size: int, *, rank: int | None = None, expand: int = 4, **options: Any) -> None:
         self.rank = max(1, hidden_size // (expand + 1)) if rank is None else rank
         check_positive_int("rank", self.rank)
         super().__init__(hidden_size, expand=expand, **options)
 
-    def expansion(self, d, n, bias):
+    def expansion(self, d: int, n: int, bias: bool) -> Expansion:
         return LowRank(d, n, bias, self.rank)
 
 
 class GLTPESE(PESE):
     """Group linear transformation (n groups of d/n channels, each mapped to d); needs n | d."""
 
-    def expansion(self, d, n, bias):
+    def expansion(self, d: int, n: int, bias: bool) -> Expansion:
         return GroupLinear(d, n, bias, interact=False)
 
 
 class GLTIPESE(PESE):
     """Group linear transformation with interaction (groups mixed by a learned n × n matrix); needs n | d."""
 
-    def expansion(self, d, n, bias):
+    def expansion(self, d: int, n: int, bias: bool) -> Expansion:
         return GroupLinear(d, n, bias, interact=True)
 
 
 class KRPPESE(PESE):
     """Khatri–Rao product: copy k of channel j is w_{k,j} (A x)_j."""
 
-    def expansion(self, d, n, bias):
+    def expansion(self, d: int, n: int, bias: bool) -> Expansion:
         return Scaled(d, n, bias, per_channel=True)
 
 
 class KPPESE(PESE):
     """Kronecker product: (A x) ⊗ u."""
 
-    def expansion(self, d, n, bias):
+    def expansion(self, d: int, n: int, bias: bool) -> Expansion:
         return Scaled(d, n, bias, per_channel=False)
 
 

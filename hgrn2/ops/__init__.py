@@ -82,8 +82,11 @@ def _empty(y: torch.Tensor, final_shape: tuple, final_dtype: torch.dtype, output
     return y, (y.new_zeros(final_shape, dtype=final_dtype) if output_final_state else None)
 
 
-def hgrn2(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
-          output_final_state=False, cu_seqlens=None, backend=None):
+def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+          scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
+          initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+          cu_seqlens: torch.Tensor | None = None, backend: str | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The HGRN2 recurrence (GLA with q = o, k = 1 − f, v = i, α = f), per head:
 
         f_t = β + (1 − β)·σ(g_t),   h_t = h_{t-1}·Diag(f_t) + i_t ⊗ (1 − f_t),   y_t = scale · h_t·o_t
@@ -131,8 +134,10 @@ def hgrn2(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initi
     return hgrn2_triton(o, g, i, lower_bound, **kw)
 
 
-def hgrn1(i, g, lower_bound=None, *, theta=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-          backend=None):
+def hgrn1(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+          theta: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+          output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None, backend: str | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN1's element-wise recurrence, h_t = f_t ⊙ e^{iθ} ⊙ h_{t-1} + (1 − f_t) ⊙ i_t, f_t = β + (1−β)σ(g_t).
 
     Args:

@@ -23,8 +23,10 @@ CHUNK = 64  # most tokens per chunk: the state recurrence runs T / CHUNK sequent
 SUB = 8  # tokens per sub-block: the diagonal blocks cost SUB·SUB·K per token-head
 
 
-def hgrn2_chunk(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
-                output_final_state=False, cu_seqlens=None):
+def hgrn2_chunk(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+                scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
+                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as `hgrn2.ops.hgrn2` (shapes there)."""
     if cu_seqlens is not None:
         return _packed(o, g, i, lower_bound, scale=scale, o_act=o_act, i_act=i_act, initial_state=initial_state,

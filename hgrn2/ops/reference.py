@@ -19,8 +19,10 @@ def segments(batch: int, seq_len: int, cu_seqlens: torch.Tensor | None) -> list[
     return [(0, c[n], c[n + 1]) for n in range(len(c) - 1)]
 
 
-def hgrn2_reference(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=None, initial_state=None,
-                    output_final_state=False, cu_seqlens=None):
+def hgrn2_reference(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+                    scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
+                    initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                    cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN2 by its definition, one token at a time.
 
     o, g: [B, T, H, K]; i: [B, T, H, V]; lower_bound: [H, K] or None; initial_state: [N, H, V, K] or None,
@@ -55,8 +57,10 @@ def hgrn2_reference(o, g, i, lower_bound=None, *, scale=1.0, o_act=None, i_act=N
     return y.to(i.dtype), (torch.stack(finals) if output_final_state else None)
 
 
-def hgrn1_reference(i, g, lower_bound=None, *, theta=None, initial_state=None, output_final_state=False,
-                    cu_seqlens=None):
+def hgrn1_reference(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+                    theta: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+                    output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN1's element-wise recurrence, one token at a time.
 
     i, g: [B, T, D] (i complex when `theta` is given); lower_bound: [D] or None; theta: [D] rotation angles
