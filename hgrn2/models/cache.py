@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+MixerState = torch.Tensor | tuple[torch.Tensor, ...]  # whatever a token mixer returns as its state
+
 
 def _map(state, fn: Callable[[torch.Tensor], torch.Tensor]):
     if isinstance(state, torch.Tensor):
@@ -36,17 +38,18 @@ class RecurrentLayer(CacheLayerMixin):
         self.state = None
         self.seen = 0
 
-    def lazy_initialization(self, key_states=None, value_states=None) -> None:
+    def lazy_initialization(self, key_states: torch.Tensor | None = None,
+                            value_states: torch.Tensor | None = None) -> None:
         pass
 
-    def update(self, state, num_tokens: int):
+    def update(self, state: MixerState | None, num_tokens: int) -> MixerState | None:
         self.state, self.seen, self.is_initialized = state, self.seen + num_tokens, True
         return state
 
-    def get_seq_length(self, *args, **kwargs) -> int:
+    def get_seq_length(self, *args: object, **kwargs: object) -> int:
         return self.seen
 
-    def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: int, *args: object) -> tuple[int, int]:
         return self.seen + query_length, 0
 
     def get_max_length(self) -> int:
@@ -73,10 +76,10 @@ class RecurrentLayer(CacheLayerMixin):
         if max_length < self.seen:
             raise NotImplementedError("a recurrent state cannot be rolled back to an earlier position")
 
-    def offload(self):
+    def offload(self) -> None:
         self.state = _map(self.state, lambda t: t.to("cpu", non_blocking=True))
 
-    def prefetch(self):
+    def prefetch(self) -> None:
         pass
 
 
@@ -86,17 +89,17 @@ class HGRN2Cache(Cache):
     def __init__(self, num_layers: int):
         super().__init__(layers=[RecurrentLayer() for _ in range(num_layers)])
 
-    def __getitem__(self, layer_idx: int):
+    def __getitem__(self, layer_idx: int) -> MixerState | None:
         return self.layers[layer_idx].state
 
-    def update_state(self, layer_idx: int, state, num_tokens: int):
+    def update_state(self, layer_idx: int, state: MixerState | None, num_tokens: int) -> MixerState | None:
         """Store layer `layer_idx`'s new state after it consumed `num_tokens` positions."""
         return self.layers[layer_idx].update(state, num_tokens)
 
-    def get_seq_length(self, layer_idx: int | None = 0, *args, **kwargs) -> int:
+    def get_seq_length(self, layer_idx: int | None = 0, *args: object, **kwargs: object) -> int:
         return self.layers[layer_idx or 0].seen if self.layers else 0
 
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0, *args) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0, *args: object) -> tuple[int, int]:
         return self.layers[layer_idx].get_mask_sizes(query_length)
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
@@ -126,15 +129,15 @@ class StaticRecurrentLayer(RecurrentLayer):
         self.buffers = None
 
     @property
-    def state(self):
+    def state(self) -> MixerState | None:
         return self.buffers if self.seen else None  # a reset cache hands the mixer no state, its buffers kept
 
     @state.setter
-    def state(self, value) -> None:
+    def state(self, value: MixerState | None) -> None:
         if value is not None:
             raise AttributeError("a static layer's state is written through `update`")
 
-    def update(self, state, num_tokens: int):
+    def update(self, state: MixerState, num_tokens: int) -> MixerState:
         if self.buffers is not None and _shapes(self.buffers) == _shapes(state):
             _copy_into(self.buffers, state)
         elif self.seen == 0:
@@ -156,7 +159,7 @@ class StaticRecurrentLayer(RecurrentLayer):
         if self.seen:
             raise NotImplementedError("static cache: the batch size is fixed once the prompt has been fed")
 
-    def offload(self):
+    def offload(self) -> None:
         raise NotImplementedError("static cache: its buffers stay on their device")
 
 

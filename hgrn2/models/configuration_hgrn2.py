@@ -9,6 +9,7 @@ with eps 1e-5 (fla 0.6.0 calls `rms_norm_linear` without an eps, so `norm_eps` n
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from transformers import PretrainedConfig
 
@@ -46,7 +47,7 @@ class HGRN2Config(PretrainedConfig):
                  use_short_conv: bool = False, conv_size: int = 4, backend: str | None = None,
                  max_position_embeddings: int = 2048, initializer_range: float = 0.02, use_cache: bool = True,
                  pad_token_id: int | None = None, bos_token_id: int = 1, eos_token_id: int = 2,
-                 tie_word_embeddings: bool = False, **kwargs):
+                 tie_word_embeddings: bool = False, **kwargs: Any) -> None:
         expand_ratio, num_heads = _resolve_heads(hidden_size, expand_ratio, num_heads)
         if token_mixer not in TOKEN_MIXERS:
             raise ValueError(f"`token_mixer`: expected one of {sorted(TOKEN_MIXERS)}, got {token_mixer!r}")
@@ -91,7 +92,7 @@ class HGRN2Config(PretrainedConfig):
         return {**kw, **self.mixer_options}
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> HGRN2Config:
+    def from_preset(cls, name: str, **overrides: Any) -> HGRN2Config:
         """A named size from `hgrn2.models.presets.PRESETS` ("tiny", "paper-385m", "fla-1.3b", ...)."""
         from .presets import PRESETS
         if name not in PRESETS:

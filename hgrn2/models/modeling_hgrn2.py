@@ -14,6 +14,7 @@ bound is 0. `attn` is any token mixer of `hgrn2.layers.TOKEN_MIXERS`, chosen by 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -24,13 +25,14 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
     SequenceClassifierOutputWithPast,
 )
+from transformers.utils import ModelOutput
 
 from ..layers import GLU, get_token_mixer
 from ..layers.conv import ShortConv
 from ..layers.norm import LayerNorm, RMSNorm
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.gates import lower_bounds_from_logits
-from .cache import HGRN2Cache, HGRN2StaticCache
+from .cache import HGRN2Cache, HGRN2StaticCache, MixerState
 from .configuration_hgrn2 import HGRN2Config
 
 # transformers ≥ 5.24 names the recurrent cache `cache` (model outputs, forward arguments, generate's model kwargs),
@@ -57,8 +59,9 @@ class HGRN2Block(nn.Module):
             self.mlp_norm = RMSNorm(d, eps=config.norm_eps)
             self.mlp = GLU(d, config.hidden_ratio, config.intermediate_size, config.hidden_act)
 
-    def forward(self, x, branch=None, lower_bound=None, state=None, use_cache=False, attention_mask=None,
-                cu_seqlens=None):
+    def forward(self, x: torch.Tensor, branch: torch.Tensor | None = None, lower_bound: torch.Tensor | None = None,
+                state: MixerState | None = None, use_cache: bool = False, attention_mask: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, MixerState | None]:
         """x [B, T, hidden]: the residual stream without `branch`, the previous block's last branch output
         (None before the first block). Returns (x, branch, state): this block's residual stream is x + branch."""
         dt = _projection_dtype(x)
@@ -139,8 +142,11 @@ class HGRN2Model(HGRN2PreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, use_cache=None,
-                output_hidden_states=None, return_dict=None, cu_seqlens=None, past_key_values=None, **kwargs):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, cache: HGRN2Cache | None = None,
+                use_cache: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, cu_seqlens: torch.Tensor | None = None,
+                past_key_values: HGRN2Cache | None = None, **kwargs: Any) -> BaseModelOutputWithPast | tuple:
         """input_ids [B, T] (or inputs_embeds [B, T, hidden]); attention_mask [B, T_total ≥ T] 0/1 with left
         padding (generate passes the whole mask; its last T columns belong to this call); cu_seqlens [N + 1]
         for packed sequences in a batch of one; cache (or past_key_values): an HGRN2Cache."""
@@ -218,10 +224,14 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
     def get_decoder(self) -> HGRN2Model:
         return self.model
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, cache=None, labels=None,
-                use_cache=None, output_hidden_states=None, return_dict=None, logits_to_keep=0,
-                num_logits_to_keep=None, num_items_in_batch=None, shift_labels=None, cu_seqlens=None,
-                past_key_values=None, **kwargs):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, cache: HGRN2Cache | None = None,
+                labels: torch.Tensor | None = None, use_cache: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                logits_to_keep: int | torch.Tensor = 0, num_logits_to_keep: int | None = None,
+                num_items_in_batch: int | torch.Tensor | None = None, shift_labels: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None, past_key_values: HGRN2Cache | None = None,
+                **kwargs: Any) -> CausalLMOutputWithPast | tuple:
         """labels [B, T] (shifted inside, −100 ignored) or shift_labels [B, T] (already aligned with the inputs).
         logits_to_keep: int k > 0 keeps the last k positions' logits (0 keeps all), or a tensor of indices."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -264,7 +274,7 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
             return self.lm_head(self.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state)
         return step
 
-    def generate(self, *args, static_cache: bool = False, **kwargs):
+    def generate(self, *args: Any, static_cache: bool = False, **kwargs: Any) -> torch.LongTensor | ModelOutput:
         """transformers' `generate`; `static_cache=True` decodes with an `HGRN2StaticCache` kept on the model (its
         buffers and CUDA graph reused by the next call of the same batch size), as `cache_implementation="static"`
         does for transformers' attention models."""
@@ -277,9 +287,12 @@ class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
             kwargs[CACHE_FIELD] = self._static_cache
         return super().generate(*args, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None,
-                                      use_cache=True, logits_to_keep=None, cache=None, next_sequence_length=None,
-                                      is_first_iteration=None, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, past_key_values: HGRN2Cache | None = None,
+                                      attention_mask: torch.Tensor | None = None,
+                                      inputs_embeds: torch.Tensor | None = None, use_cache: bool = True,
+                                      logits_to_keep: int | torch.Tensor | None = None,
+                                      cache: HGRN2Cache | None = None, next_sequence_length: int | None = None,
+                                      is_first_iteration: bool | None = None, **kwargs: Any) -> dict[str, Any]:
         """Feed only the positions the cache has not consumed yet (the whole prompt first, then one token). The
         count comes from the cache itself, so `next_sequence_length` and `is_first_iteration` (transformers ≥ 5.24)
         are not needed."""
