@@ -92,7 +92,7 @@ class BiHGRU2(HGRU2):
     """HGRU2 over whole sequences, both directions with shared projections and gates (y = y→ + y←), or the
     forward direction alone with `bidirectional=False`."""
 
-    def __init__(self, hidden_size: int, *, bidirectional: bool = True, **kw):
+    def __init__(self, hidden_size: int, *, bidirectional: bool = True, **kw: Any) -> None:
         super().__init__(hidden_size, **kw)
         self.bidirectional = bidirectional
 
