@@ -168,6 +168,15 @@ def write_json(path: str, obj) -> None:
     os.replace(path + ".tmp", path)
 
 
+def add_device_arguments(p, context_limit: bool = False) -> None:
+    """--device and --dtype (and --ignore-context-limit), shared by the eval commands."""
+    if context_limit:
+        p.add_argument("--ignore-context-limit", action="store_true",
+                       help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+
+
 def add_record_argument(p) -> None:
     p.add_argument("--record", nargs="?", const="", default=None, metavar="DIR",
                    help="also write the result as a benchmark record, DIR/<benchmark>.json with its PNG beside it "

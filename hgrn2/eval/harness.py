@@ -29,6 +29,7 @@ from lm_eval.api.registry import register_model
 
 from .common import (
     EvalError,
+    add_device_arguments,
     default_device,
     forward,
     greedy_generate,
@@ -191,8 +192,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if < 1)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--chunk", type=int, default=2048, help="tokens per forward")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    add_device_arguments(p)
     p.add_argument("--out", default=None, help="write the results JSON here")
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from .common import (
     EvalError,
     ResultLog,
+    add_device_arguments,
     add_record_argument,
     check_length,
     default_device,
@@ -63,10 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ignore-context-limit", action="store_true",
-                   help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    add_device_arguments(p, context_limit=True)
     add_record_argument(p)
 
 

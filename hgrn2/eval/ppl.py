@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from .common import (
     EvalError,
+    add_device_arguments,
     add_record_argument,
     check_length,
     default_device,
@@ -65,10 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", nargs="*", default=[], metavar="PPL_JSON",
                    help="ppl.json files of other runs drawn on the same plot (e.g. a Llama baseline)")
     p.add_argument("--bin", type=int, default=None, help="curve bin width in tokens (default: ~200 bins)")
-    p.add_argument("--ignore-context-limit", action="store_true",
-                   help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    add_device_arguments(p, context_limit=True)
     add_record_argument(p)
 
 

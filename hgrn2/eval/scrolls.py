@@ -25,6 +25,7 @@ from collections import Counter
 from .common import (
     EvalError,
     ResultLog,
+    add_device_arguments,
     check_length,
     default_device,
     greedy_generate,
@@ -48,8 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    add_device_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
