@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -166,6 +167,15 @@ def write_json(path: str, obj) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
+
+
+def evaluate_or_report(command: str, evaluate, args):
+    """`evaluate(args)`, or None after one line on stderr naming what the user got wrong."""
+    try:
+        return evaluate(args)
+    except (EvalError, FileNotFoundError) as e:
+        print(f"hgrn2 eval {command}: error: {e}", file=sys.stderr)
+        return None
 
 
 def add_device_arguments(p, context_limit: bool = False) -> None:

@@ -19,7 +19,6 @@ import argparse
 import copy
 import json
 import os
-import sys
 from collections import defaultdict
 
 import torch
@@ -31,6 +30,7 @@ from .common import (
     EvalError,
     add_device_arguments,
     default_device,
+    evaluate_or_report,
     forward,
     greedy_generate,
     is_recurrent,
@@ -197,10 +197,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        results = evaluate(args)
-    except (EvalError, FileNotFoundError) as e:
-        print(f"hgrn2 eval lm-eval: error: {e}", file=sys.stderr)
+    results = evaluate_or_report("lm-eval", evaluate, args)
+    if results is None:
         return 2
     from lm_eval.utils import make_table
 

@@ -22,7 +22,6 @@ import os
 import random
 import re
 import string
-import sys
 
 import numpy as np
 
@@ -33,6 +32,7 @@ from .common import (
     add_record_argument,
     check_length,
     default_device,
+    evaluate_or_report,
     greedy_generate,
     load_model,
     load_tokenizer,
@@ -69,10 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        result = evaluate(args)
-    except (EvalError, FileNotFoundError) as e:
-        print(f"hgrn2 eval needle: error: {e}", file=sys.stderr)
+    result = evaluate_or_report("needle", evaluate, args)
+    if result is None:
         return 2
     grid = np.asarray(result["grid"][args.metric])
     print(f"{args.metric} ({result['mode']} mode), rows: depth %, columns: context length")

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import shutil
-import sys
 
 import numpy as np
 import torch
@@ -33,6 +32,7 @@ from .common import (
     add_record_argument,
     check_length,
     default_device,
+    evaluate_or_report,
     forward,
     load_model,
     load_tokenizer,
@@ -71,10 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        result = evaluate(args)
-    except (EvalError, FileNotFoundError) as e:
-        print(f"hgrn2 eval ppl: error: {e}", file=sys.stderr)
+    result = evaluate_or_report("ppl", evaluate, args)
+    if result is None:
         return 2
     print(f"{result['sequences']} sequences, {result['tokens']:,} predicted tokens: "
           f"loss {result['loss']:.4f}, ppl {result['ppl']:.3f}")

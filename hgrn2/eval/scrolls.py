@@ -19,7 +19,6 @@ import json
 import os
 import re
 import string
-import sys
 from collections import Counter
 
 from .common import (
@@ -28,6 +27,7 @@ from .common import (
     add_device_arguments,
     check_length,
     default_device,
+    evaluate_or_report,
     greedy_generate,
     load_model,
     load_tokenizer,
@@ -53,10 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        result = evaluate(args)
-    except (EvalError, FileNotFoundError) as e:
-        print(f"hgrn2 eval scrolls: error: {e}", file=sys.stderr)
+    result = evaluate_or_report("scrolls", evaluate, args)
+    if result is None:
         return 2
     m = result["metrics"]
     print(f"{args.task}: {result['examples']} examples ({result['truncated']} truncated), "

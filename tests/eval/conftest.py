@@ -12,12 +12,12 @@ def _text() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def corpus_text() -> str:
     return _text()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tokenizer(tmp_path_factory):
     from transformers import PreTrainedTokenizerFast
 
@@ -33,7 +33,7 @@ def _save(model, tokenizer, path) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def hgrn2_dir(tmp_path_factory, tokenizer) -> str:
     """An untrained tiny HGRN2 (weights scaled up so its predictions are far from uniform)."""
     from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
@@ -47,7 +47,7 @@ def hgrn2_dir(tmp_path_factory, tokenizer) -> str:
     return _save(model, tokenizer, tmp_path_factory.mktemp("hgrn2"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def llama_dir(tmp_path_factory, tokenizer) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
