@@ -33,7 +33,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("mqar",): ("hgrn2.train.mqar", "multi-query associative recall sweep (the paper's MQAR figure)"),
     ("ablate",): ("hgrn2.train.ablate", "the paper's LM ablations (expand ratio, PESE, HGRN1, lower bound)"),
     ("lra",): ("hgrn2.train.lra", "Long Range Arena: train, evaluate, resume; --report for the paper's table"),
-    ("vision",): ("hgrn2.train.vision", "image classification: `vision train` (works under torchrun), `vision eval`"),
+    ("vision",): ("hgrn2.train.vision", "image classification: `vision train` (works under torchrun), `eval`, "
+                                        "`report`"),
 }
 
 

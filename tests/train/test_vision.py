@@ -1,4 +1,4 @@
-"""`hgrn2 vision`: the idx reader, training on generated Fashion-MNIST-format fixtures (plain torch), exact resume,
+"""`hgrn2 vision`: training on generated Fashion-MNIST-format fixtures (plain torch), exact resume,
 eval, the schedule, and (with timm installed) the ImageFolder pipeline with RandAugment / Mixup / CutMix."""
 
 import gzip
@@ -14,7 +14,7 @@ import torch
 
 from hgrn2.cli import main
 from hgrn2.train import distributed as D
-from hgrn2.train.vision import VisionTrainer, epoch_lr, evaluate, make_config, read_idx
+from hgrn2.train.vision import VisionTrainer, epoch_lr, evaluate, make_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_MODEL = "model_args={patch_size: 4, hidden_size: 16, num_layers: 2, expand_ratio: 8, glu_size: 24}"
@@ -49,18 +49,6 @@ def fashion_config(data, out_dir, *extra):
 @pytest.fixture(scope="module")
 def fixture_dir(tmp_path_factory):
     return make_fashion_fixture(tmp_path_factory.mktemp("fmnist"))
-
-
-def test_read_idx_round_trip_and_errors(tmp_path):
-    a = np.arange(2 * 3 * 4).reshape(2, 3, 4) % 256
-    write_idx(tmp_path / "x.gz", a)
-    np.testing.assert_array_equal(read_idx(str(tmp_path / "x.gz")), a)
-    (tmp_path / "bad").write_bytes(b"\x00\x00\x0d\x01\x00\x00\x00\x01\x00")
-    with pytest.raises(ValueError, match="idx"):
-        read_idx(str(tmp_path / "bad"))
-    (tmp_path / "short").write_bytes(bytes([0, 0, 8, 1]) + struct.pack(">I", 5) + b"abc")
-    with pytest.raises(ValueError, match="truncated"):
-        read_idx(str(tmp_path / "short"))
 
 
 def test_missing_files_name_the_layout(tmp_path):
