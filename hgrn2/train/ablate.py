@@ -225,7 +225,8 @@ def plot(recipe: str, title: str, rows: list[dict], path: Path) -> Path | None:
 
 def record(args, cfg: dict, data: str, by_recipe: dict, report: dict, by_id: dict) -> list[Path]:
     """One benchmark record per recipe, `ablate_<scale>_<recipe>.json` with its plot, in the environment its runs
-    recorded where they trained; recipes without a finished run are left out. Smoke runs are marked quick."""
+    recorded where they trained; recipes without a finished run are left out. Smoke runs are marked quick. Rows
+    leave out the run ids, which hold this machine's corpus path."""
     out, paths = Path(args.out), []
     for recipe, rows in report.items():
         runs = [by_id[r.run_id] for _, r in by_recipe[recipe] if r.run_id in by_id]
@@ -233,12 +234,13 @@ def record(args, cfg: dict, data: str, by_recipe: dict, report: dict, by_id: dic
             print(f"{recipe}: no finished run to record")
             continue
         figure = out / f"{recipe}.png"
+        env = runs_environment([r.get("environment") for r in runs], out)
+        train = cfg["scales"][args.scale]["train"] | ({"max_steps": args.steps} if args.steps else {})
         paths.append(write_result(
-            args.record or None, f"ablate_{args.scale}_{recipe}", runs_environment(
-                [r.get("environment") for r in runs], out), rows, command_of(args), quick=args.scale == "smoke",
-            figure=figure if figure.is_file() else None, recipe=recipe, scale=args.scale,
-            title=cfg["recipes"][recipe]["title"], train=cfg["scales"][args.scale]["train"]
-            | ({"max_steps": args.steps} if args.steps else {}), data=_data_note(data)))
+            args.record or None, f"ablate_{args.scale}_{recipe}", env,
+            [{k: v for k, v in r.items() if k != "run_id"} for r in rows], command_of(args),
+            quick=args.scale == "smoke", figure=figure if figure.is_file() else None, recipe=recipe, scale=args.scale,
+            title=cfg["recipes"][recipe]["title"], train=train, data=_data_note(data)))
         print(f"wrote record {paths[-1]}")
     return paths
 
