@@ -126,6 +126,7 @@ def train_lm(spec: LMRun, device: str, *, deadline: float | None = None, on_step
     return dict(run_id=spec.run_id, spec=asdict(spec), complete=complete, steps=trainer.step,
                 val_loss=last_val.get("val_loss"), val_ppl=last_val.get("val_ppl"), parameters=trainer.n_params,
                 seconds=round(time.time() - start, 1), device=str(dev), environment=environment(dev),
+                corpus=_data_note(spec.data),
                 history=[r for r in records if r["kind"] == "val"],
                 train_loss=[(r["step"], r["loss"]) for r in records if r["kind"] == "train"])
 
@@ -240,7 +241,7 @@ def record(args, cfg: dict, data: str, by_recipe: dict, report: dict, by_id: dic
             args.record or None, f"ablate_{args.scale}_{recipe}", env,
             [{k: v for k, v in r.items() if k != "run_id"} for r in rows], command_of(args),
             quick=args.scale == "smoke", figure=figure if figure.is_file() else None, recipe=recipe, scale=args.scale,
-            title=cfg["recipes"][recipe]["title"], train=train, data=_data_note(data)))
+            title=cfg["recipes"][recipe]["title"], train=train, data=runs[0].get("corpus") or _data_note(data)))
         print(f"wrote record {paths[-1]}")
     return paths
 
