@@ -35,15 +35,21 @@ def test_ablations_one_section_per_recipe_with_the_papers_ordering_checked(tmp_p
                                 "rows": [_lm_row("e1", 40.0, expand_ratio=1), _lm_row("e2", 35.5, expand_ratio=2),
                                          _lm_row("e4", 36.25, expand_ratio=4), _lm_row("e8", 30.0, expand_ratio=8),
                                          _lm_row("e16", 20.0, False, expand_ratio=16)]},
+        "ablate_paper_hgrn1": {**ABLATE, "scale": "paper", "recipe": "hgrn1", "title": "HGRN1 against HGRN2",
+                               "rows": [_lm_row("hgrn1-complex", 24.14), _lm_row("hgrn1-real", 25.34),
+                                        _lm_row("hgrn1-real-2d", 24.04), _lm_row("hgrn2", 23.1)]},
         "mqar": {"rows": [{"mixer": "hgrn2", "d_model": 64, "seq_len": 256, "kv_pairs": 16, "lr": 1e-3,
                            "final_accuracy": 0.5, "epochs_run": 64}]},
     })
     expand = text.index("## Ablation (small scale): perplexity against the expand ratio")
     bound = text.index("## Ablation (small scale): forget-gate lower bound on and off")
-    assert text.index("## MQAR") < expand < bound  # after MQAR, recipes in the recipe file's order
-    assert "falls at 2 of 3 steps up in expand ratio, 40.00 at 1 to 30.00 at 8 (1 of 5 runs incomplete" in text
+    paper = text.index("## Ablation (paper scale): HGRN1 against HGRN2")
+    assert text.index("## MQAR") < paper < expand < bound  # after MQAR; by scale, then in the recipe file's order
+    assert "The paper's ordering holds here for 3 of 3 pairs." in text[paper:expand]
+    assert ("ordering holds here for 2 of 3 pairs; not for e4 < e2 (36.25 vs 35.50) (1 of 5 runs incomplete, left "
+            "out).") in text
     assert "| e16 | 2.50 | 1.2000 | 20.00 | 700 | no |" in text
-    assert "Ranking here: bound-off 30.25 < bound-on 31.50. Unlike the paper, bound-off is lowest" in text
+    assert "holds here for 0 of 1 pairs; not for bound-on < bound-off (31.50 vs 30.25)." in text
     assert "data: 7,000,000 training tokens; 1500 steps × 32 × 256 tokens" in text
     assert "![Ablation (small scale): forget-gate lower bound on and off, NVIDIA H100 80GB HBM3](" in text
     assert "Expand Ratio (Head Dimension) Ablation" in text[expand:bound]
