@@ -33,9 +33,10 @@ def test_paper_scale_runs_are_the_papers():
         assert variants["hgrn1"][v].model == PRESETS[f"paper-wt103-{v}"]
     assert variants["hgrn1"]["hgrn2"].model == PRESETS["paper-wt103-44m"]
     assert variants["lower-bound"]["bound-off"].model["use_lower_bound"] is False
-    # the HGRN2 baseline of pese, hgrn1 and lower-bound is one run
-    assert variants["pese"]["hgrn2"] is variants["hgrn1"]["hgrn2"] is variants["lower-bound"]["bound-on"]
-    assert len(runs) == len({r.run_id for r in runs}) == 8 + 8 + 3 + 1 + 1  # + the shared HGRN2 run
+    # the HGRN2 baseline of pese, hgrn1 and lower-bound is one run, expand's e128
+    assert variants["pese"]["hgrn2"] is variants["hgrn1"]["hgrn2"] is variants["lower-bound"]["bound-on"] \
+        is variants["expand"]["e128"]
+    assert len(runs) == len({r.run_id for r in runs}) == 8 + 8 + 3 + 1
     with open(f"{PRESET_DIR}/wikitext103.yaml") as f:
         lm = yaml.safe_load(f)
     assert all(run.train[k] == lm[k] for run in runs for k in ("seq_len", "batch_size", "max_steps", "warmup_steps",
