@@ -3,6 +3,7 @@
     hgrn2 ablate all --scale small --out runs/ablate-small --max-minutes 30   # every recipe, one GPU
     hgrn2 ablate expand --scale paper --data data/wt103 --out runs/ablate-wt103
     hgrn2 ablate pese hgrn1 --scale small --report --out runs/ablate-small    # tables and plots, no training
+    hgrn2 ablate all --scale small --report --out runs/ablate-small --record  # + benchmark records per recipe
     hgrn2 ablate all --scale small --prepare-only --out runs/ablate-small     # only the corpus, into OUT/data
 
 Recipes (hgrn2/configs/ablate.yaml): `expand` (perplexity against the expand ratio 1, 2, ..., 128; a plot),
@@ -15,7 +16,10 @@ minutes on one GPU) and `smoke` (seconds on a CPU, for tests).
 Every run is the library's `Trainer` (hgrn2.train.trainer) over `hgrn2.train.sweep`: resumable (a killed sweep
 continues from each run's last checkpoint), several runs at once on one device (`--concurrent`), a time budget
 (`--max-minutes`; cut runs are marked * and continue on the next call). Output: `OUT/runs/*.json` (one per run),
-`OUT/<recipe>.txt` (table), `OUT/<recipe>.png` (plot), `OUT/results.json` (every recipe's rows).
+`OUT/<recipe>.txt` (table), `OUT/<recipe>.png` (plot), `OUT/results.json` (every recipe's rows). `--record`
+writes `benchmarks/results/<device>/ablate_<scale>_<recipe>.json` with its plot, in the environment (device,
+versions, commit) each run saved where it trained; `--report` finds the runs of an `OUT` copied from another
+machine.
 """
 
 from __future__ import annotations

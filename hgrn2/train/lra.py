@@ -3,12 +3,15 @@
     hgrn2 lra listops pathfinder --models hgrn2 hgrn1 --out runs/lra --max-minutes 60
     torchrun --nproc-per-node 4 -m hgrn2.cli lra pathx --out runs/lra
     hgrn2 lra --report --out runs/lra            # the paper-style table and the curves
+    hgrn2 lra --report --out runs/lra --record   # also benchmarks/results/<device>/lra.json with the curves
 
 Each (task, model) run lives in `<out>/<task>-<model>/`: `result.json` (settings, learning curve per epoch: train
 loss and accuracy, validation and test accuracy; time per epoch; the best validation accuracy and the test accuracy
 at that epoch, as LRA reports), `log.jsonl` (the running epoch loss every `--log-every` steps), and
 checkpoints under `ckpt/` (every `--ckpt-every` steps, at each epoch end and when a time or step limit stops the
 run). Running the same command again resumes exactly: model, optimiser, step, data order and random state.
+`result.json` holds the environment of the machine that trained the run (device, versions, commit), which
+`--record` writes into the record wherever it runs.
 """
 
 from __future__ import annotations
@@ -169,8 +172,8 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
         times = [h["epoch_time"] for h in history if h.get("complete")]
         result = {"task": task, "model": mixer, "parameters": params, "config": cfg.to_dict(), "train": tr,
                   "environment": env, "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch,
-                  "epochs_done": epoch,
-                  "history": history, "time_per_epoch_s": float(np.mean(times)) if times else None,
+                  "epochs_done": epoch, "history": history,
+                  "time_per_epoch_s": float(np.mean(times)) if times else None,
                   "best_val_acc": best and best["val_acc"], "test_acc_at_best_val": best and best["test_acc"],
                   "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
                   "stopped": stopped}
