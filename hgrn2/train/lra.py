@@ -291,7 +291,8 @@ def plot(out: str | Path) -> Path | None:
             if r["task"] == task and r["history"]:
                 ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]], label=r["model"])
         ax.set(title=task, xlabel="epoch", ylabel="val accuracy")
-        ax.legend()
+        if ax.lines:  # no finished epoch yet: an empty panel
+            ax.legend()
     path = Path(out) / "curves.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
