@@ -21,6 +21,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "accuracy"): ("hgrn2.bench.accuracy", "every output and gradient against the fp64 reference"),
     ("bench", "convert-fla"): ("hgrn2.bench.convert_fla", "a converted fla checkpoint against fla: logits, greedy"),
     ("bench", "memory"): ("hgrn2.bench.memory", "activation bytes a training step keeps for the backward"),
+    ("bench", "tests"): ("hgrn2.bench.tests", "run pytest (the GPU suite) and record the outcome per test file"),
     ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
     ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),

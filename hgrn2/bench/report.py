@@ -84,6 +84,10 @@ SECTIONS = {
                     "depth (rows) × context length in tokens (columns), the mean over trials."),
     "memory": ("Activation memory of a training step",
                "Bytes autograd keeps for the backward, activations [B, T, ...] only, per hidden element and layer."),
+    "tests": ("Tests on the GPU",
+              "`hgrn2 bench tests PATHS`: pytest on the device, the Triton kernels compiled rather than interpreted, "
+              "each test file's outcomes (xfailed: known gaps marked strict, so a fix shows as a failure to update "
+              "the mark)."),
 }
 
 SOURCES = {"decode": "ops"}  # sections rendered from another benchmark's record
@@ -349,6 +353,16 @@ def _order(records: dict) -> list[str]:
     return names + sorted(set(records) - set(names))
 
 
+def tests_table(rec: dict) -> str:
+    rows = [{**r, "failures": ", ".join(r["failures"]) or "-"} for r in rec["rows"]]
+    t = rec["totals"]
+    head = (f"pytest exit {rec['pytest_exit']}: " + ", ".join(f"{v} {k}" for k, v in t.items() if v)
+            + f" in {rec['wall_s']:.0f} s.\n\n")
+    return head + format_table(rows, [("file", "file", ""), ("passed", "passed", "d"), ("failed", "failed", "d"),
+                                      ("xfailed", "xfailed", "d"), ("skipped", "skipped", "d"),
+                                      ("seconds", "seconds", ".1f"), ("failures", "failures", "")])
+
+
 def generic_table(rec: dict) -> str:
     keys = [k for k, v in rec["rows"][0].items() if isinstance(v, (str, int, float, bool))] if rec["rows"] else []
     return format_table(rec["rows"], [(k, k, ".4g" if isinstance(rec["rows"][0][k], float) else "") for k in keys])
@@ -358,7 +372,7 @@ TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
-    "vision": vision_table, "generate": generate_table}
+    "vision": vision_table, "generate": generate_table, "tests": tests_table}
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:
