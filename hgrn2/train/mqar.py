@@ -236,8 +236,8 @@ def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
     """Draw (or find cached) every split the runs need, in parallel processes (the draws are sequential per split)."""
     jobs = sorted({(split, r.seq_len, r.kv_pairs, n, r.data_seed, r.vocab_size)
                    for r in runs for split, n in (("train", r.train_examples), ("test", r.test_examples))})
-    # a worker process costs seconds to start (torch's import): small draws are made in this one
-    if workers <= 1 or len(jobs) == 1 or sum(job[3] for job in jobs) < 20_000:
+    # a worker process costs seconds to start (torch's import), about what 100,000 draws cost here
+    if workers <= 1 or len(jobs) == 1 or sum(job[3] for job in jobs) < 100_000:
         for split, L, kv, n, seed, V in jobs:
             mqar.load(split, L, kv, n, data_seed=seed, vocab_size=V, cache_dir=data_dir)
         return
