@@ -435,8 +435,6 @@ def write_record(args: argparse.Namespace, results: list[dict], device: str, fig
                  wall_seconds: float | None) -> Path:
     """The sweep as a benchmark record (`hgrn2.bench.common.write_result`) at `args.record`/mqar.json, the figure
     copied beside it. `wall_seconds`: the whole command's time, when it trained every run itself."""
-    import shutil
-
     from hgrn2.bench.common import command_of, environment, write_result
 
     env = environment(device)
@@ -446,13 +444,7 @@ def write_record(args: argparse.Namespace, results: list[dict], device: str, fig
     extra = dict(threads=torch.get_num_threads()) if not device.startswith("cuda") else {}
     if wall_seconds is not None:
         extra["wall_seconds"] = round(wall_seconds, 1)
-    path = write_result(args.record or None, "mqar", env, rows, command_of(args),
-                        **({"figure": "mqar.png"} if figure else {}), **extra)
-    if figure:
-        png = path.with_suffix(".png")
-        shutil.copyfile(figure, f"{png}.tmp")
-        os.replace(f"{png}.tmp", png)
-    return path
+    return write_result(args.record or None, "mqar", env, rows, command_of(args), figure=figure, **extra)
 
 
 def run(args: argparse.Namespace) -> int:
