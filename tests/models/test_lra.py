@@ -14,21 +14,26 @@ from hgrn2.models.lra import (
 )
 
 
-def cumsum_run(reverse, x):
-    return x.cumsum(1)
-
-
-def test_scan_directions_cover_the_sequence_and_the_grid():
+@pytest.mark.parametrize("batched", [False, True])
+def test_scan_directions_cover_the_sequence_and_the_grid(batched):
     x = torch.randn(2, 16, 3, dtype=torch.float64)
-    assert torch.allclose(scan_directions(cumsum_run, (x,), "causal"), x.cumsum(1))
+    calls = []
+
+    def run(reverse, x):
+        calls.append(x.shape[0])
+        return x.cumsum(1)
+
+    assert torch.allclose(scan_directions(run, (x,), "causal", batched), x.cumsum(1))
     # forward + reverse prefix sums: the whole sum plus the token itself
-    assert torch.allclose(scan_directions(cumsum_run, (x,), "bi"), x.sum(1, keepdim=True) + x)
+    assert torch.allclose(scan_directions(run, (x,), "bi", batched), x.sum(1, keepdim=True) + x)
     # rows and columns of the 4×4 grid, both ways: row sum + column sum + 2·token
     g = x.view(2, 4, 4, 3)
     want = g.sum(2, keepdim=True) + g.sum(1, keepdim=True) + 2 * g
-    assert torch.allclose(scan_directions(cumsum_run, (x,), "2d"), want.view(2, 16, 3))
+    assert torch.allclose(scan_directions(run, (x,), "2d", batched), want.view(2, 16, 3))
+    # batched: one call per scan, on the directions stacked along the batch
+    assert calls == ([2, 4, 32] if batched else [2, 2, 2, 8, 8, 8, 8])
     with pytest.raises(ValueError, match="square"):
-        scan_directions(cumsum_run, (x[:, :15],), "2d")
+        scan_directions(run, (x[:, :15],), "2d", batched)
 
 
 def test_elementwise_route_equals_the_hgrn2_reference():
