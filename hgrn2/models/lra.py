@@ -232,8 +232,8 @@ class SeqNorm(nn.Module):
         self.norm = nn.BatchNorm1d(hidden_size) if kind == "batch" else nn.LayerNorm(hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "batch":
-            return self.norm(x.transpose(1, 2)).transpose(1, 2)
+        if self.kind == "batch":  # [B·T, D] rows: statistics over batch and positions, without transposed copies
+            return self.norm(x.reshape(-1, x.shape[-1])).view(x.shape)
         return self.norm(x)
 
 

@@ -8,6 +8,7 @@ from hgrn2.models.lra import (
     BiHGRU2,
     LRAClassifier,
     LRAModelConfig,
+    SeqNorm,
     hgrn2_elementwise,
     num_parameters,
     scan_directions,
@@ -114,3 +115,19 @@ def test_config_errors():
     model = LRAClassifier(LRAModelConfig(hidden_size=8, num_layers=1, max_len=16))
     with pytest.raises(ValueError, match="max_len"):
         model(torch.rand(1, 25, 1))
+
+
+def test_batch_norm_over_batch_and_positions_matches_batchnorm1d_on_channels():
+    norm, ref = SeqNorm("batch", 8).double(), torch.nn.BatchNorm1d(8).double()
+    with torch.no_grad():
+        norm.norm.weight.uniform_(0.5, 1.5)
+        norm.norm.bias.normal_()
+    ref.load_state_dict(norm.norm.state_dict())
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    for train in (True, False):
+        norm.train(train), ref.train(train)
+        got, want = norm(x), ref(x.transpose(1, 2)).transpose(1, 2)
+        assert torch.allclose(got, want, atol=1e-12)
+        gx = torch.autograd.grad(got.sin().sum(), x)[0]
+        assert torch.allclose(gx, torch.autograd.grad(want.sin().sum(), x)[0], atol=1e-12)
+    assert torch.allclose(norm.norm.running_var, ref.running_var, atol=1e-12)
