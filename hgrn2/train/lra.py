@@ -73,7 +73,7 @@ def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`x` on `device`; to a GPU through pinned memory and without waiting (a blocking copy syncs the stream)."""
     if device.type != "cuda":
         return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)
+    return x.contiguous().pin_memory().to(device, non_blocking=True)
 
 
 def _sums(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
