@@ -26,8 +26,8 @@ python3 -m hgrn2.cli info | tee "$OUT/info.log"
 
 step_cmd() {  # the command of one step; its output goes to $OUT/<step>.log
   case $1 in
-    tests) timeout -s INT "${TESTS_TIMEOUT:-3000}" python3 -m pytest -q -p no:cacheprovider -rf \
-             ${TESTS:-tests/ops tests/layers tests/models} ;;
+    tests) timeout -s INT "${TESTS_TIMEOUT:-3000}" python3 -m hgrn2.cli bench tests --out "$RESULTS" \
+             ${TESTS:-tests/ops tests/layers tests/models} -rf ;;
     ops) timeout "$LIMIT" python3 -m hgrn2.cli bench ops --skip hgrn1 --budget-s $((LIMIT - 160)) --out "$RESULTS" ;;
     fla-warmup)  # fla's autotuning alone (minutes on a cold cache), so that the timed steps after it skip it
       timeout "$LIMIT" python3 -m hgrn2.cli bench train --models fla --shapes 8x2048,4x4096 --warmup 1 --steps 1 \

@@ -365,6 +365,7 @@ def tests_table(rec: dict) -> str:
             + f" in {rec['wall_s']:.0f} s.\n\n")
     return head + format_table(rows, [("file", "file", ""), ("passed", "passed", "d"), ("failed", "failed", "d"),
                                       ("xfailed", "xfailed", "d"), ("skipped", "skipped", "d"),
+                                      ("interrupted", "interrupted", "d"),
                                       ("seconds", "seconds", ".1f"), ("failures", "failures", "")])
 
 

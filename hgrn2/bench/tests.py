@@ -21,7 +21,7 @@ import torch
 
 from hgrn2.bench.common import add_output_argument, command_of, environment, write_result
 
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "interrupted")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,18 +43,20 @@ def outcome(case: ET.Element) -> str:
     return "passed"
 
 
-def summarise(junit: Path) -> list[dict]:
-    """One row per test file: the count of each outcome, the seconds, and the failures' names."""
+def summarise(junit: Path, interrupted: bool = False) -> list[dict]:
+    """One row per test file: the count of each outcome, the seconds, and the failures' names. `interrupted`:
+    pytest was stopped (exit status 2), and the last test it wrote is the one the interrupt cut short."""
     files: dict[str, dict] = collections.defaultdict(lambda: {**dict.fromkeys(OUTCOMES, 0), "seconds": 0.0,
                                                                "failures": []})
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    for n, case in enumerate(cases):
         name = (case.get("classname") or "").replace(".", "/") + ".py"
         row = files[name]
-        kind = outcome(case)
+        kind = "interrupted" if interrupted and n == len(cases) - 1 else outcome(case)
         row[kind] += 1
         row["seconds"] += float(case.get("time") or 0)
-        if kind in ("failed", "error", "xpassed"):
-            row["failures"].append(case.get("name"))
+        if kind in ("failed", "error", "xpassed", "interrupted"):
+            row["failures"].append(case.get("name") or "(the test running at the interrupt)")
     return [{"file": name, **row, "seconds": round(row["seconds"], 1)} for name, row in sorted(files.items())]
 
 
@@ -62,12 +64,16 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         t0 = time.time()
-        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                              *args.pytest_args])
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 f"--junitxml={junit}", *args.pytest_args])
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:  # a time limit's SIGINT reaches pytest too, which still writes what it ran
+            rc = proc.wait()
         if not junit.is_file():
             print(f"pytest exited with {rc} and wrote no results; nothing recorded", file=sys.stderr)
             return rc or 1
-        rows = summarise(junit)
+        rows = summarise(junit, interrupted=rc == 2)
     total = {k: sum(r[k] for r in rows) for k in OUTCOMES}
     path = write_result(args.out, "tests", environment(args.device), rows, command_of(args),
                         pytest_exit=rc, totals=total, wall_s=round(time.time() - t0, 1))
