@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hgrn2.ops import hgrn2
@@ -100,7 +100,4 @@ def test_matches_fp64_step_loop(backend, c):
 @settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c=cases())
 def test_matches_fp64_step_loop_many(backend, c):
-    # the Triton kernels' open gate-edge cases (dβ at β = 0, where their backward divides by f; β none with ±80
-    # gates) are tracked as strict expected failures in test_gate_edges.py, so that a fix shows there
-    assume(not (backend == "triton" and (c["beta"] == 0.0 or (c["gate"] != "normal" and c["beta"] is None))))
     check(backend, c)

@@ -34,6 +34,8 @@ def seq_layout(o: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[int, i
 # IEEE division, a dozen instructions per element in kernels whose time is their instruction count. Under
 # TRITON_INTERPRET the kernels run as numpy, which cannot run PTX: there they fall back to tl.exp, tl.log and `/`.
 _INTERPRET = tl.constexpr(INTERPRET)
+# `bound_grad_block`: the largest Σ_t σ(−g_t)/f_t of a block's channel for the pairs' cheap form
+MAX_RATIO_SUM = tl.constexpr(256.0)
 
 
 @triton.jit
@@ -180,7 +182,34 @@ def take_col(x, cols, j):
 
 
 @triton.jit
-def decay_to_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
+def _excl_sum(i1, e1, i2, e2):
+    """Scan combine of (sum, sum of all but the last element) over two adjacent segments."""
+    return i1 + i2, i1 + e2
+
+
+@triton.jit
+def exclusive_cumsum(a, REVERSE: tl.constexpr):
+    """Σ of the rows strictly before (after, with REVERSE) each row of a [R, C], without a subtraction: an
+    exponent Σ_{u>t} a_u formed as b_last − b_t keeps rounding relative to b_last, large where a gate is closed."""
+    _, e = tl.associative_scan((a, tl.zeros_like(a)), 0, _excl_sum, reverse=REVERSE)
+    return e
+
+
+@triton.jit
+def span_exponent(a, rows, j):
+    """Σ_{j < u ≤ t} a_u on the rows t ≥ j, −inf above (a [BT, K], rows its row indices): the exponent of the
+    decay from row j to row t as a sum over only the tokens it spans."""
+    return tl.where(rows[:, None] >= j, tl.cumsum(tl.where(rows[:, None] > j, a, 0.0), 0), float("-inf"))
+
+
+@triton.jit
+def span_exponent_to(a, rows, j):
+    """Σ_{s < u ≤ j} a_u on the rows s ≤ j, −inf below: the exponent of the decay from row s to row j."""
+    return tl.where(rows[:, None] <= j, exclusive_cumsum(tl.where(rows[:, None] <= j, a, 0.0), True), float("-inf"))
+
+
+@triton.jit
+def decay_to_end(a, b, b_last, spread, MAX_SPREAD: tl.constexpr):
     """e^{b_last − b} [BT, K], the decay from each row to the sub-block's end, computed exactly as
     `diag_block` does (its fast path reuses e^{−b}): the state updates of the forward and of both backward
     sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see `diag_grads`)."""
@@ -188,8 +217,85 @@ def decay_to_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
     if spread < MAX_SPREAD:
         w = fast_exp(b_last)[None, :] * fast_exp(-b)
     else:
-        w = fast_exp(b_last[None, :] - b)
+        w = fast_exp(exclusive_cumsum(a, True))
     return w
+
+
+# --- ∂L/∂β: the decay's share as a directional derivative, free of the division by f ---
+#
+# ∂L/∂β = Σ_t σ(−g_t)·(∂L/∂f_t − ∂L/∂k_t), and ∂L/∂f_t = (d log f)_t / f_t divides an error of rounding size in
+# d log f (a sum of cancelling terms) by f_t, which is ≈ 0 where β ≈ 0 and the gate is closed. Instead the decay's
+# share is the derivative of every decay factor e^{Σ_{u ∈ span} a_u} along ḟ = ∂f/∂β = σ(−g):
+# ∂e^{Σ_span a} = Σ_{t ∈ span} ḟ_t e^{Σ_{span ∖ t} a}, a sum of products with no division and no cancellation. Per
+# block with start state S0 and end-state gradient dS1 the factors are e^{b} (S0 → readers), e^{b_last − b}
+# (sources → end), e^{b_r − b_s} (pairs inside) and e^{b_last} (S0 → end, `end_decay_tangent`, taken by the
+# forward sweep, which has S0 and carries its tangent state).
+
+
+@triton.jit
+def _affine_scan(m1, c1, m2, c2):
+    """Scan combine of the maps x ↦ m·x + c over two adjacent segments (the one applied first as (m1, c1))."""
+    return m1 * m2, m2 * c1 + c2
+
+
+@triton.jit
+def _affine_scan_excl(m1, c1, n1, e1, m2, c2, n2, e2):
+    """Reverse-scan combine of (the map over a segment, the map over it without its first row), the later segment
+    as (m1, c1, n1, e1)."""
+    return m1 * m2, m2 * c1 + c2, n2 * m1, n2 * c1 + e2
+
+
+@triton.jit
+def decay_tangents(a, f, fd):
+    """(∂e^{b}, ∂e^{b_last − b}) [BT, K] along fd (0 on padded rows, where a = 0 and f = 1), as linear recurrences:
+    W_t = f_t W_{t−1} + fd_t e^{b_{t−1}} forward, and its mirror over the rows after t."""
+    _, wa = tl.associative_scan((f, fd * fast_exp(exclusive_cumsum(a, False))), 0, _affine_scan)
+    _, _, _, wb = tl.associative_scan((f, fd * fast_exp(exclusive_cumsum(a, True)), tl.full(a.shape, 1.0, tl.float32),
+                                       tl.zeros_like(a)), 0, _affine_scan_excl, reverse=True)
+    return wa, wb
+
+
+@triton.jit
+def end_decay_tangent(a, b_last, fd, spread, MAX_SPREAD: tl.constexpr):
+    """∂e^{b_last} [K] along fd: Σ_t fd_t e^{b_last − a_t}, the exponent a sum over the other rows in the exact
+    tier."""
+    if spread < MAX_SPREAD:
+        e = fast_exp(b_last[None, :] - a)
+    else:
+        e = fast_exp(exclusive_cumsum(a, False) + exclusive_cumsum(a, True))
+    return tl.sum(fd * e, 0)
+
+
+@triton.jit
+def bound_grad_block(q, k, a, f, fd, eb, w_end, P, vdS, dA, db):
+    """One block's share of ∂L/∂β's decay part [BT, K] (to be summed over rows), but for its start state's decay to
+    its end: readers of the start state (P = dy S0), sources of the end state (vdS = v dS1) and the pairs inside
+    (dA causal, db = q ⊙ dq − k ⊙ dk of the block's own pairs, as `diag_grads` forms it). fd = σ(−g), f and a as
+    `gates` gives them, fd = 0 and f = 1 on padded rows.
+
+    Where ρ = fd / f sums to at most MAX_RATIO_SUM per channel (every gate of the block open enough for its bound),
+    the pairs' share is Σ_t (φ_t − φ_mid) db_t with φ = cumsum(ρ): pair (r, s) gets (φ_r − φ_s)·its term, and the
+    rounding of db is multiplied by at most MAX_RATIO_SUM / 2. Otherwise each pair's ∂e^{b_r − b_s} comes from a
+    scan from s on (BT scans: blocks with a nearly closed gate and a bound ≈ 0).
+    """
+    BT: tl.constexpr = q.shape[0]
+    rows = tl.arange(0, BT)
+    rho = fd * fast_rcp(f)
+    rho_sum = tl.sum(rho, 0)
+    if tl.max(rho_sum, 0) <= MAX_RATIO_SUM:
+        phi = tl.cumsum(rho, 0)
+        out = q * eb * phi * P + k * w_end * exclusive_cumsum(rho, True) * vdS + (phi - 0.5 * rho_sum[None, :]) * db
+    else:
+        wa, wb = decay_tangents(a, f, fd)
+        pairs = tl.zeros(q.shape, dtype=tl.float32)
+        dAf = dA.to(tl.float32)
+        for j in range(BT):  # token j as the source: ∂e^{b_r − b_j} for the rows r > j
+            after = rows[:, None] > j
+            _, w = tl.associative_scan((tl.where(after, f, 1.0), tl.where(after, fd, 0.0) * fast_exp(
+                exclusive_cumsum(tl.where(after, a, 0.0), False))), 0, _affine_scan)
+            pairs += take_col(dAf, rows, j)[:, None] * take_row(k, rows, j)[None, :] * w
+        out = q * (wa * P + pairs) + k * wb * vdS
+    return out
 
 
 @triton.jit
@@ -209,14 +315,15 @@ def causal_av(A, v, DT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def diag_block(q, k, a, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
 
     A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([BT, BT]). When the block's decay
     spread (max over channels of b[0] − b[BT−1], here −b_last) is below MAX_SPREAD (60), A is one tensor-core
     product (q e^{b})(k e^{−b})ᵀ — k e^{−b} ≤ e^{60} cannot overflow — and e^{b_last − b} = e^{b_last}·e^{−b}
     reuses e^{−b} (two exponentials per element in all). Otherwise A is exact, one column at a time with the
-    exponent masked before exp (blocks that forget more than e^-60 within BT tokens).
+    exponent masked before exp (blocks that forget more than e^-60 within BT tokens), each exponent a sum of a = log f
+    over the tokens it spans (`span_exponent`).
     """
     BT: tl.constexpr = q.shape[0]
     rows = tl.arange(0, BT)
@@ -227,18 +334,17 @@ def diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constex
         w_end = fast_exp(b_last)[None, :] * enb
         A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
     else:
-        w_end = fast_exp(b_last[None, :] - b)
+        w_end = fast_exp(exclusive_cumsum(a, True))
         A = tl.zeros([BT, BT], dtype=tl.float32)
         for j in range(BT):
             k_j = take_row(k, rows, j)
-            b_j = take_row(b, rows, j)
-            w = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            w = fast_exp(span_exponent(a, rows, j))
             A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
     return tl.where(causal, A, 0.0), eb, w_end
 
 
 @triton.jit
-def diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+def diag_grads(q, k, a, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
                 PREC: tl.constexpr):
     """Backward of the diagonal block given dA [BT, BT] (causally masked) and `diag_block`'s factors:
     returns (dq, dk, q ⊙ dq − k ⊙ dk) [BT, K], the last being the block's share of d log f's running sum.
@@ -264,13 +370,11 @@ def diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr,
     else:
         dq = tl.zeros(q.shape, dtype=tl.float32)
         for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
-            b_j = take_row(b, rows, j)
-            wq = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            wq = fast_exp(span_exponent(a, rows, j))
             dq += take_col(dA, rows, j)[:, None] * take_row(k, rows, j)[None, :] * wq
         dk = tl.zeros(q.shape, dtype=tl.float32)
         for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
-            b_j = take_row(b, rows, j)
-            wk = fast_exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            wk = fast_exp(span_exponent_to(a, rows, j))
             dk += take_row(dA, rows, j)[:, None] * take_row(q, rows, j)[None, :] * wk
         db = q * dq - k * dk
     return dq, dk, db
@@ -316,9 +420,9 @@ def chunk_offset(chunk_offsets, i_n, NT, VARLEN: tl.constexpr):
 
 @triton.jit
 def chunk_decay(a, BT: tl.constexpr, BK: tl.constexpr):
-    """a = log f [BT, BK] (0 on padded rows) → (c, r, R, b_last): c the inclusive cumsum within 16-row
-    sub-blocks, r [NB, BK] the exclusive prefix of the sub-block sums, R = r on each sub-block's rows, b_last
-    the chunk's total (so b = R + c)."""
+    """a = log f [BT, BK] (0 on padded rows) → (c, r, b_last): c the inclusive cumsum within 16-row
+    sub-blocks, r [NB, BK] the exclusive prefix of the sub-block sums (b = c + r on each sub-block's rows), b_last
+    the chunk's total."""
     NB: tl.constexpr = BT // 16
     a3 = tl.reshape(a, [NB, 16, BK])
     c = tl.reshape(tl.cumsum(a3, 1), [BT, BK])
@@ -326,8 +430,7 @@ def chunk_decay(a, BT: tl.constexpr, BK: tl.constexpr):
     cs = tl.cumsum(s, 0)
     r = cs - s
     b_last = tl.sum(s, 0)
-    R = tl.reshape(tl.broadcast_to(r[:, None, :], [NB, 16, BK]), [BT, BK])
-    return c, r, R, b_last
+    return c, r, b_last
 
 
 @triton.jit
@@ -359,7 +462,7 @@ def ref_decay(bb, n, offk, mtk, ck, H: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def intra_A(q, k, c, r, R, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREAD: tl.constexpr,
+def intra_A(q, k, a, c, r, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREAD: tl.constexpr,
              DT: tl.constexpr, PREC: tl.constexpr):
     """The causal intra-chunk block A [BT, BT] and e^{c}, e^{−c} (the latter only meaningful on the fast path)."""
     NB: tl.constexpr = BT // 16
@@ -378,11 +481,9 @@ def intra_A(q, k, c, r, R, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREA
             A += tl.dot((qt * Ej).to(DT), tl.trans(kj.to(DT)), input_precision=PREC)
     else:
         enc = tl.zeros([BT, BK], dtype=tl.float32)
-        b = R + c
         for j in range(BT):
             k_j = take_row(k, rows, j)
-            b_j = take_row(b, rows, j)
-            w = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            w = fast_exp(span_exponent(a, rows, j))
             A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
     return tl.where(causal, A, 0.0), ec, enc
 

@@ -114,7 +114,7 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         g, i, lower_bound, bb, initial_state, h, ht, cu_seqlens, offs, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-        DT=dt, PREC=prec, num_warps=warps_seq, maxnreg=cfg.maxnreg_seq,
+        MAX_SPREAD=cfg.max_spread, DT=dt, PREC=prec, num_warps=warps_seq, maxnreg=cfg.maxnreg_seq,
     )
     a_saved = _empty_a(o, i, n_chunks, H, save_a, cfg)
     for fallback in (False, True):  # the chunk tier everywhere, then the chunks that leave it

@@ -26,10 +26,13 @@ import triton.language as tl
 from ._common import (
     act,
     act_and_grad,
+    bound_grad_block,
     chunk_bounds,
     chunk_decay,
     chunk_offset,
     chunk_tile,
+    end_decay_tangent,
+    exclusive_cumsum,
     expand_rows,
     fast_exp,
     fast_rcp,
@@ -38,6 +41,8 @@ from ._common import (
     load_gates,
     ref_decay,
     seq_bounds,
+    span_exponent,
+    span_exponent_to,
     sub_decay,
     take_col,
     take_row,
@@ -182,10 +187,10 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
         # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)
         if FALLBACK:
             a = tl.where(mtk, a, 0.0)
-            c, r, R, b_last = chunk_decay(a, BT, BK)
+            c, r, b_last = chunk_decay(a, BT, BK)
             spread = -tl.min(tl.min(c, 1), 0)
             if DV and not LOAD_A:
-                A_k, ec, enc = intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
+                A_k, ec, enc = intra_A(q, k, a, c, r, spread, BT, BK, MAX_SPREAD, DT, PREC)
                 A += A_k
             else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
                 ec = fast_exp(c)
@@ -195,9 +200,9 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
             if spread < MAX_SPREAD:
                 w_end = enc * expand_rows(fast_exp(b_last[None, :] - r), BT, BK)
             else:
-                w_end = fast_exp(b_last[None, :] - R - c)
+                w_end = fast_exp(exclusive_cumsum(a, True))
             if DQK:
-                dq_i, dk_i, db_i = _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
+                dq_i, dk_i, db_i = _intra_dqk_sub(q, k, a, c, r, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
                                                   DT, PREC)
         else:
             e_q, e_k, m = ref_decay(bb, n, offk, mtk, ck, H, K)
@@ -221,8 +226,8 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
             # (k e^{b_last − b}) dh_cᵀ breaks Triton 3.6's layout pass for fp32 inputs (k as the left operand).
             dvT += tl.dot(dh_c, tl.trans((k * w_end).to(DT)), input_precision=PREC)
         if DQK:
-            _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c,
-                        beta, offk, mtk, s_off, s_mask, ck, scale, K, O_ACT, HAS_LB, DT, PREC)
+            _bwd_dqk(o, g, h, do, dg, dlb, q, k, a, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dA, dh_t, dh_c,
+                        beta, offk, mtk, s_off, s_mask, ck, scale, K, O_ACT, HAS_LB, MAX_SPREAD, DT, PREC)
 
     if DV:
         dv = tl.trans(dvT) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
@@ -231,7 +236,7 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
 
 
 @triton.jit
-def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, BK: tl.constexpr,
+def _intra_dqk_sub(q, k, a, c, r, spread, ec, enc, dA, rows, BT: tl.constexpr, BK: tl.constexpr,
                    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """The sub-block and exact tiers of the intra-chunk dq, dk and q ⊙ dq − k ⊙ dk [BT, BK] from dA."""
     NB: tl.constexpr = BT // 16
@@ -255,33 +260,32 @@ def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, B
         dq_i = dq_i * ec
         dk_i = dk_i * enc
     else:
-        b = R + c
         dAf = dA.to(tl.float32)
         dq_i = tl.zeros([BT, BK], dtype=tl.float32)
         for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
-            b_j = take_row(b, rows, j)
-            wq = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
+            wq = fast_exp(span_exponent(a, rows, j))
             dq_i += take_col(dAf, rows, j)[:, None] * take_row(k, rows, j)[None, :] * wq
         dk_i = tl.zeros([BT, BK], dtype=tl.float32)
         for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
-            b_j = take_row(b, rows, j)
-            wk = fast_exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
+            wk = fast_exp(span_exponent_to(a, rows, j))
             dk_i += take_row(dAf, rows, j)[:, None] * take_row(q, rows, j)[None, :] * wk
         db_i = q * dq_i - k * dk_i
     return dq_i, dk_i, db_i
 
 
 @triton.jit
-def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c, beta, offk,
-                mtk, s_off, s_mask, ck, scale, K: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr,
-                DT: tl.constexpr, PREC: tl.constexpr):
+def _bwd_dqk(o, g, h, do, dg, dlb, q, k, a, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dA, dh_t, dh_c, beta,
+                offk, mtk, s_off, s_mask, ck, scale, K: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr,
+                MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """One K-block of `chunk_parallel_bwd_kernel`'s dq, dk (the intra terms given), d log f and the stores of do,
     dg and the β partial sums (pointers at the chunk's first row and head)."""
     # state terms (operands in the dot dtype: h and dh are stored in it anyway)
     h_t = tl.load(h + s_off, mask=s_mask, other=0.0)
-    dq_s = eb * tl.dot(b_do, h_t.to(DT), input_precision=PREC)
+    P = tl.dot(b_do, h_t.to(DT), input_precision=PREC)  # dy h_c
+    dq_s = eb * P
     b_dq = dq_s + dq_i
-    dk_s = w_end * tl.dot(v_c, dh_c, input_precision=PREC)
+    vdS = tl.dot(v_c, dh_c, input_precision=PREC)  # v dh_c
+    dk_s = w_end * vdS
     b_dk = dk_s + dk_i
     _, dq_act = act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
     tl.store(do + offk, (b_dq * scale * dq_act).to(do.dtype.element_ty), mask=mtk)
@@ -291,7 +295,8 @@ def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_
     # scan takes half as many instructions again, and the scans and sums are a large share of this kernel)
     x = q * dq_s + db_i
     y = k * dk_s
-    tail = fast_exp(b_last) * tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0) + tl.sum(x, 0)
+    through = tl.sum(dh_t.to(tl.float32) * h_t.to(tl.float32), 0)  # Σ_v h_c ⊙ dh_c
+    tail = fast_exp(b_last) * through + tl.sum(x, 0)
     # The scan also hands dk and y − x over, unchanged ('keep the later' operand): the compiler then runs d log f's
     # rest, dg and dβ in the scan's layout, not back in the dot layout through five layout conversions (each a
     # shared-memory round trip with a barrier).
@@ -303,7 +308,12 @@ def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_
     d_f = b_dlogf * fast_rcp(tl.maximum(f, 1e-30)) - b_dk
     tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
     if HAS_LB:
-        dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
+        # ∂L/∂β without the division by f (`_common.bound_grad_block`): the chunk's own factors, and its start
+        # state's decay to its end through e^{b_last}'s derivative
+        fd = tl.where(mtk, s_neg, 0.0)
+        a = tl.where(mtk, a, 0.0)
+        dlb_p = tl.sum(bound_grad_block(q, k, a, tl.where(mtk, f, 1.0), fd, eb, w_end, P, vdS, dA, db_i) - fd * b_dk, 0)
+        dlb_p += end_decay_tangent(a, b_last, fd, -tl.min(b_last, 0), MAX_SPREAD) * through
         tl.store(dlb + ck, dlb_p, mask=ck < K)
 
 

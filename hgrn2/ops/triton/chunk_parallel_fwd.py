@@ -32,6 +32,7 @@ from ._common import (
     chunk_decay,
     chunk_offset,
     chunk_tile,
+    exclusive_cumsum,
     expand_rows,
     fast_exp,
     gates,
@@ -49,7 +50,7 @@ def chunk_parallel_fwd_h_kernel(
     g, i, lb, bb, h0, h, ht, cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     NV: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Walks one sequence's chunks for a [BV, BK] block of the state. b (the within-chunk cumsum of log f) comes
     from `chunk_parallel_decay_kernel`, so a step holds no log and no row scan: its latency is what the walk costs."""
@@ -81,8 +82,12 @@ def chunk_parallel_fwd_h_kernel(
 
         tl.store(h + s_pos, S.to(h.dtype.element_ty), mask=s_mask)
         h += H * V * K
-        _, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
-        w = tl.where(mtk, k * fast_exp(bl_t[None, :] - b_t), 0.0)
+        a, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
+        if -tl.min(bl_t, 0) < MAX_SPREAD:
+            w = fast_exp(bl_t[None, :] - b_t)
+        else:  # b_last − b as a sum over the later rows: a difference of two large sums keeps their rounding
+            w = fast_exp(exclusive_cumsum(tl.where(mtk, a, 0.0), True))
+        w = tl.where(mtk, k * w, 0.0)
         v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0)
         S = S * fast_exp(bl_t)[None, :] + tl.dot(tl.trans(v.to(DT)), w.to(DT), input_precision=PREC)
 
@@ -173,8 +178,8 @@ def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, i_c, i_v, i
             h_t = tl.load(h + (cv[:, None] * K + ck[None, :]), mask=(cv < V)[:, None] & (ck < K)[None, :], other=0.0)
             if FALLBACK:
                 a = tl.where(mtk, a, 0.0)
-                c, r, R, b_last = chunk_decay(a, BT, BK)
-                A_k, ec, enc = intra_A(q, k, c, r, R, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
+                c, r, b_last = chunk_decay(a, BT, BK)
+                A_k, ec, enc = intra_A(q, k, a, c, r, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
                 A += A_k
                 eb = ec * expand_rows(fast_exp(r), BT, BK)
             else:

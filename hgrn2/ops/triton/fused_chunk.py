@@ -110,13 +110,18 @@ def fused_chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bou
     dys = o.new_empty(NV, B, T, H, K, dtype=torch.float32)  # dy S, from the forward sweep
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if dht is not None else o.new_empty(0)  # S_T, recomputed
+    # ∂L/∂β through each block's start-to-end decay, per program (see `_common.bound_grad_block`)
+    dlb_s = o.new_empty(NV, N, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     fused_chunk_bwd_dq_kernel[(NV, N * H)](
-        g, i, lower_bound, initial_state, dy, dys, ht, cu_seqlens, T, ntok,
-        I_ACT=i_act, HAS_H0=initial_state is not None, STORE_HT=dht is not None, **common,
+        o, g, i, lower_bound, initial_state, dy, dys, ht, dht, dlb_s, cu_seqlens, scale, T, ntok,
+        O_ACT=o_act, I_ACT=i_act, HAS_H0=initial_state is not None, STORE_HT=dht is not None,
+        HAS_DHT=dht is not None, **common,
     )
     reverse = _reverse_split if split else _reverse_fused
     flags = dict(O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None)
     do, dg, di, dlb = reverse(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags)
+    if lower_bound is not None:
+        dlb = (dlb + dlb_s.sum((0, 1))).to(lower_bound.dtype)
     if initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)
     return do, dg, di, dlb, dh0
@@ -139,7 +144,7 @@ def _reverse_fused(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:
-        dlb = dlb.sum((0, 1)).to(lower_bound.dtype)
+        dlb = dlb.sum((0, 1))
     return do, dg, di, dlb
 
 
@@ -171,7 +176,7 @@ def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
         BV=bv, O_ACT=flags["O_ACT"], I_ACT=flags["I_ACT"], num_warps=8 if common["BK"] * bv >= 8192 else 4, **diag,
     )
     if lower_bound is not None:
-        dlb = dlb.sum(0).to(lower_bound.dtype)
+        dlb = dlb.sum(0)
     return do, dg, di, dlb
 
 

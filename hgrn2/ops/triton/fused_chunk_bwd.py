@@ -21,15 +21,29 @@ Both walk a sequence BT tokens at a time per (V-block, sequence·head), like the
 import triton
 import triton.language as tl
 
-from ._common import act, act_and_grad, decay_to_end, diag_block, diag_grads, gates, load_beta, seq_bounds, step_tile
+from ._common import (
+    act,
+    act_and_grad,
+    bound_grad_block,
+    decay_to_end,
+    diag_block,
+    diag_grads,
+    end_decay_tangent,
+    fast_exp,
+    gates,
+    load_beta,
+    seq_bounds,
+    step_tile,
+)
 
 
 @triton.jit
 def fused_chunk_bwd_dq_kernel(
-    g, i, lb, h0, dy, dys, ht, cu_seqlens, T, NTOK,
+    o, g, i, lb, h0, dy, dys, ht, dht, dlb, cu_seqlens, scale, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    HAS_DHT: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    SPREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -44,6 +58,9 @@ def fused_chunk_bwd_dq_kernel(
     else:
         S = tl.zeros([BV, BK], dtype=tl.float32)
     dys_base = dys + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
+    if HAS_LB:  # the tangent state of ∂L/∂β (see `_common.bound_grad_block`) and this program's share of ∂L/∂β
+        dS_b = tl.zeros([BV, BK], dtype=tl.float32)
+        dlb_acc = tl.zeros([BK], dtype=tl.float32)
 
     offk, offv, mtk, mtv = step_tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
@@ -57,21 +74,34 @@ def fused_chunk_bwd_dq_kernel(
         dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
         offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
 
-        a, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
+        a, k, _, s_neg, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
         v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
+        spread = -tl.min(b_last)
 
         # fp32 operands (SPREC): P feeds the cross-block running sum of d log f (see fused_chunk_bwd_kernel)
         tl.store(dys_base + offk, tl.dot(dy_t.to(tl.float32), S, input_precision=SPREC), mask=mtk)
+        if HAS_LB:
+            # ∂L/∂β through each earlier block's start-to-end decay: the tangent state's readers here, then this
+            # block's own term, e^{b_last}'s derivative times its start state
+            q = act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale
+            dP = tl.dot(dy_t.to(tl.float32), dS_b, input_precision=SPREC)
+            dlb_acc += tl.sum(q * fast_exp(b) * dP, 0)
+            fd = tl.where(mtk, s_neg, 0.0)
+            dS_b = dS_b * tl.exp(b_last)[None, :] + end_decay_tangent(a, b_last, fd, spread, MAX_SPREAD)[None, :] * S
 
         # the same rounded operand as the forward's and the reverse sweep's state update
-        ke = (k * decay_to_end(b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
+        ke = (k * decay_to_end(a, b, b_last, spread, MAX_SPREAD)).to(DT)
         S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v), ke, input_precision=PREC)
     if STORE_HT:
         tl.store(ht + s_off, S, mask=s_mask)
+    if HAS_LB:  # the final state's readers
+        if HAS_DHT:
+            dlb_acc += tl.sum(tl.load(dht + s_off, mask=s_mask, other=0.0) * dS_b, 0)
+        tl.store(dlb + (i_v * tl.num_programs(1) + i_nh) * K + ck, dlb_acc, mask=ck < K)
 
 
 @triton.jit
@@ -140,7 +170,7 @@ def fused_chunk_bwd_kernel(
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
         spread = -tl.min(b_last)
-        A, eb, w_end = diag_block(q, k, b, b_last, spread, MAX_SPREAD, DT, PREC)
+        A, eb, w_end = diag_block(q, k, a, b, b_last, spread, MAX_SPREAD, DT, PREC)
         dS_c = dS.to(DT)
         ke = (k * w_end).to(DT)  # S's operand in the forward sweeps, dS's partner below
         qe = (q * eb).to(DT)  # dS's operand
@@ -154,7 +184,7 @@ def fused_chunk_bwd_kernel(
         # dq, dk: the diagonal block plus the state terms (dq's came from the forward sweep)
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
-        dq_d, dk_d, db_d = diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
+        dq_d, dk_d, db_d = diag_grads(q, k, a, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
         P = tl.load(dys + part + offk, mask=mtk, other=0.0)  # dy S
         vdS = tl.dot(v.to(tl.float32), dS, input_precision=SPREC)
         b_dq = eb * P + dq_d
@@ -177,7 +207,9 @@ def fused_chunk_bwd_kernel(
         d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
         tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
         if HAS_LB:
-            dlb_acc += tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
+            fd = tl.where(mtk, s_neg, 0.0)
+            dlb_acc += tl.sum(bound_grad_block(q, k, a, tl.where(mtk, f, 1.0), fd, eb, w_end, P, vdS, dA, db_d)
+                              - fd * b_dk, 0)
 
     if STORE_DH0:
         tl.store(dh0 + s_off, dS, mask=s_mask)
@@ -238,7 +270,7 @@ def fused_chunk_bwd_state_kernel(
         v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
-        ke = (k * decay_to_end(b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
+        ke = (k * decay_to_end(a, b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
         qe = (q * tl.exp(b)).to(DT)
 
         tl.store(dvs + offv, tl.dot(ke, tl.trans(dS.to(DT)), input_precision=PREC), mask=mtv)
@@ -283,14 +315,14 @@ def fused_chunk_bwd_diag_kernel(
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
         spread = -tl.min(b_last)
-        A, eb, w_end = diag_block(q, k, b, b_last, spread, MAX_SPREAD, DT, PREC)
+        A, eb, w_end = diag_block(q, k, a, b, b_last, spread, MAX_SPREAD, DT, PREC)
 
         b_dv = tl.load(dvs + offv, mask=mtv, other=0.0) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
         tl.store(di + offv, (b_dv * dv_act).to(di.dtype.element_ty), mask=mtv)
 
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
-        dq_d, dk_d, db_d = diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
+        dq_d, dk_d, db_d = diag_grads(q, k, a, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
         crow = (_carry_row(bos, t0, i_n, BT) * H + i_h) * K + ck
         P = tl.load(dys + offk, mask=mtk, other=0.0)
         vdS = tl.load(vds + offk, mask=mtk, other=0.0)
@@ -305,4 +337,6 @@ def fused_chunk_bwd_diag_kernel(
         d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
         tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
         if HAS_LB:
-            tl.store(dlb + crow, tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0), mask=ck < K)
+            fd = tl.where(mtk, s_neg, 0.0)
+            db_b = bound_grad_block(q, k, a, tl.where(mtk, f, 1.0), fd, eb, w_end, P, vdS, dA, db_d) - fd * b_dk
+            tl.store(dlb + crow, tl.sum(db_b, 0), mask=ck < K)

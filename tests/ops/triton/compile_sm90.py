@@ -101,8 +101,9 @@ def fused_chunk_variants():
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", y=f"*{dt}", ht="*fp32", scale="fp32", T="i32", **opt),
                    dict(common, BT=cfg.block_t_fwd, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
             yield (f"bwd_dq {sfx}", b.fused_chunk_bwd_dq_kernel,
-                   dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32", T="i32", NTOK="i32", **opt),
-                   dict(common, I_ACT=1, HAS_H0=full, STORE_HT=full, SPREC=sprec), warps)
+                   dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32", scale="fp32",
+                        T="i32", NTOK="i32", **opt, **(dict(dht="*fp32", dlb="*fp32") if full else {})),
+                   dict(common, O_ACT=2, I_ACT=1, HAS_H0=full, STORE_HT=full, HAS_DHT=full, SPREC=sprec), warps)
             pdt = dt if BV == KV else "fp32"
             grads = dict(dlb="*fp32", dh0="*fp32", dht="*fp32") if full else {}
             yield (f"bwd {sfx}", b.fused_chunk_bwd_kernel,
@@ -158,7 +159,7 @@ def _chunk_parallel_variants():
                        dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{dt}", ht="*fp32", bb="*fp32", T="i32",
                             NT="i32"),
                        dict(common, BK=BK, BV=BV, NV=KV // BV, I_ACT=0, HAS_LB=True, HAS_H0=True, STORE_HT=True,
-                            VARLEN=False), warps)
+                            VARLEN=False, MAX_SPREAD=60.0), warps)
                 yield (f"bwd_dh {sfx}", b.chunk_parallel_bwd_dh_kernel,
                        dict(o=f"*{dt}", dy=f"*{dt}", dht="*fp32", dh=f"*{dt}", dh0="*fp32", scale="fp32", T="i32",
                             NT="i32"),
@@ -221,7 +222,8 @@ def _chunk_parallel_variants():
         yield (f"fwd_h varlen {dt}", f.chunk_parallel_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),
-               dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True),
+               dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True,
+                    MAX_SPREAD=60.0),
                8 if dt == "bf16" else 4)
         yield (f"fwd_o varlen {dt}", f.chunk_parallel_fwd_o_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
