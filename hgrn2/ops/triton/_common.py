@@ -190,7 +190,8 @@ def _excl_sum(i1, e1, i2, e2):
 @triton.jit
 def exclusive_cumsum(a, REVERSE: tl.constexpr):
     """Σ of the rows strictly before (after, with REVERSE) each row of a [R, C], without a subtraction: an
-    exponent Σ_{u>t} a_u formed as b_last − b_t keeps rounding relative to b_last, large where a gate is closed."""
+    exponent Σ_{u>t} a_u formed as b_last − b_t keeps rounding of b_last (or as the inclusive sum less a_t, rounding
+    of a_t), large where a gate is closed although the result may be near 0."""
     _, e = tl.associative_scan((a, tl.zeros_like(a)), 0, _excl_sum, reverse=REVERSE)
     return e
 
@@ -284,7 +285,7 @@ def bound_grad_block(q, k, a, f, fd, eb, w_end, P, vdS, dA, db):
     rho_sum = tl.sum(rho, 0)
     if tl.max(rho_sum, 0) <= MAX_RATIO_SUM:
         phi = tl.cumsum(rho, 0)
-        out = q * eb * phi * P + k * w_end * exclusive_cumsum(rho, True) * vdS + (phi - 0.5 * rho_sum[None, :]) * db
+        out = q * eb * phi * P + k * w_end * (rho_sum[None, :] - phi) * vdS + (phi - 0.5 * rho_sum[None, :]) * db
     else:
         wa, wb = decay_tangents(a, f, fd)
         pairs = tl.zeros(q.shape, dtype=tl.float32)
@@ -455,24 +456,27 @@ def ref_decay(bb, n, offk, mtk, ck, H: tl.constexpr, K: tl.constexpr):
     """Chunk tier: from b (the within-chunk cumsum of log f, bb at the chunk's first row and head) and the
     reference m = b_last / 2 per channel, returns (e^{b − m}, e^{m − b}) [BT, BK] and m [BK]. |b − m| ≤
     (−b_last) / 2, so both factors stay within e^{±60} while the chunk's decay is below CHUNK_SPREAD = 120 (a
-    reference at the chunk's start would allow only 60)."""
+    reference at the chunk's start would allow only 60). The chunk tier also runs on the chunks that leave it,
+    whose outputs the fallback rewrites: there m = 0 and e^{m − b} ≤ e^{60} keep every factor and product finite."""
     m = 0.5 * tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < K, other=0.0)
+    m = tl.where(m >= -60.0, m, 0.0)
     d = tl.load(bb + offk, mask=mtk, other=0.0) - m[None, :]
-    return fast_exp(d), fast_exp(-d), m
+    return fast_exp(d), fast_exp(tl.minimum(-d, 60.0)), m
 
 
 @triton.jit
 def intra_A(q, k, a, c, r, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREAD: tl.constexpr,
              DT: tl.constexpr, PREC: tl.constexpr):
-    """The causal intra-chunk block A [BT, BT] and e^{c}, e^{−c} (the latter only meaningful on the fast path)."""
+    """The causal intra-chunk block A [BT, BT] and e^{c}, e^{−c} (the latter only meaningful on the fast path, and
+    capped at e^{80} so that it stays finite elsewhere)."""
     NB: tl.constexpr = BT // 16
     rows = tl.arange(0, BT)
     blk = rows // 16
     causal = rows[:, None] >= rows[None, :]
     ec = fast_exp(c)
+    enc = fast_exp(tl.minimum(-c, 80.0))  # outside the branch: Triton 3.6 cannot merge its two layouts
     A = tl.zeros([BT, BT], dtype=tl.float32)
     if spread < MAX_SPREAD:
-        enc = fast_exp(-c)
         qt = q * ec
         kt = k * enc
         for j in tl.static_range(NB):
@@ -480,7 +484,6 @@ def intra_A(q, k, a, c, r, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREA
             kj = tl.where((blk == j)[:, None], kt, 0.0)
             A += tl.dot((qt * Ej).to(DT), tl.trans(kj.to(DT)), input_precision=PREC)
     else:
-        enc = tl.zeros([BT, BK], dtype=tl.float32)
         for j in range(BT):
             k_j = take_row(k, rows, j)
             w = fast_exp(span_exponent(a, rows, j))

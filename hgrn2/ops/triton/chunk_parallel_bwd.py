@@ -305,8 +305,10 @@ def _bwd_dqk(o, g, h, do, dg, dlb, q, k, a, b_last, eb, w_end, dq_i, dk_i, db_i,
     # σ(±g), f recomputed from a reloaded tile (fewer live registers)
     g_2 = tl.load(g + offk, mask=mtk, other=0.0)
     _, _, s_pos, s_neg, f = gates(g_2.to(tl.float32), beta, HAS_LB)
-    d_f = b_dlogf * fast_rcp(tl.maximum(f, 1e-30)) - b_dk
-    tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+    # dg = kσ(g)·(dlogf / f − dk) with kσ(g)/f ≤ 1 formed first: no overflow where f ≈ 0
+    ks = k * s_pos
+    tl.store(dg + offk, (ks * fast_rcp(tl.maximum(f, 1e-30)) * b_dlogf - ks * b_dk).to(dg.dtype.element_ty),
+             mask=mtk)
     if HAS_LB:
         # ∂L/∂β without the division by f (`_common.bound_grad_block`): the chunk's own factors, and its start
         # state's decay to its end through e^{b_last}'s derivative

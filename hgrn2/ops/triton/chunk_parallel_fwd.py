@@ -82,10 +82,12 @@ def chunk_parallel_fwd_h_kernel(
 
         tl.store(h + s_pos, S.to(h.dtype.element_ty), mask=s_mask)
         h += H * V * K
-        a, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
+        _, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
         if -tl.min(bl_t, 0) < MAX_SPREAD:
             w = fast_exp(bl_t[None, :] - b_t)
-        else:  # b_last − b as a sum over the later rows: a difference of two large sums keeps their rounding
+        else:  # b_last − b as a sum over the later rows (a difference of two large sums keeps their rounding);
+            # log f recomputed here only
+            a, _, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
             w = fast_exp(exclusive_cumsum(tl.where(mtk, a, 0.0), True))
         w = tl.where(mtk, k * w, 0.0)
         v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0)

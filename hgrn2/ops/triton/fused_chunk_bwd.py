@@ -202,10 +202,11 @@ def fused_chunk_bwd_kernel(
         b_dlogf = (dlogf_carry + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
         dlogf_carry += tl.sum(db_s, 0)
 
-        # chain rule to g and β. f = β + (1 − β)σ(g), k = 1 − f: dL/df = dlogf / f − dk, ∂f/∂g = kσ(g),
-        # ∂f/∂β = σ(−g); kσ(g)/f ≤ 1 stays bounded (0 only where f underflowed, and then dlogf ≈ 0 too)
-        d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
-        tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+        # chain rule to g: f = β + (1 − β)σ(g), k = 1 − f, dL/df = dlogf / f − dk, ∂f/∂g = kσ(g); kσ(g)/f ≤ 1
+        # is formed first (no overflow where f ≈ 0; 0 only where f underflowed, and then dlogf ≈ 0 too)
+        ks = k * s_pos
+        tl.store(dg + part + offk, (ks / tl.maximum(f, 1e-30) * b_dlogf - ks * b_dk).to(dg.dtype.element_ty),
+                 mask=mtk)
         if HAS_LB:
             fd = tl.where(mtk, s_neg, 0.0)
             dlb_acc += tl.sum(bound_grad_block(q, k, a, tl.where(mtk, f, 1.0), fd, eb, w_end, P, vdS, dA, db_d)
@@ -334,8 +335,8 @@ def fused_chunk_bwd_diag_kernel(
         qe = (q * eb).to(DT)
         db = qe.to(tl.float32) * P - ke.to(tl.float32) * vdS + db_d
         b_dlogf = (dlogf_carry + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
-        d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
-        tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
+        ks = k * s_pos  # as in fused_chunk_bwd_kernel
+        tl.store(dg + offk, (ks / tl.maximum(f, 1e-30) * b_dlogf - ks * b_dk).to(dg.dtype.element_ty), mask=mtk)
         if HAS_LB:
             fd = tl.where(mtk, s_neg, 0.0)
             db_b = bound_grad_block(q, k, a, tl.where(mtk, f, 1.0), fd, eb, w_end, P, vdS, dA, db_d) - fd * b_dk

@@ -119,10 +119,10 @@ def test_fallback_tiers_everywhere(name):
         check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True))
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy overflows, on purpose
 def test_fallback_takes_exactly_the_chunks_past_the_chunk_tier():
     """A chunk that decays by e^-1920 (g = −30 at β = 0 on every token) is the second launch's: forced into the
-    chunk tier it overflows, and every other chunk's output is unchanged, bit for bit."""
+    chunk tier its output is wrong (finite: the chunk tier caps its factors), and every other chunk's output is
+    unchanged, bit for bit."""
     o, g, i, beta, _ = make_inputs(1, 192, 1, 16, 16)
     g[:, 64:128] = -30.0
     beta = torch.zeros_like(beta)
@@ -130,7 +130,7 @@ def test_fallback_takes_exactly_the_chunks_past_the_chunk_tier():
     assert torch.isfinite(y_ref).all()
     with override("chunk_parallel", chunk_max_spread=1e9):
         y, _ = hgrn2_chunk_parallel_triton(o, g, i, beta)
-    assert not torch.isfinite(y[:, 64:128]).all()
+    assert torch.isfinite(y).all() and not torch.allclose(y[:, 64:128], y_ref[:, 64:128], rtol=1e-3, atol=1e-3)
     assert torch.equal(y[:, :64], y_ref[:, :64]) and torch.equal(y[:, 128:], y_ref[:, 128:])
 
 
