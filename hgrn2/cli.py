@@ -21,6 +21,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "accuracy"): ("hgrn2.bench.accuracy", "every output and gradient against the fp64 reference"),
     ("bench", "convert-fla"): ("hgrn2.bench.convert_fla", "a converted fla checkpoint against fla: logits, greedy"),
     ("bench", "memory"): ("hgrn2.bench.memory", "activation bytes a training step keeps for the backward"),
+    ("bench", "tests"): ("hgrn2.bench.tests", "run pytest (the GPU suite) and record the outcome per test file"),
     ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
     ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),
@@ -33,7 +34,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("mqar",): ("hgrn2.train.mqar", "multi-query associative recall sweep (the paper's MQAR figure)"),
     ("ablate",): ("hgrn2.train.ablate", "the paper's LM ablations (expand ratio, PESE, HGRN1, lower bound)"),
     ("lra",): ("hgrn2.train.lra", "Long Range Arena: train, evaluate, resume; --report for the paper's table"),
-    ("vision",): ("hgrn2.train.vision", "image classification: `vision train` (works under torchrun), `vision eval`"),
+    ("vision",): ("hgrn2.train.vision", "image classification: `vision train` (works under torchrun), `eval`, "
+                                        "`report`"),
 }
 
 

@@ -10,8 +10,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hgrn2"
 # train, eval and bench share a rank: none of them may import another.
 RANK = {"ops": 0, "layers": 1, "models": 2, "data": 3, "train": 4, "eval": 4, "bench": 4}
 TOP = max(RANK.values()) + 1  # modules directly in hgrn2/ (the CLI and its commands)
-# the one sideways import: evaluation results are written as benchmark records, in the format bench/common.py owns
-SHARED = {"hgrn2.bench.common": {"eval"}}
+# the one sideways import: evaluation and training results are written as benchmark records, in the format
+# bench/common.py owns
+SHARED = {"hgrn2.bench.common": {"eval", "train"}}
 
 
 def _module_name(path: Path, package: Path = PACKAGE) -> str:

@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -135,19 +136,56 @@ def add_output_argument(parser) -> None:
                         help=f"folder of the result JSON (default: {RESULTS_DIR}/<device slug>/)")
 
 
+def add_record_argument(parser) -> None:
+    parser.add_argument("--record", nargs="?", const="", default=None, metavar="DIR",
+                        help="also write the result as a benchmark record, DIR/<benchmark>.json with its PNG beside "
+                             "it (default DIR: benchmarks/results/<device>/), which `hgrn2 bench report` renders")
+
+
 def write_result(out_dir: str | Path | None, benchmark: str, env: dict, rows: list[dict], command: str,
-                 quick: bool = False, **extra) -> Path:
+                 quick: bool = False, figure: str | Path | None = None, **extra) -> Path:
     """Write {benchmark, command, device, versions, commit, date, rows, quick, **extra} to
     `out_dir/<benchmark>.json` (default folder: benchmarks/results/<device slug>/), atomically; returns the path.
-    `quick`: a smoke run at tiny shapes, which `hgrn2 bench report` leaves out of BENCHMARKS.md."""
+    `quick`: a smoke run at tiny shapes, which `hgrn2 bench report` leaves out of BENCHMARKS.md. `figure`: a PNG
+    copied beside the JSON as <benchmark>.png (first, so that the record never names a missing figure)."""
     folder = Path(out_dir) if out_dir else RESULTS_DIR / env["device_slug"]
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": benchmark, "command": command, **env, "rows": rows, "quick": quick, **extra}
     path = folder / f"{benchmark}.json"
+    if figure is not None:
+        png = path.with_suffix(".png")
+        shutil.copyfile(figure, f"{png}.tmp")
+        os.replace(f"{png}.tmp", png)
+        extra["figure"] = png.name
+    record = {"benchmark": benchmark, "command": command, **env, "rows": rows, "quick": quick, **extra}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+ENV_FILE = "environment.json"
+ENV_COMMAND = ("python -c \"import json; from hgrn2.bench.common import environment; "
+               "print(json.dumps(environment('cuda')))\"")
+
+
+def runs_environment(envs: list[dict | None], folder: str | Path) -> dict:
+    """The environment of a record made from finished runs, as the runs recorded it where they trained (not this
+    machine's): their device (refused if they differ), the newest run's versions, every commit, the newest date.
+    Runs that recorded none fall back on `folder`/environment.json."""
+    found = [e for e in envs if e]
+    fallback = Path(folder) / ENV_FILE
+    if not found and fallback.is_file():
+        found = [json.loads(fallback.read_text())]
+    if not found:
+        raise ValueError(f"{folder}: its runs record no environment (device, versions, commit); on the machine "
+                         f"that trained them, write one: {ENV_COMMAND} > {fallback}")
+    devices = sorted({e["device"] for e in found})
+    if len(devices) > 1:
+        raise ValueError(f"{folder}: its runs were trained on different devices ({', '.join(devices)}); record "
+                         "each device's runs from a folder of their own")
+    newest = max(found, key=lambda e: e["date"])
+    commits = sorted({str(e["commit"]) for e in found})
+    return {**newest, "commit": ", ".join(commits) + (" (per run)" if len(commits) > 1 else "")}
 
 
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:

@@ -44,6 +44,23 @@ SECTIONS = {
               "AdamW under bf16 autocast on random tokens; tokens/s is the median of interleaved rounds."),
     "mqar": ("MQAR (multi-query associative recall)",
              "The `quick` preset of `hgrn2 mqar`: test accuracy (final), the best learning rate per mixer and width."),
+    "ablate": ("Ablations", "`hgrn2 ablate RECIPE --scale SCALE --report --record`: one section per recipe and scale."),
+    "lra": ("Long Range Arena",
+            "`hgrn2 lra --report --record` over the runs of `hgrn2 lra TASK...` (the authors' per-task presets): "
+            "test accuracy (%) at the epoch of the best validation accuracy, as LRA reports, beside the HGRN2 paper's "
+            "table; * marks a run that has not finished its epochs. The curves are validation accuracy per epoch."),
+    "vision": ("Image classification: training throughput against DeiT-Tiny",
+               "`hgrn2 bench vision`: forward + backward + AdamW on random 224×224 images under bf16 autocast, the "
+               "DeiT-Tiny-sized HGRN2 (`hgrn2.models.vision` preset `deit_tiny`, bidirectional scans on the Triton "
+               "kernels) against timm's `deit_tiny_patch16_224`; images/s is the median of interleaved rounds, "
+               "data loading excluded; peak memory is each model's own (weights, optimiser state, activations)."),
+    "generate": ("Generation: prefill and decode",
+                 "`hgrn2 bench generate`: greedy decoding with random bf16 weights after a prompt; ours (`hgrn2`: "
+                 "transformers' `generate` with the dynamic cache; `hgrn2-static`: fixed state buffers, the decode "
+                 "step replayed from a CUDA graph), fla's HGRN2 (a hand-written greedy loop) and transformers' Llama "
+                 "(SDPA; `llama-static`: the static cache) at the same width, depth and MLP. ms/step is one decode "
+                 "step inside `generate`, forward ms our one-token forward alone; the floor is reading every weight "
+                 "once at the copy bandwidth measured in the same run."),
     "accuracy": ("Accuracy against the fp64 reference",
                  "Relative L2 error of the output, the final state and every gradient against the fp64 step-by-step "
                  "reference, random cotangents."),
@@ -67,6 +84,10 @@ SECTIONS = {
                     "depth (rows) × context length in tokens (columns), the mean over trials."),
     "memory": ("Activation memory of a training step",
                "Bytes autograd keeps for the backward, activations [B, T, ...] only, per hidden element and layer."),
+    "tests": ("Tests on the GPU",
+              "`hgrn2 bench tests PATHS`: pytest on the device, the Triton kernels compiled rather than interpreted, "
+              "each test file's outcomes (xfailed: known gaps marked strict, so a fix shows as a failure to update "
+              "the mark)."),
 }
 
 SOURCES = {"decode": "ops"}  # sections rendered from another benchmark's record
@@ -182,6 +203,166 @@ def eval_needle_table(rec: dict) -> str:
             f"{len(replies)} distinct replies, e.g. {sample}.\n\n{table}")
 
 
+_PESE = ("lr", "lr-n8", "glt", "glti", "krp", "kp")
+# each ablation recipe: the paper's claim, and its orderings as pairs (lower perplexity, higher perplexity)
+ABLATIONS = {
+    "expand": ("The paper's figure \"Expand Ratio (Head Dimension) Ablation\" (WikiText-103 and the Pile): perplexity "
+               "falls as the expand ratio grows, the gains diminishing towards 128.",
+               [(f"e{2 * k}", f"e{k}") for k in (1, 2, 4, 8, 16, 32, 64)]),
+    "pese": ("The paper's table \"PESE Ablation\" (Pile, 385M): every expansion to n = 4 beats HGRN1, low rank (LR) "
+             "is the best of them, and HGRN2 at head dimension 128 is lowest of all (the paper has no naive row).",
+             [("hgrn2", v) for v in (*_PESE, "hgrn1")] + [(v, "hgrn1") for v in _PESE]
+             + [("lr", v) for v in _PESE[2:]]),
+    "hgrn1": ("The paper's tables \"Comparison of real HGRN and complex HGRN\" and \"Results on Wikitext-103\": real "
+              "HGRN1 with state 2d (24.04) below complex HGRN1 (24.14) below real HGRN1 with state d (25.34), and "
+              "HGRN2 (23.10) lowest.",
+              [("hgrn2", "hgrn1-real-2d"), ("hgrn1-real-2d", "hgrn1-complex"), ("hgrn1-complex", "hgrn1-real")]),
+    "lower-bound": ("HGRN's layer-wise lower bound on the forget gate (paper §2.2): perplexity is lower with it.",
+                    [("bound-on", "bound-off")]),
+}
+
+
+def ablate_section(rec: dict) -> tuple[str, str]:
+    claim = ABLATIONS.get(rec["recipe"], ("", []))[0]
+    return (f"Ablation ({rec['scale']} scale): {rec['title']}",
+            f"`hgrn2 ablate {rec['recipe']} --scale {rec['scale']}`, validation perplexity over the whole validation "
+            f"split. {claim}")
+
+
+def ablate_table(rec: dict) -> str:
+    rows = [dict(r, params_m=r["parameters"] and r["parameters"] / 1e6, done="yes" if r["complete"] else "no")
+            for r in rec["rows"]]
+    table = format_table(rows, [("variant", "variant", ""), ("params M", "params_m", ".2f"),
+                                ("val loss", "val_loss", ".4f"), ("perplexity", "val_ppl", ".2f"),
+                                ("steps", "steps", ""), ("complete", "done", "")])
+    t = rec["train"]
+    setting = (f"{rec['data']}; {t['max_steps']} steps × {t['batch_size']} × {t['seq_len']} tokens, lr {t['lr']}, "
+               f"{t['precision']}.")
+    return f"{setting} {ablate_verdict(rec)}\n\n{table}"
+
+
+def ablate_verdict(rec: dict) -> str:
+    """How many of the paper's orderings the complete runs show, and which they do not."""
+    ppl = {r["variant"]: r["val_ppl"] for r in rec["rows"] if r["complete"] and r["val_ppl"] is not None}
+    missing = len(rec["rows"]) - len(ppl)
+    tail = f" ({missing} of {len(rec['rows'])} runs incomplete, left out)" if missing else ""
+    pairs = [(a, b) for a, b in ABLATIONS.get(rec["recipe"], ("", []))[1] if a in ppl and b in ppl]
+    if not pairs:
+        return f"No ordering of the paper to compare among the complete runs{tail}."
+    broken = [f"{a} < {b} ({ppl[a]:.2f} vs {ppl[b]:.2f})" for a, b in pairs if not ppl[a] < ppl[b]]
+    held = f"The paper's ordering holds here for {len(pairs) - len(broken)} of {len(pairs)} pairs"
+    return held + (f"; not for {', '.join(broken)}" if broken else "") + f"{tail}."
+
+
+LRA_NAMES = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image",
+             "pathfinder": "Pathfinder", "pathx": "Path-X", "fashion_mnist": "Fashion-MNIST"}
+
+
+def lra_table(rec: dict) -> str:
+    rows, paper = rec["rows"], rec["paper"]
+    tasks = list(dict.fromkeys([*next(iter(paper.values())), *(r["task"] for r in rows)]))
+    matrix = [{"model": label, **{t: f"{v:.2f}" for t, v in values.items()}} for label, values in paper.items()]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        matrix.append({"model": f"{model} (here)", **{r["task"]: _lra_cell(r) for r in rows if r["model"] == model}})
+    table = format_table(matrix, [("model", "model", "")] + [(LRA_NAMES.get(t, t), t, "") for t in tasks])
+    details = format_table([dict(r, test=r["test_acc"] and 100 * r["test_acc"],
+                                 val=r["best_val_acc"] and 100 * r["best_val_acc"],
+                                 epochs_str=f"{r['epochs_done']} / {r['epochs']}") for r in rows],
+                           [("task", "task", ""), ("model", "model", ""), ("params", "parameters", ",d"),
+                            ("test acc %", "test", ".2f"), ("best val %", "val", ".2f"), ("epochs", "epochs_str", ""),
+                            ("steps", "steps", "d"), ("s / epoch", "time_per_epoch_s", ".1f"),
+                            ("GPUs", "world_size", "d")])
+    return f"{table}\n\n{details}"
+
+
+def _lra_cell(r: dict) -> str | None:
+    if r["test_acc"] is None:
+        return None
+    return f"{100 * r['test_acc']:.2f}" + ("*" if r["epochs_done"] < r["epochs"] else "")
+
+
+def vision_table(rec: dict) -> str:
+    rows = [dict(r, params_m=r.get("parameters") and r["parameters"] / 1e6,
+                 spread=r.get("images_per_s_range") and "{:.0f}–{:.0f}".format(*r["images_per_s_range"]))
+            for r in rec["rows"]]
+    cols = [("model", "model", ""), ("params M", "params_m", ".2f"), ("images/s", "images_per_s", ".0f"),
+            ("rounds' range", "spread", ""), ("÷ DeiT-Tiny", "ratio_to_deit", ".2f"), ("peak GiB", "peak_gib", ".2f"),
+            ("skipped", "skipped", "")]
+    table = format_table(rows, [c for c in cols if c[1] != "skipped" or any("skipped" in r for r in rows)])
+    a = rec.get("args", {})
+    return (f"Batch {a.get('batch_size')}, {a.get('image_size')}×{a.get('image_size')} images, {a.get('precision')}, "
+            f"{a.get('rounds')} rounds of {a.get('steps')} steps.\n\n{table}")
+
+
+def vision_run_section(rec: dict) -> tuple[str, str]:
+    data = "Fashion-MNIST" if rec["config"]["dataset"] == "fashion_mnist" else "ImageFolder data"
+    return (f"Image classification: {rec['model']} on {data}",
+            "`hgrn2 vision train` (the authors' DeiT-style recipe; `hgrn2 vision report --record` records it): "
+            "validation top-1 and top-5 (%) and the losses after each epoch, training images/s per epoch.")
+
+
+def vision_run_table(rec: dict) -> str:
+    c = rec["config"]
+    cols = [("epoch", "epoch", "d"), ("train loss", "train_loss", ".4f"), ("val loss", "val_loss", ".4f"),
+            ("top-1 %", "acc1", ".2f"), ("top-5 %", "acc5", ".2f"), ("EMA top-1 %", "ema_acc1", ".2f"),
+            ("lr", "lr", ".2e"), ("images/s", "train_images_per_s", ".0f")]
+    table = format_table(rec["rows"], [col for col in cols if any(col[1] in r for r in rec["rows"])])
+    args = ", ".join(f"{k} {v}" for k, v in (c.get("model_args") or {}).items())
+    return (f"{rec['model']} ({args}), {rec['parameters']:,} parameters; {rec['epochs_done']} of {rec['epochs']} "
+            f"epochs, batch {c['batch_size']}, lr {c['lr']} (× batch / {c['lr_batch']}), "
+            f"{c['precision'] if rec['device_slug'] != 'cpu' else 'fp32'}: top-1 "
+            f"{rec['acc1']:.2f}% on {rec['val_images']:,} validation images (best {rec['best_acc1']:.2f}%)."
+            f"\n\n{table}")
+
+
+def generate_table(rec: dict) -> str:
+    from hgrn2.bench.generate import TABLE, ratios
+
+    rows = [dict(r, shape=f"{r['size']} B{r['batch']}") for r in rec["rows"]]
+    for r in rows:
+        if r.get("status") == "ok":
+            r["floor_x"] = r["decode_ms_per_step"] / r["floor_ms"]
+    a = rec.get("args", {})
+    lines = "".join(f"\n- {line}" for line in ratios(rec["rows"]))
+    return (f"Prompt {a.get('prompt')} tokens, {a.get('new')} new; copy bandwidth {rec['copy_gb_per_s']:.0f} GB/s."
+            f"\n\n{format_table(rows, TABLE)}\n{lines}").rstrip()
+
+
+# records named <key>_<...> rendered as a section each after SECTIONS[key]: (title and text, table)
+FAMILIES = {"ablate": (ablate_section, ablate_table), "vision": (vision_run_section, vision_run_table)}
+ABLATE_ORDER = list(ABLATIONS)
+
+
+def _family(name: str) -> str | None:
+    return next((k for k in FAMILIES if name.startswith(k + "_") and name not in SECTIONS), None)
+
+
+def _order(records: dict) -> list[str]:
+    """SECTIONS' order, each key followed by its family's records (ablations by scale, then recipe), then the rest
+    in name order."""
+    def key(name: str):
+        rec = records[name][0][1]
+        recipe = rec.get("recipe")
+        return (rec.get("scale", ""), ABLATE_ORDER.index(recipe) if recipe in ABLATE_ORDER else len(ABLATE_ORDER),
+                name)
+
+    names = []
+    for section in SECTIONS:
+        names.append(section)
+        names += sorted((n for n in records if _family(n) == section), key=key)
+    return names + sorted(set(records) - set(names))
+
+
+def tests_table(rec: dict) -> str:
+    rows = [{**r, "failures": ", ".join(r["failures"]) or "-"} for r in rec["rows"]]
+    t = rec["totals"]
+    head = (f"pytest exit {rec['pytest_exit']}: " + ", ".join(f"{v} {k}" for k, v in t.items() if v)
+            + f" in {rec['wall_s']:.0f} s.\n\n")
+    return head + format_table(rows, [("file", "file", ""), ("passed", "passed", "d"), ("failed", "failed", "d"),
+                                      ("xfailed", "xfailed", "d"), ("skipped", "skipped", "d"),
+                                      ("seconds", "seconds", ".1f"), ("failures", "failures", "")])
+
+
 def generic_table(rec: dict) -> str:
     keys = [k for k, v in rec["rows"][0].items() if isinstance(v, (str, int, float, bool))] if rec["rows"] else []
     return format_table(rec["rows"], [(k, k, ".4g" if isinstance(rec["rows"][0][k], float) else "") for k in keys])
@@ -190,7 +371,8 @@ def generic_table(rec: dict) -> str:
 TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format_table(rec["rows"], [
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
-    "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table}
+    "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
+    "vision": vision_table, "generate": generate_table, "tests": tests_table}
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:
@@ -210,18 +392,20 @@ def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:
 def render(results: Path = RESULTS_DIR) -> str:
     records = load(results)
     parts = [HEADER.strip()]
-    for name in [*SECTIONS, *sorted(set(records) - set(SECTIONS))]:
+    for name in _order(records):
         source = SOURCES.get(name, name)
         if source not in records:
             continue
-        title, what = SECTIONS.get(name, (name, ""))
+        family = _family(name)
+        title, what = FAMILIES[family][0](records[name][0][1]) if family else SECTIONS.get(name, (name, ""))
+        table = FAMILIES[family][1] if family else TABLES.get(name, generic_table)
         parts.append(f"## {title}\n\n{textwrap.fill(what, 116)}".rstrip())
         for path, rec in records[source]:
             versions = ", ".join(f"{k} {v}" for k, v in rec["versions"].items() if v and k != "python")
             note = f" ({rec['note']})" if rec.get("note") else ""
             parts.append(f"**{rec['device']}** — `{rec['command']}`{note} — {versions} — commit {rec['commit']}, "
                          f"{rec['date']} — [{path.parent.name}/{path.name}]({path.as_posix()})")
-            parts.append(TABLES.get(name, generic_table)(rec))
+            parts.append(table(rec))
             figure = rec.get("figure")
             if figure:
                 parts.append(f"![{title}, {rec['device']}]({(path.parent / figure).as_posix()})")

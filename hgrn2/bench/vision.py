@@ -4,7 +4,8 @@ Each step is forward + backward + AdamW on random 224×224 images and labels und
 (`hgrn2.models.vision` preset `deit_tiny`, bidirectional scans on the Triton kernels on a GPU; timm's
 `deit_tiny_patch16_224`, built without weights). `--warmup` untimed steps, then `--rounds` rounds of `--steps`
 steps timed between CUDA synchronises, interleaved over the models; the median round is reported with the range.
-Data loading is not included.
+Data loading is not included. Peak memory is each model's own: the most allocated during its warm-up steps beyond what
+the models built before it hold.
 
     hgrn2 bench vision                 # writes benchmarks/results/<device>/vision.json (--out DIR: DIR/vision.json)
     hgrn2 bench vision --quick         # tiny CPU smoke run of the same code path
@@ -79,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     rows, steps = {}, {}
     torch.manual_seed(0)
     for name in names:
+        resident = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         try:
             model = build(name, args.image_size).to(device)
         except Exception as e:  # noqa: BLE001 - a missing or broken timm skips that model, with the reason
@@ -88,8 +92,11 @@ def run(args: argparse.Namespace) -> int:
             continue
         rows[name] = {"model": name, "parameters": num_parameters(model), "seconds": []}
         steps[name] = make_step(model, args.batch_size, args.image_size, device)
-        for _ in range(args.warmup):
+        for _ in range(max(args.warmup, 1)):  # one step at least: the peak below is that of a whole step
             steps[name]()
+        # this model's own peak (weights, optimiser state, activations), the models built before it left out
+        rows[name]["peak_gib"] = ((torch.cuda.max_memory_allocated() - resident) / 2**30
+                                  if device.type == "cuda" else None)
     for _ in range(args.rounds):
         for name, step in steps.items():
             _sync(device)
@@ -104,14 +111,15 @@ def run(args: argparse.Namespace) -> int:
     if "hgrn2" in steps and "deit" in steps:
         rows["hgrn2"]["ratio_to_deit"] = rows["hgrn2"]["images_per_s"] / rows["deit"]["images_per_s"]
     env = environment(device)
-    print(f"{'model':<8} {'params':>9} {'images/s':>10} {'range':>19}")
+    print(f"{'model':<8} {'params':>9} {'images/s':>10} {'range':>19} {'peak GiB':>9}")
     for row in rows.values():
         if "skipped" in row:
             print(f"{row['model']:<8} skipped: {row['skipped']}")
             continue
         lo, hi = row["images_per_s_range"]
+        peak = "-" if row["peak_gib"] is None else f"{row['peak_gib']:.2f}"
         print(f"{row['model']:<8} {row['parameters'] / 1e6:>8.2f}M {row['images_per_s']:>10.1f} "
-              f"{lo:>9.1f}–{hi:<9.1f}")
+              f"{lo:>9.1f}–{hi:<9.1f} {peak:>9}")
     if "ratio_to_deit" in rows.get("hgrn2", {}):
         print(f"hgrn2 / deit: {rows['hgrn2']['ratio_to_deit']:.2f}× on {env['device']}")
     env["versions"]["timm"] = _version("timm")

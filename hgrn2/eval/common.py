@@ -187,25 +187,14 @@ def add_device_arguments(p, context_limit: bool = False) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
 
 
-def add_record_argument(p) -> None:
-    p.add_argument("--record", nargs="?", const="", default=None, metavar="DIR",
-                   help="also write the result as a benchmark record, DIR/<benchmark>.json with its PNG beside it "
-                        "(default DIR: benchmarks/results/<device>/), which `hgrn2 bench report` renders")
-
-
 def write_record(args, benchmark: str, rows: list[dict], figure: str, device: str, **extra) -> str:
     """The result as a benchmark record (`hgrn2.bench.common.write_result`: command, device, versions, commit, date,
     rows) at `args.record`/<benchmark>.json, the figure copied beside it, the model's training recipe as its note."""
-    import shutil
-
     from hgrn2.bench.common import command_of, environment, write_result
 
     note = training_note(args.model)
-    path = write_result(args.record or None, benchmark, environment(device), rows, command_of(args),
-                        figure=f"{benchmark}.png", **({"note": note} if note else {}), **extra)
-    png = path.with_suffix(".png")
-    shutil.copyfile(figure, f"{png}.tmp")
-    os.replace(f"{png}.tmp", png)
+    path = write_result(args.record or None, benchmark, environment(device), rows, command_of(args), figure=figure,
+                        **({"note": note} if note else {}), **extra)
     return str(path)
 
 

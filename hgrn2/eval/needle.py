@@ -25,11 +25,12 @@ import string
 
 import numpy as np
 
+from hgrn2.bench.common import add_record_argument
+
 from .common import (
     EvalError,
     ResultLog,
     add_device_arguments,
-    add_record_argument,
     check_length,
     default_device,
     evaluate_or_report,

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hgrn2.bench.common import add_record_argument
+
 from .common import (
     EvalError,
     add_device_arguments,
-    add_record_argument,
     check_length,
     default_device,
     evaluate_or_report,

@@ -3,6 +3,7 @@
     hgrn2 ablate all --scale small --out runs/ablate-small --max-minutes 30   # every recipe, one GPU
     hgrn2 ablate expand --scale paper --data data/wt103 --out runs/ablate-wt103
     hgrn2 ablate pese hgrn1 --scale small --report --out runs/ablate-small    # tables and plots, no training
+    hgrn2 ablate all --scale small --report --out runs/ablate-small --record  # + benchmark records per recipe
     hgrn2 ablate all --scale small --prepare-only --out runs/ablate-small     # only the corpus, into OUT/data
 
 Recipes (hgrn2/configs/ablate.yaml): `expand` (perplexity against the expand ratio 1, 2, ..., 128; a plot),
@@ -15,7 +16,10 @@ minutes on one GPU) and `smoke` (seconds on a CPU, for tests).
 Every run is the library's `Trainer` (hgrn2.train.trainer) over `hgrn2.train.sweep`: resumable (a killed sweep
 continues from each run's last checkpoint), several runs at once on one device (`--concurrent`), a time budget
 (`--max-minutes`; cut runs are marked * and continue on the next call). Output: `OUT/runs/*.json` (one per run),
-`OUT/<recipe>.txt` (table), `OUT/<recipe>.png` (plot), `OUT/results.json` (every recipe's rows).
+`OUT/<recipe>.txt` (table), `OUT/<recipe>.png` (plot), `OUT/results.json` (every recipe's rows). `--record`
+writes `benchmarks/results/<device>/ablate_<scale>_<recipe>.json` with its plot, in the environment (device,
+versions, commit) each run saved where it trained; `--report` finds the runs of an `OUT` copied from another
+machine.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from hgrn2.train.sweep import best_device, finished_results, sweep, write_json
+from hgrn2.bench.common import add_record_argument, command_of, environment, runs_environment, write_result
+from hgrn2.train.sweep import best_device, read_result, sweep, write_json
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "ablate.yaml"
 SOURCES = ("debian-docs", "python-docs")
@@ -124,8 +129,8 @@ def train_lm(spec: LMRun, device: str, *, deadline: float | None = None, on_step
     last_val = final if complete else next((r for r in reversed(records) if r["kind"] == "val"), {})
     return dict(run_id=spec.run_id, spec=asdict(spec), complete=complete, steps=trainer.step,
                 val_loss=last_val.get("val_loss"), val_ppl=last_val.get("val_ppl"), parameters=trainer.n_params,
-                seconds=round(time.time() - start, 1), device=str(dev),
-                gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, torch=torch.__version__,
+                seconds=round(time.time() - start, 1), device=str(dev), environment=environment(dev),
+                corpus=_data_note(spec.data),
                 history=[r for r in records if r["kind"] == "val"],
                 train_loss=[(r["step"], r["loss"]) for r in records if r["kind"] == "train"])
 
@@ -223,6 +228,65 @@ def plot(recipe: str, title: str, rows: list[dict], path: Path) -> Path | None:
     return path
 
 
+def record(args, cfg: dict, data: str, by_recipe: dict, report: dict, by_id: dict) -> list[Path]:
+    """One benchmark record per recipe, `ablate_<scale>_<recipe>.json` with its plot, in the environment its runs
+    recorded where they trained; recipes without a finished run are left out. Smoke runs are marked quick. Rows
+    leave out the run ids, which hold this machine's corpus path."""
+    out, paths = Path(args.out), []
+    for recipe, rows in report.items():
+        runs = [by_id[r.run_id] for _, r in by_recipe[recipe] if r.run_id in by_id]
+        if not runs:
+            print(f"{recipe}: no finished run to record")
+            continue
+        figure = out / f"{recipe}.png"
+        env = runs_environment([r.get("environment") for r in runs], out)
+        train = cfg["scales"][args.scale]["train"] | ({"max_steps": args.steps} if args.steps else {})
+        paths.append(write_result(
+            args.record or None, f"ablate_{args.scale}_{recipe}", env,
+            [{k: v for k, v in r.items() if k != "run_id"} for r in rows], command_of(args),
+            quick=args.scale == "smoke", figure=figure if figure.is_file() else None, recipe=recipe, scale=args.scale,
+            title=cfg["recipes"][recipe]["title"], train=train, data=runs[0].get("corpus") or _data_note(data)))
+        print(f"wrote record {paths[-1]}")
+    return paths
+
+
+def _data_note(data: str) -> str:
+    """The corpus by its folder name and size (its meta.json), not by this machine's path."""
+    path, name = Path(data) / "meta.json", Path(data).name
+    if not path.is_file():
+        return name
+    meta = json.loads(path.read_text())
+    s = meta["splits"]
+    return (f"{name}: {s['train']['tokens']:,} training and {s['val']['tokens']:,} validation tokens, vocabulary "
+            f"{meta['vocab_size']}")
+
+
+def _settings(spec: dict) -> str:
+    return json.dumps([spec["model"], spec["train"], spec["seed"]], sort_keys=True)
+
+
+def finished_anywhere(runs: list[LMRun], out: Path) -> list[dict]:
+    """The saved results of `runs` in `out`/runs: by run id, else by the run's settings but the corpus (a run id
+    holds the corpus's absolute path, which differs once `out` is copied from the machine that trained it)."""
+    saved = [r for p in sorted((out / "runs").glob("*.json")) if (r := read_result(p)) and "spec" in r]
+    by_id, by_settings = {r["run_id"]: r for r in saved}, {}
+    for r in saved:
+        by_settings.setdefault(_settings(r["spec"]), []).append(r)
+    found = []
+    for run in runs:
+        res = by_id.get(run.run_id)
+        if res is None:
+            same = by_settings.get(_settings(asdict(run)), [])
+            if len({r["spec"]["data"] for r in same}) > 1:
+                raise ValueError(f"--out: {out}/runs holds runs of {', '.join(run.labels)} on several corpora "
+                                 f"({', '.join(sorted({r['spec']['data'] for r in same}))}); report each from a "
+                                 "folder of its own")
+            res = same[0] if same else None
+        if res is not None:
+            found.append(dict(res, run_id=run.run_id))
+    return found
+
+
 def _summary_line(r: dict) -> str:
     ppl = "-" if r["val_ppl"] is None else f"{r['val_ppl']:.2f}"
     return (f"{', '.join(r['spec']['labels'])}: val ppl {ppl} after {r['steps']} steps, "
@@ -250,9 +314,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prepare-only", action="store_true", help="assemble the corpus into OUT/data and exit")
     p.add_argument("--report", action="store_true", help="train nothing: tables, plots and results.json from the "
                                                          "runs already finished in --out")
+    add_record_argument(p)
 
 
 def _data_dir(args, scale: dict, out: Path) -> str:
+    if args.report or args.list:  # nothing is read from the corpus
+        return args.data or str(out / "data")
     if args.data:
         if not (Path(args.data) / "meta.json").is_file():
             raise ValueError(f"--data: {args.data!r} is not a prepared corpus (no meta.json); run `hgrn2 data "
@@ -262,10 +329,7 @@ def _data_dir(args, scale: dict, out: Path) -> str:
         raise ValueError(f"--data: --scale {args.scale} trains on a corpus you prepare (hgrn2 data prepare): give "
                          "its directory")
     c = scale["corpus"]
-    data = out / "data"
-    if args.report or args.list:
-        return str(data)
-    return str(assemble_corpus(args.source or c["source"], data, c.get("max_bytes"), c["vocab_size"]))
+    return str(assemble_corpus(args.source or c["source"], out / "data", c.get("max_bytes"), c["vocab_size"]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -288,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or best_device()
     concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
     if args.report:
-        results, errors = finished_results(runs, out), 0
+        results, errors = finished_anywhere(runs, out), 0
     else:
         results, errors = sweep(runs, out, device, train_lm, concurrent=concurrent, max_minutes=args.max_minutes,
                                 name="ablate", summary=_summary_line)
@@ -303,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
         (out / f"{recipe}.txt").write_text(text + "\n")
         plot(recipe, title, report[recipe], out / f"{recipe}.png")
     write_json(out / "results.json", dict(scale=args.scale, data=data, recipes=report))
+    if args.record is not None:
+        record(args, cfg, data, by_recipe, report, by_id)
     missing = sum(1 for r in runs if not by_id.get(r.run_id, {}).get("complete"))
     print(f"\nresults: {out / 'results.json'}, tables and plots in {out}")
     if missing:

@@ -3,12 +3,15 @@
     hgrn2 lra listops pathfinder --models hgrn2 hgrn1 --out runs/lra --max-minutes 60
     torchrun --nproc-per-node 4 -m hgrn2.cli lra pathx --out runs/lra
     hgrn2 lra --report --out runs/lra            # the paper-style table and the curves
+    hgrn2 lra --report --out runs/lra --record   # also benchmarks/results/<device>/lra.json with the curves
 
 Each (task, model) run lives in `<out>/<task>-<model>/`: `result.json` (settings, learning curve per epoch: train
 loss and accuracy, validation and test accuracy; time per epoch; the best validation accuracy and the test accuracy
 at that epoch, as LRA reports), `log.jsonl` (the running epoch loss every `--log-every` steps), and
 checkpoints under `ckpt/` (every `--ckpt-every` steps, at each epoch end and when a time or step limit stops the
 run). Running the same command again resumes exactly: model, optimiser, step, data order and random state.
+`result.json` holds the environment of the machine that trained the run (device, versions, commit), which
+`--record` writes into the record wherever it runs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 import yaml
 from tqdm.auto import tqdm
 
+from ..bench.common import add_record_argument, command_of, environment, runs_environment, write_result
 from ..data.lra import tasks as lra_tasks
 from ..data.lra.readers import Split
 from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
@@ -167,9 +171,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
         best = max(history, key=lambda h: h["val_acc"], default=None)
         times = [h["epoch_time"] for h in history if h.get("complete")]
         result = {"task": task, "model": mixer, "parameters": params, "config": cfg.to_dict(), "train": tr,
-                  "device": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu",
-                  "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch, "epochs_done": epoch,
-                  "history": history, "time_per_epoch_s": float(np.mean(times)) if times else None,
+                  "environment": env, "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch,
+                  "epochs_done": epoch, "history": history,
+                  "time_per_epoch_s": float(np.mean(times)) if times else None,
                   "best_val_acc": best and best["val_acc"], "test_acc_at_best_val": best and best["test_acc"],
                   "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
                   "stopped": stopped}
@@ -177,7 +181,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             _write_json(run_dir / "result.json", result)
         return result
 
-    t_start, first_step = time.time(), step
+    t_start, first_step, env = time.time(), step, environment(d.device, d.world)
     deadline = t_start + 60 * args.max_minutes if args.max_minutes else math.inf
     stopped = None
     model.train()
@@ -243,9 +247,13 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     return record(stopped)
 
 
+def results_in(out: str | Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(out).glob("*/result.json"))]
+
+
 def report(out: str | Path) -> str:
     """The paper-style table (test accuracy at the best validation epoch, %) over the runs under `out`."""
-    results = [json.loads(p.read_text()) for p in sorted(Path(out).glob("*/result.json"))]
+    results = results_in(out)
     names = ("ListOps", "Text", "Retrieval", "Image", "Pathfinder", "Path-X")
     rows = [f"| model | {' | '.join(names)} | Avg |", "|---" * (len(names) + 2) + "|"]
     for label, values in PAPER.items():
@@ -273,7 +281,7 @@ def plot(out: str | Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    results = [json.loads(p.read_text()) for p in sorted(Path(out).glob("*/result.json"))]
+    results = results_in(out)
     if not results:
         return None
     task_list = [t for t in (*PAPER_ORDER, "fashion_mnist") if any(r["task"] == t for r in results)]
@@ -283,7 +291,8 @@ def plot(out: str | Path) -> Path | None:
             if r["task"] == task and r["history"]:
                 ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]], label=r["model"])
         ax.set(title=task, xlabel="epoch", ylabel="val accuracy")
-        ax.legend()
+        if ax.lines:  # no finished epoch yet: an empty panel
+            ax.legend()
     path = Path(out) / "curves.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -320,6 +329,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--report", action="store_true", help="print the table over the runs in --out and plot curves")
+    add_record_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -328,6 +338,8 @@ def run(args: argparse.Namespace) -> int:
         path = plot(args.out)
         if path:
             print(f"wrote {path}")
+        if args.record is not None:
+            print(f"wrote record {record_results(args, path)}")
         return 0
     if not args.tasks:
         raise SystemExit("hgrn2 lra: error: give at least one task (or --report)")
@@ -351,7 +363,27 @@ def run(args: argparse.Namespace) -> int:
             sec = r["time_per_epoch_s"]
             print(f"| {r['task']} | {r['model']} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
                   f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
+        if args.record is not None:
+            print(f"wrote record {record_results(args, plot(args.out))}")
     return 0
 
 
-__all__ = ["train_run", "evaluate", "report", "plot", "build", "load_preset", "add_arguments", "run"]
+def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
+    """`lra.json`: one row per run under --out (test accuracy at the best validation epoch, epochs done, time per
+    epoch), the paper's numbers beside, the curves as its figure; in the environment the runs recorded where they
+    trained."""
+    results = results_in(args.out)
+    if not results:
+        raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
+    order = {t: k for k, t in enumerate((*PAPER_ORDER, *lra_tasks.TASKS))}
+    rows = [{"task": r["task"], "model": r["model"], "parameters": r["parameters"],
+             "test_acc": r["test_acc_at_best_val"], "best_val_acc": r["best_val_acc"],
+             "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],
+             "time_per_epoch_s": r["time_per_epoch_s"], "stopped": r["stopped"], "world_size": r["world_size"]}
+            for r in sorted(results, key=lambda r: (order.get(r["task"], len(order)), r["model"]))]
+    paper = {label: dict(zip(PAPER_ORDER, values)) for label, values in PAPER.items()}
+    env = runs_environment([r.get("environment") for r in results], args.out)
+    return write_result(args.record or None, "lra", env, rows, command_of(args), figure=figure, paper=paper)
+
+
+__all__ = ["train_run", "evaluate", "report", "plot", "record_results", "build", "load_preset", "add_arguments", "run"]

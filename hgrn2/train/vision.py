@@ -4,6 +4,7 @@
     torchrun --nproc_per_node=8 -m hgrn2.cli vision train --config deit_tiny --set data=/data/imagenet
     hgrn2 vision train --config fashion_mnist            # offline demo on the Debian `dataset-fashion-mnist` files
     hgrn2 vision eval --run runs/deit_tiny [--ema]
+    hgrn2 vision report --run runs/deit_tiny --record    # the learning curve as a table, a plot and a record
 
 The recipe is the authors' `main.py` (OpenNLPLab/im, DeiT's) as their HGRN2 launch script calls it: AdamW with
 timm's defaults, lr scaled by global batch / 512, cosine per epoch with linear warmup from 1e-6 to a floor of
@@ -14,6 +15,10 @@ Data: `dataset: imagefolder` reads `<data>/train/<class>/*` and `<data>/val/<cla
 torchvision and timm's transforms (the `vision` extra); `dataset: fashion_mnist` reads the four idx files of
 Fashion-MNIST (gzipped or not) with plain torch, no augmentation, and runs without timm unless Mixup/CutMix is on.
 
+`--record` (on `train`, or on `report` for a run folder copied from the machine that trained it) writes the learning
+curve as a benchmark record, `benchmarks/results/<device>/vision_fashion_mnist.json` (`vision_<model>.json` for an
+ImageFolder run) with the plot beside it, in the environment the run recorded where it trained.
+
 A checkpoint is written at the end of every epoch (model, optimiser, EMA, RNG states); a restarted run continues
 from the newest intact one and trains the same weights as one that never stopped.
 """
@@ -23,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import gzip
 import json
 import math
 import os
@@ -36,17 +40,23 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from ..bench.common import (
+    add_record_argument,
+    command_of,
+    environment,
+    format_table,
+    runs_environment,
+    write_result,
+)
+from ..data.idx import read_fashion_mnist_split
 from ..models.vision import HGRN2ForImageClassification, VisionConfig, num_parameters, preset
 from . import checkpoint as ckpt
 from . import distributed as D
 from .config import parse_overrides, unknown_key_error
-from .logger import RunLogger
+from .logger import RunLogger, read_log
 from .optim import build_optimizer, set_lr
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "vision")
-FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # where Debian's dataset-fashion-mnist puts its files
-FASHION_MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-                       "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 FASHION_MNIST_MEAN_STD = (0.2860, 0.3530)
 
 
@@ -190,39 +200,10 @@ def epoch_lr(cfg: VisionTrainConfig, epoch: int) -> float:
 # --- data ---------------------------------------------------------------------------------------------------------
 
 
-def read_idx(path: str) -> np.ndarray:
-    """An idx file (the MNIST format: magic 0x0000 08 NDIM, big-endian sizes, uint8 data), gzipped or not."""
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] != 8:
-        raise ValueError(f"`data`: {path} is not an idx file of unsigned bytes")
-    ndim = raw[3]
-    shape = tuple(int(x) for x in np.frombuffer(raw, ">u4", ndim, 4))
-    data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
-    if data.size != math.prod(shape):
-        raise ValueError(f"`data`: {path} holds {data.size} bytes for shape {shape} (truncated?)")
-    return data.reshape(shape)
-
-
-def _find(directory: str, stem: str) -> str:
-    for name in (stem + ".gz", stem):
-        if os.path.isfile(os.path.join(directory, name)):
-            return os.path.join(directory, name)
-    expected = ", ".join(f"{a}[.gz], {b}[.gz]" for a, b in FASHION_MNIST_FILES.values())
-    raise FileNotFoundError(f"`data`: no {stem}[.gz] in {directory}; expected the Fashion-MNIST files {expected} "
-                            f"(Debian's dataset-fashion-mnist installs them in {FASHION_MNIST_DIR})")
-
-
 def fashion_mnist(directory: str, split: str) -> torch.utils.data.TensorDataset:
     """Images [N, 1, S, S] float32 (S = 28 in the real files), normalised, and labels [N] int64 of one split
-    ("train" or "val")."""
-    images, labels = (read_idx(_find(directory, stem)) for stem in FASHION_MNIST_FILES[split])
-    square = images.ndim == 3 and images.shape[1] == images.shape[2]
-    if not square or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(f"`data`: {split} images {images.shape} (expected [N, S, S]) and labels {labels.shape} "
-                         "do not match")
-    if labels.max(initial=0) > 9:
-        raise ValueError(f"`data`: {split} labels go up to {labels.max()}; Fashion-MNIST has classes 0-9")
+    ("train" or "val", the latter Fashion-MNIST's test files)."""
+    images, labels = read_fashion_mnist_split(directory, "test" if split == "val" else split)
     mean, std = FASHION_MNIST_MEAN_STD
     x = (torch.from_numpy(images.astype(np.float32)) / 255 - mean) / std
     return torch.utils.data.TensorDataset(x.unsqueeze(1), torch.from_numpy(labels.astype(np.int64)))
@@ -330,6 +311,7 @@ class VisionTrainer:
             os.makedirs(cfg.out_dir, exist_ok=True)
             _write_json(os.path.join(cfg.out_dir, "config.json"), dataclasses.asdict(cfg))
         self.log = RunLogger(cfg.out_dir, enabled=self.d.main, start_step=self.step, tensorboard=False)
+        self.env = environment(self.d.device, self.d.world)
 
     def _restore(self, state: dict) -> None:
         D.unwrap(self.model).load_state_dict(state["model"])
@@ -423,7 +405,8 @@ class VisionTrainer:
                  "best_acc1": self.best, "rng": D.gather_objects(ckpt.rng_state(), d),
                  "config": dataclasses.asdict(cfg), "model_config": D.unwrap(self.model).config.to_dict()}
         result = {"model": cfg.model, "parameters": self.n_params, "epochs_done": self.epoch, "epochs": cfg.epochs,
-                  "steps": self.step, "best_acc1": self.best, **{k: v for k, v in record.items() if k != "kind"}}
+                  "steps": self.step, "best_acc1": self.best, **{k: v for k, v in record.items() if k != "kind"},
+                  "environment": self.env}
         if d.main:
             ckpt.save(self.ckpt_dir, self.epoch, state, cfg.keep_last)
             _write_json(os.path.join(cfg.out_dir, "results.json"), result)
@@ -480,15 +463,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", action="extend",
                        help="override config keys, e.g. data=/data/imagenet batch_size=256 model_args.num_layers=6")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    add_record_argument(train)
     ev = sub.add_parser("eval", help="evaluate a run's newest checkpoint on the validation split")
     ev.add_argument("--run", required=True, help="the out_dir of a `hgrn2 vision train` run")
     ev.add_argument("--data", default=None, help="data directory (default: the run's)")
     ev.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     ev.add_argument("--batch-size", type=int, default=256)
+    rep = sub.add_parser("report", help="a run's learning curve as a table and a plot; --record for BENCHMARKS.md")
+    rep.add_argument("--run", required=True, help="the out_dir of a `hgrn2 vision train` run")
+    add_record_argument(rep)
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_train(args) if args.action == "train" else run_eval(args)
+    return {"train": run_train, "eval": run_eval, "report": run_report}[args.action](args)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -507,7 +494,85 @@ def run_train(args: argparse.Namespace) -> int:
         trainer.train()
     finally:
         D.shutdown()
+    if trainer.d.main and args.record is not None:
+        return run_report(argparse.Namespace(**{**vars(args), "run": cfg.out_dir}))
     return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Print the run's epochs, plot them (`<run>/curves.png`) and, with --record, write them as a benchmark record
+    in the environment the run recorded where it trained."""
+    try:
+        result, curve = read_run(args.run)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hgrn2 vision report: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(curve, [c for c in CURVE_COLUMNS if any(c[1] in r for r in curve)]))
+    print(f"{result['model']}, {result['parameters'] / 1e6:.2f}M parameters: top-1 {result['acc1']:.2f}% after "
+          f"{result['epochs_done']} of {result['epochs']} epochs (best {result['best_acc1']:.2f}%)")
+    figure = plot_curve(curve, os.path.join(args.run, "curves.png"), result["model"])
+    if args.record is not None:
+        try:
+            env = runs_environment([result.get("environment")], args.run)
+        except ValueError as e:
+            print(f"hgrn2 vision report: error: {e}", file=sys.stderr)
+            return 2
+        with open(os.path.join(args.run, "config.json")) as f:
+            cfg = json.load(f)
+        name = "vision_fashion_mnist" if cfg["dataset"] == "fashion_mnist" else f"vision_{cfg['model']}"
+        settings = {k: v for k, v in cfg.items() if k not in ("data", "out_dir", "progress", "device", "log_every")}
+        path = write_result(args.record or None, name, env, curve, command_of(args), figure=figure,
+                            **{k: result[k] for k in ("model", "parameters", "epochs_done", "epochs", "steps",
+                                                      "best_acc1", "acc1", "acc5", "val_images")}, config=settings)
+        print(f"wrote record {path}")
+    return 0
+
+
+CURVE_COLUMNS = [("epoch", "epoch", "d"), ("train loss", "train_loss", ".4f"), ("val loss", "val_loss", ".4f"),
+                 ("top-1 %", "acc1", ".2f"), ("top-5 %", "acc5", ".2f"), ("EMA top-1 %", "ema_acc1", ".2f"),
+                 ("lr", "lr", ".2e"), ("images/s", "train_images_per_s", ".0f")]
+
+
+def read_run(run: str) -> tuple[dict, list[dict]]:
+    """The run's results.json and its learning curve: one row per epoch (the validation records of its log)."""
+    path = os.path.join(run, "results.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"`--run`: no finished epoch in {run} (no results.json)")
+    with open(path) as f:
+        result = json.load(f)
+    curve = [{k: v for k, v in r.items() if k not in ("kind", "time")}
+             for r in read_log(os.path.join(run, "log.jsonl")) if r["kind"] == "val"]
+    return result, curve
+
+
+def plot_curve(curve: list[dict], path: str, title: str) -> str | None:
+    """Validation top-1 and the training and validation loss per epoch; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'hgrn2[plot]'): no plot")
+        return None
+    epochs = [r["epoch"] for r in curve]
+    fig, (acc, loss) = plt.subplots(1, 2, figsize=(8, 3.2))
+    acc.plot(epochs, [r["acc1"] for r in curve], marker="o", label="top-1")
+    if all("ema_acc1" in r for r in curve):
+        acc.plot(epochs, [r["ema_acc1"] for r in curve], marker=".", label="EMA top-1")
+    acc.set(xlabel="epoch", ylabel="validation accuracy (%)", title=title)
+    loss.plot(epochs, [r["train_loss"] for r in curve], marker="o", label="train")
+    loss.plot(epochs, [r["val_loss"] for r in curve], marker="o", label="validation")
+    loss.set(xlabel="epoch", ylabel="loss")
+    for ax in (acc, loss):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
 
 
 def run_eval(args: argparse.Namespace) -> int:

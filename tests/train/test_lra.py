@@ -118,3 +118,25 @@ def test_torchrun_two_ranks(tmp_path):
     assert result["world_size"] == 2 and result["steps"] == 5 and len(result["history"]) == 1
     # both ranks' evaluation shards are counted: accuracies are multiples of 1/12 (the fixture's test split)
     assert abs(result["history"][0]["test_acc"] * 12 - round(result["history"][0]["test_acc"] * 12)) < 1e-9
+
+
+def test_record_in_the_environment_of_the_runs(tmp_path):
+    out, rec_dir = tmp_path / "run", tmp_path / "rec"
+    _cli(out, "--max-steps", "3", "--record", str(rec_dir))  # stopped inside its first epoch: no accuracy yet
+    (row,) = json.loads((rec_dir / "lra.json").read_text())["rows"]
+    assert row["test_acc"] is None and row["epochs_done"] == 0 and row["steps"] == 3
+    _cli(out)
+    result = json.loads((out / "fashion_mnist-hgrn2" / "result.json").read_text())
+    h100 = {"device": "NVIDIA H100 80GB HBM3", "device_slug": "h100", "versions": {"torch": "2.11.0"},
+            "commit": "abc1234", "date": "2026-11-20"}
+    (out / "fashion_mnist-hgrn2" / "result.json").write_text(json.dumps(dict(result, environment=h100)))
+    assert main(["lra", "--report", "--out", str(out), "--record", str(rec_dir)]) == 0
+    rec = json.loads((rec_dir / "lra.json").read_text())
+    assert {k: rec[k] for k in h100} == h100 and rec["command"].startswith("hgrn2 lra --report")
+    (row,) = rec["rows"]
+    assert (row["task"], row["model"], row["epochs_done"], row["epochs"]) == ("fashion_mnist", "hgrn2", 2, 2)
+    assert row["test_acc"] == result["test_acc_at_best_val"] and row["time_per_epoch_s"] == result["time_per_epoch_s"]
+    assert rec["paper"]["HGRN2 (paper)"]["listops"] == 60.52 and len(rec["paper"]["HGRN1 (paper)"]) == 6
+    assert (rec_dir / rec["figure"]).read_bytes() == (out / "curves.png").read_bytes()
+    with pytest.raises(ValueError, match="no finished epoch"):
+        main(["lra", "--report", "--out", str(tmp_path / "empty"), "--record", str(rec_dir)])

@@ -2,6 +2,7 @@
 plot, stop on a budget and resume."""
 
 import json
+import shutil
 import time
 
 import pytest
@@ -32,9 +33,10 @@ def test_paper_scale_runs_are_the_papers():
         assert variants["hgrn1"][v].model == PRESETS[f"paper-wt103-{v}"]
     assert variants["hgrn1"]["hgrn2"].model == PRESETS["paper-wt103-44m"]
     assert variants["lower-bound"]["bound-off"].model["use_lower_bound"] is False
-    # the HGRN2 baseline of pese, hgrn1 and lower-bound is one run
-    assert variants["pese"]["hgrn2"] is variants["hgrn1"]["hgrn2"] is variants["lower-bound"]["bound-on"]
-    assert len(runs) == len({r.run_id for r in runs}) == 8 + 8 + 3 + 1 + 1  # + the shared HGRN2 run
+    # the HGRN2 baseline of pese, hgrn1 and lower-bound is one run, expand's e128
+    assert variants["pese"]["hgrn2"] is variants["hgrn1"]["hgrn2"] is variants["lower-bound"]["bound-on"] \
+        is variants["expand"]["e128"]
+    assert len(runs) == len({r.run_id for r in runs}) == 8 + 8 + 3 + 1
     with open(f"{PRESET_DIR}/wikitext103.yaml") as f:
         lm = yaml.safe_load(f)
     assert all(run.train[k] == lm[k] for run in runs for k in ("seq_len", "batch_size", "max_steps", "warmup_steps",
@@ -107,3 +109,43 @@ def test_small_corpus_from_python_docs(tmp_path):
     assert meta["vocab_size"] == 400 and meta["splits"]["val"]["tokens"] > 0
     assert meta["splits"]["train"]["tokens"] > 10 * meta["splits"]["val"]["tokens"]
     assert ablate.assemble_corpus("python-docs", data, max_bytes=1, vocab_size=400) == data  # reused
+
+
+H100 = {"device": "NVIDIA H100 80GB HBM3", "device_slug": "h100", "versions": {"torch": "2.11.0", "triton": "3.6.0"},
+        "commit": "abc1234", "date": "2026-11-20"}
+
+
+def test_record_per_recipe_in_the_runs_environment(corpus, tmp_path, capsys):
+    out, rec_dir = tmp_path / "out", tmp_path / "rec"
+    assert _ablate(corpus, out, "lower-bound", "--record", str(rec_dir)) == 0
+    rec = json.loads((rec_dir / "ablate_smoke_lower-bound.json").read_text())
+    rows = [{k: v for k, v in r.items() if k != "run_id"}
+            for r in json.loads((out / "results.json").read_text())["recipes"]["lower-bound"]]
+    assert rec["rows"] == rows and rec["quick"] and (rec["recipe"], rec["scale"]) == ("lower-bound", "smoke")
+    assert rec["device_slug"] == "cpu" and rec["train"]["max_steps"] == 2 and "6,000 training" in rec["data"]
+    assert (rec_dir / rec["figure"]).read_bytes() == (out / "lower-bound.png").read_bytes()
+    assert rec["command"].startswith("hgrn2 ablate lower-bound --record ") and "--scale smoke" in rec["command"]
+
+    # the folder copied elsewhere (the run ids hold the corpus path), trained on another machine: recorded as that
+    # machine's, with no --data
+    moved = tmp_path / "copied"
+    shutil.copytree(out, moved)
+    for path in (moved / "runs").glob("*.json"):
+        run = json.loads(path.read_text())
+        path.write_text(json.dumps(dict(run, environment=H100, spec=dict(run["spec"], data="/gpu/box/corpus"))))
+    assert cli_main(["ablate", "lower-bound", "--scale", "smoke", "--report", "--out", str(moved), "--record",
+                     str(rec_dir)]) == 0
+    moved_rec = json.loads((rec_dir / "ablate_smoke_lower-bound.json").read_text())
+    assert moved_rec["rows"] == rows and {k: moved_rec[k] for k in H100} == H100
+
+
+def test_record_needs_the_runs_environment(corpus, tmp_path):
+    out = tmp_path / "out"
+    assert _ablate(corpus, out, "lower-bound") == 0
+    for path in (out / "runs").glob("*.json"):
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "environment"}))
+    with pytest.raises(ValueError, match="record no environment.*environment.json"):
+        _ablate(corpus, out, "lower-bound", "--report", "--record", str(tmp_path / "rec"))
+    (out / "environment.json").write_text(json.dumps(H100))
+    assert _ablate(corpus, out, "lower-bound", "--report", "--record", str(tmp_path / "rec")) == 0
+    assert json.loads((tmp_path / "rec" / "ablate_smoke_lower-bound.json").read_text())["device"] == H100["device"]

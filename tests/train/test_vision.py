@@ -1,4 +1,4 @@
-"""`hgrn2 vision`: the idx reader, training on generated Fashion-MNIST-format fixtures (plain torch), exact resume,
+"""`hgrn2 vision`: training on generated Fashion-MNIST-format fixtures (plain torch), exact resume,
 eval, the schedule, and (with timm installed) the ImageFolder pipeline with RandAugment / Mixup / CutMix."""
 
 import gzip
@@ -14,7 +14,7 @@ import torch
 
 from hgrn2.cli import main
 from hgrn2.train import distributed as D
-from hgrn2.train.vision import VisionTrainer, epoch_lr, evaluate, make_config, read_idx
+from hgrn2.train.vision import VisionTrainer, epoch_lr, evaluate, make_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_MODEL = "model_args={patch_size: 4, hidden_size: 16, num_layers: 2, expand_ratio: 8, glu_size: 24}"
@@ -49,18 +49,6 @@ def fashion_config(data, out_dir, *extra):
 @pytest.fixture(scope="module")
 def fixture_dir(tmp_path_factory):
     return make_fashion_fixture(tmp_path_factory.mktemp("fmnist"))
-
-
-def test_read_idx_round_trip_and_errors(tmp_path):
-    a = np.arange(2 * 3 * 4).reshape(2, 3, 4) % 256
-    write_idx(tmp_path / "x.gz", a)
-    np.testing.assert_array_equal(read_idx(str(tmp_path / "x.gz")), a)
-    (tmp_path / "bad").write_bytes(b"\x00\x00\x0d\x01\x00\x00\x00\x01\x00")
-    with pytest.raises(ValueError, match="idx"):
-        read_idx(str(tmp_path / "bad"))
-    (tmp_path / "short").write_bytes(bytes([0, 0, 8, 1]) + struct.pack(">I", 5) + b"abc")
-    with pytest.raises(ValueError, match="truncated"):
-        read_idx(str(tmp_path / "short"))
 
 
 def test_missing_files_name_the_layout(tmp_path):
@@ -190,4 +178,27 @@ def test_bench_vision_quick_writes_json(tmp_path):
     result = json.loads((tmp_path / "vision.json").read_text())
     (row,) = result["rows"]
     assert row["model"] == "hgrn2" and row["parameters"] > 6e6 and row["images_per_s"] > 0
+    assert row["peak_gib"] is None  # CUDA only
     assert len(row["seconds"]) == result["args"]["rounds"] == 2 and result["benchmark"] == "vision"
+
+
+def test_record_from_training_and_from_a_copied_run(fixture_dir, tmp_path, capsys):
+    run, rec_dir = tmp_path / "run", tmp_path / "rec"
+    assert main(["vision", "train", "--config", "fashion_mnist", "--set", f"data={fixture_dir}", f"out_dir={run}",
+                 TINY_MODEL, "batch_size=32", "epochs=2", "max_steps_per_epoch=1", "progress=false",
+                 "--record", str(rec_dir)]) == 0
+    rec = json.loads((rec_dir / "vision_fashion_mnist.json").read_text())
+    result = json.loads((run / "results.json").read_text())
+    assert [r["epoch"] for r in rec["rows"]] == [1, 2] and rec["rows"][-1]["acc1"] == result["acc1"] == rec["acc1"]
+    assert rec["device_slug"] == "cpu" and rec["config"]["batch_size"] == 32 and "data" not in rec["config"]
+    assert (rec_dir / rec["figure"]).read_bytes() == (run / "curves.png").read_bytes()
+    assert "| 2 |" in capsys.readouterr().out  # the per-epoch table
+
+    h100 = {"device": "NVIDIA H100 80GB HBM3", "device_slug": "h100", "versions": {"torch": "2.11.0"},
+            "commit": "abc1234", "date": "2026-11-20"}
+    (run / "results.json").write_text(json.dumps(dict(result, environment=h100)))
+    assert main(["vision", "report", "--run", str(run), "--record", str(rec_dir)]) == 0
+    rec = json.loads((rec_dir / "vision_fashion_mnist.json").read_text())
+    assert {k: rec[k] for k in h100} == h100 and rec["command"].startswith("hgrn2 vision report")
+    assert main(["vision", "report", "--run", str(tmp_path / "nothing")]) == 2
+    assert "no finished epoch" in capsys.readouterr().err

@@ -9,7 +9,6 @@ the task (`max_len`), and the number of truncated examples is recorded in `Split
 from __future__ import annotations
 
 import csv
-import gzip
 import pickle
 import sys
 from dataclasses import dataclass
@@ -17,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..idx import FASHION_MNIST_DIR, find_fashion_mnist, read_fashion_mnist_split
+
 BYTE_OFFSET = 2  # token = byte + 2: 0 is padding, 1 end of sequence
 BYTE_VOCAB = 256 + BYTE_OFFSET
-FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
 @dataclass
@@ -152,30 +152,21 @@ def read_image(root: str | Path, val_fraction: float = 0.1, seed: int = 42) -> d
     return _with_val(out, val_fraction, seed)
 
 
-FASHION_LAYOUTS = """  ROOT/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz   (Debian dataset-fashion-mnist: """ + \
-    FASHION_MNIST_DIR + ")"
-
-
-def _idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * k: 8 + 4 * k], "big") for k in range(dims))
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+FASHION_LAYOUTS = (f"  ROOT/{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte[.gz]   (Debian dataset-fashion-mnist: "
+                   f"{FASHION_MNIST_DIR})")
 
 
 def read_fashion_mnist(root: str | Path = FASHION_MNIST_DIR, val_fraction: float = 1 / 12,
                        seed: int = 42) -> dict[str, Split]:
     """Fashion-MNIST as 784-pixel sequences (28×28, row-major), uint8; validation: 5,000 of the 60,000."""
     root = Path(root)
-    files = {s: (root / f"{p}-images-idx3-ubyte.gz", root / f"{p}-labels-idx1-ubyte.gz")
-             for s, p in (("train", "train"), ("test", "t10k"))}
-    if not all(p.is_file() for pair in files.values() for p in pair):
+    if find_fashion_mnist(root) is None:
         raise _missing("fashion_mnist", root, FASHION_LAYOUTS)
     out = {}
-    for split, (images, labels) in files.items():
-        x = _idx(images).reshape(-1, 28 * 28)
-        out[split] = Split(x, np.full(len(x), 784, np.int64), _idx(labels).astype(np.int64))
+    for split in ("train", "test"):
+        images, labels = read_fashion_mnist_split(root, split)
+        x = images.reshape(len(images), -1)
+        out[split] = Split(x, np.full(len(x), x.shape[1], np.int64), labels.astype(np.int64))
     return _with_val(out, val_fraction, seed)
 
 

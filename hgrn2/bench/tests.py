@@ -1,0 +1,75 @@
+"""`hgrn2 bench tests`: run pytest (on a GPU, the kernels' tests compile for real) and record the outcome per test
+file as a benchmark record, so that the GPU suite's result sits in BENCHMARKS.md beside the timings.
+
+    hgrn2 bench tests tests/ops/test_gate_edges.py tests/ops/triton -m ""   # -> benchmarks/results/<device>/tests.json
+
+Everything after the options goes to pytest unchanged; the exit status is pytest's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+
+from hgrn2.bench.common import add_output_argument, command_of, environment, write_result
+
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="test paths and pytest options")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="the device named in the record (default: cuda if available)")
+    add_output_argument(p)
+
+
+def outcome(case: ET.Element) -> str:
+    """A junit <testcase>'s outcome; pytest writes xfail as a skip whose message starts with "xfail"."""
+    for child in case:
+        if child.tag == "failure":
+            return "xpassed" if (child.get("message") or "").startswith("[XPASS(strict)]") else "failed"
+        if child.tag == "error":
+            return "error"
+        if child.tag == "skipped":
+            return "xfailed" if (child.get("type") or "") == "pytest.xfail" else "skipped"
+    return "passed"
+
+
+def summarise(junit: Path) -> list[dict]:
+    """One row per test file: the count of each outcome, the seconds, and the failures' names."""
+    files: dict[str, dict] = collections.defaultdict(lambda: {**dict.fromkeys(OUTCOMES, 0), "seconds": 0.0,
+                                                               "failures": []})
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = (case.get("classname") or "").replace(".", "/") + ".py"
+        row = files[name]
+        kind = outcome(case)
+        row[kind] += 1
+        row["seconds"] += float(case.get("time") or 0)
+        if kind in ("failed", "error", "xpassed"):
+            row["failures"].append(case.get("name"))
+    return [{"file": name, **row, "seconds": round(row["seconds"], 1)} for name, row in sorted(files.items())]
+
+
+def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        t0 = time.time()
+        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                              *args.pytest_args])
+        if not junit.is_file():
+            print(f"pytest exited with {rc} and wrote no results; nothing recorded", file=sys.stderr)
+            return rc or 1
+        rows = summarise(junit)
+    total = {k: sum(r[k] for r in rows) for k in OUTCOMES}
+    path = write_result(args.out, "tests", environment(args.device), rows, command_of(args),
+                        pytest_exit=rc, totals=total, wall_s=round(time.time() - t0, 1))
+    print(" ".join(f"{v} {k}" for k, v in total.items() if v) + f"; record {path}")
+    return rc
