@@ -15,8 +15,9 @@ Notation as in `chunk_parallel_fwd.py`. For chunk c with start state h_c and dh_
 
    (the GLA identity restarted per chunk: b_t enters the loss through e^{b_t}, e^{b_t − b_s}, and — for
    the last row — through S_end = h_c e^{b_last} + Σ_s v_s (k_s e^{b_last − b_s})ᵀ; the last term is exact,
-   no running sum crosses chunks). Then dL/df = dlogf / f − dk, dg = kσ(g)·dL/df, dβ = Σ σ(−g)·dL/df,
-   do = dq·scale·act_o', di = dv·act_i'. With V split (NV > 1) do, dg are fp32 partial sums (linear in dq,
+   no running sum crosses chunks). Then dg = kσ(g)·(dlogf / f − dk), dβ from the derivatives of the chunk's
+   decay factors (`_common.bound_grad_block`, and ∂e^{b_last} ⊙ Σ_v dh_c ⊙ h_c), do = dq·scale·act_o',
+   di = dv·act_i'. With V split (NV > 1) do, dg are fp32 partial sums (linear in dq,
    dk, dlogf), added in torch.
 """
 

@@ -5,6 +5,8 @@ Both walk a sequence BT tokens at a time per (V-block, sequence·head), like the
 1. `fused_chunk_bwd_dq_kernel` recomputes the state S forward and writes dys = P = dy S [BT, K] (fp32, one slice per
    V-block; dq's state term is e^{b} ⊙ P, the only term of the backward that needs the forward state), and
    the final state S_T where a final-state gradient comes in (its share of d log f must be rounded this way).
+   With a bound it also carries the tangent state of ∂L/∂β (each earlier block's ∂e^{b_last} ⊙ S_start, decayed;
+   see `_common.bound_grad_block`), whose readers give dβ's share through the blocks' start-to-end decays.
 2. `fused_chunk_bwd_kernel` walks backwards carrying dS [BV, K] (the gradient of the state after the sub-block):
 
        dq = e^{b} ⊙ P + diag part         dk = e^{b_last − b} ⊙ (v dS) + diag part
@@ -14,8 +16,9 @@ Both walk a sequence BT tokens at a time per (V-block, sequence·head), like the
    (a reverse running sum carried across sub-blocks; the last term is the final state's share). Its terms
    cancel pair by pair, so each is formed from the dot operands as rounded (k e^{b_last − b} in S, q e^{b}
    in dS; see `diag_grads` for the diagonal block): the running sum then carries fp32 rounding only. It then
-   chains through the activations and the gate, dg = dlogf·∂log f/∂g + dk·∂k/∂g (and the same for β), and
-   writes do, dg (per V-block partial sums when V is split), di, the β partial sums and d initial_state.
+   chains through the activations and the gate, dg = dlogf·∂log f/∂g + dk·∂k/∂g, adds each block's own share of
+   ∂L/∂β (`bound_grad_block`, no division by f), and writes do, dg (per V-block partial sums when V is split), di,
+   the β partial sums and d initial_state.
 """
 
 import triton
