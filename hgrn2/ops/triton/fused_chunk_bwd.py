@@ -91,7 +91,7 @@ def fused_chunk_bwd_dq_kernel(
             # ∂L/∂β through each earlier block's start-to-end decay: the tangent state's readers here, then this
             # block's own term, e^{b_last}'s derivative times its start state
             q = act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale
-            dP = tl.dot(dy_t.to(tl.float32), dS_b, input_precision=SPREC)
+            dP = tl.dot(dy_t.to(DT), dS_b.to(DT), input_precision=PREC)  # a term of its own: no cancellation
             dlb_acc += tl.sum(q * fast_exp(b) * dP, 0)
             fd = tl.where(mtk, s_neg, 0.0)
             dS_b = dS_b * tl.exp(b_last)[None, :] + end_decay_tangent(a, b_last, fd, spread, MAX_SPREAD)[None, :] * S
