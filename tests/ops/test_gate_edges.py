@@ -9,6 +9,7 @@ import importlib.util
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hgrn2.ops import hgrn2, log_forget
 
@@ -24,10 +25,11 @@ def device(backend: str) -> torch.device:
 
 def step_loop(o, g, i, beta, h0):
     """y_t = h_t·o_t with h_t = h_{t-1}·Diag(f_t) + i_t ⊗ (1 − f_t), f = β + (1 − β)σ(g), in fp64 one token at a
-    time; 1 − f is written (1 − β)σ(−g), the same quantity without fp64's own cancellation as f → 1."""
+    time; 1 − f is written (1 − β)σ(−g), the same quantity without fp64's own cancellation as f → 1, and σ as
+    exp(logsigmoid): sigmoid's derivative σ(1 − σ) is 0 in fp64 once σ rounds to 1 (|g| > 37)."""
     beta = torch.zeros(o.shape[-2:], dtype=o.dtype) if beta is None else beta
-    f = beta + (1 - beta) * torch.sigmoid(g)
-    k = (1 - beta) * torch.sigmoid(-g)
+    f = beta + (1 - beta) * F.logsigmoid(g).exp()
+    k = (1 - beta) * F.logsigmoid(-g).exp()
     h, ys = h0, []
     for t in range(o.shape[1]):
         h = h * f[:, t, :, None, :] + i[:, t, :, :, None] * k[:, t, :, None, :]
