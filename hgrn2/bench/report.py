@@ -43,7 +43,8 @@ SECTIONS = {
               "32000): ours, fla's HGRN2ForCausalLM and transformers' Llama with SDPA; forward + backward + fused "
               "AdamW under bf16 autocast on random tokens; tokens/s is the median of interleaved rounds."),
     "mqar": ("MQAR (multi-query associative recall)",
-             "The `quick` preset of `hgrn2 mqar`: test accuracy (final), the best learning rate per mixer and width."),
+             "`hgrn2 mqar`, the `quick` preset on a GPU and the `laptop` preset on a CPU: test accuracy (final), the "
+             "best learning rate per mixer and width."),
     "ablate": ("Ablations", "`hgrn2 ablate RECIPE --scale SCALE --report --record`: one section per recipe and scale."),
     "lra": ("Long Range Arena",
             "`hgrn2 lra --report --record` over the runs of `hgrn2 lra TASK...` (the authors' per-task presets): "
@@ -150,7 +151,11 @@ def mqar_table(rec: dict) -> str:
                                 ("kv pairs", "kv_pairs", "d"), ("best lr", "lr", "g"),
                                 ("test accuracy", "final_accuracy", ".3f"), ("epochs", "epochs_run", "d"),
                                 ("commit", "commit", "")])
-    return table + f"\n\n{len(rec['rows'])} runs (learning rates {sorted({r['lr'] for r in rec['rows']})})."
+    foot = f"{len(rec['rows'])} runs (learning rates {sorted({r['lr'] for r in rec['rows']})})"
+    if rec.get("wall_seconds") is not None:
+        threads = f" on {rec['threads']} CPU threads" if rec.get("threads") else ""
+        foot += f"; the whole command took {rec['wall_seconds']:.0f} s{threads}"
+    return f"{table}\n\n{foot}."
 
 
 def accuracy_table(rec: dict) -> str:

@@ -28,6 +28,7 @@ from ..layers.hgru1 import HGRU1Complex
 from ..layers.hgru2 import HGRU2
 from ..ops import hgrn1, hgrn2
 from ..ops.gates import lower_bounds_from_logits
+from ..ops.projection import linears
 
 MIXERS = ("hgrn2", "hgrn1", "attention")
 DIRECTIONS = ("causal", "bi", "2d")
@@ -80,32 +81,45 @@ class LRAModelConfig:
         return asdict(self)
 
 
-def scan_directions(run: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], directions: str
-                    ) -> torch.Tensor:
+def scan_directions(run: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], directions: str,
+                    batched: bool = False) -> torch.Tensor:
     """Sum of `run(reverse, *tensors)` over the scan directions; tensors [B, T, ...] share B and T.
 
     "causal": forward only; "bi": forward plus the flipped sequence's output flipped back; "2d": T = S², forward and
-    reverse along the rows and along the columns of the S × S grid (row-major positions).
+    reverse along the rows and along the columns of the S × S grid (row-major positions). `batched`: `run` ignores
+    `reverse`, so every direction goes through one call on the directions stacked along the batch (one launch of
+    each kernel instead of one per direction).
     """
-    if directions == "causal":
-        return run(False, *tensors)
-    if directions == "bi":
-        return run(False, *tensors) + run(True, *(t.flip(1) for t in tensors)).flip(1)
     B, T = tensors[0].shape[:2]
     side = math.isqrt(T)
-    if side * side != T:
+    if directions == "2d" and side * side != T:
         raise ValueError(f"`directions`: '2d' needs a square number of positions, got {T}")
+    views = [_direction_views(t, directions, side) for t in tensors]
+    reverse = [k % 2 == 1 for k in range(len(views[0]))]
+    if batched and len(reverse) > 1:
+        ys = run(False, *(torch.cat(v) for v in views)).chunk(len(reverse))
+    else:
+        ys = [run(rev, *(v[k] for v in views)) for k, rev in enumerate(reverse)]
+    if directions == "causal":
+        return ys[0]
+    if directions == "bi":
+        return ys[0] + ys[1].flip(1)
+    rows = (ys[0] + ys[1].flip(1)).reshape(B, T, *ys[0].shape[2:])
+    cols = (ys[2] + ys[3].flip(1)).reshape(B, side, side, *ys[0].shape[2:]).transpose(1, 2)
+    return rows + cols.reshape(B, T, *ys[0].shape[2:])
 
-    def grid(t: torch.Tensor, transpose: bool) -> torch.Tensor:
-        g = t.reshape(B, side, side, *t.shape[2:])
-        return (g.transpose(1, 2) if transpose else g).reshape(B * side, side, *t.shape[2:])
 
-    out = 0
-    for transpose in (False, True):
-        y = scan_directions(run, tuple(grid(t, transpose) for t in tensors), "bi")
-        y = y.reshape(B, side, side, *y.shape[2:])
-        out = out + (y.transpose(1, 2) if transpose else y).reshape(B, T, *y.shape[3:])
-    return out
+def _direction_views(t: torch.Tensor, directions: str, side: int) -> list[torch.Tensor]:
+    """`t` [B, T, ...] as each direction reads it: [forward] ("causal"), [forward, reversed] ("bi"), or the rows
+    and the columns of the grid, [B·S, S, ...] each, forward and reversed ("2d")."""
+    if directions == "causal":
+        return [t]
+    if directions == "bi":
+        return [t, t.flip(1)]
+    B, rest = t.shape[0], t.shape[2:]
+    rows = t.reshape(B * side, side, *rest)
+    cols = t.reshape(B, side, side, *rest).transpose(1, 2).reshape(B * side, side, *rest)
+    return [rows, rows.flip(1), cols, cols.flip(1)]
 
 
 ELEMENTWISE_MAX_K = 8  # at or below this head size the V·K state channels run as HGRN1's element-wise scan
@@ -142,7 +156,8 @@ class BiHGRU2(HGRU2):
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x.shape
         H, K = self.num_heads, self.head_dim
-        q, f, i = (p(x).view(B, T, H, K) for p in (self.q_proj, self.f_proj, self.i_proj))
+        projs = (self.q_proj, self.f_proj, self.i_proj)
+        q, f, i = (t.view(B, T, H, K) for t in linears(x, (p.weight for p in projs), (p.bias for p in projs)))
         i = F.silu(i) if self.i_act == "silu" else i
         if attention_mask is not None:
             # padding contributes no input and keeps the state, in either direction
@@ -155,7 +170,7 @@ class BiHGRU2(HGRU2):
                 return hgrn2_elementwise(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)
             return hgrn2(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)[0]
 
-        y = scan_directions(run, (q, f, i), self.directions)
+        y = scan_directions(run, (q, f, i), self.directions, batched=True)
         return self.o_proj(self.g_norm(y.reshape(B, T, D)))
 
 
@@ -217,8 +232,8 @@ class SeqNorm(nn.Module):
         self.norm = nn.BatchNorm1d(hidden_size) if kind == "batch" else nn.LayerNorm(hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "batch":
-            return self.norm(x.transpose(1, 2)).transpose(1, 2)
+        if self.kind == "batch":  # [B·T, D] rows: statistics over batch and positions, without transposed copies
+            return self.norm(x.reshape(-1, x.shape[-1])).view(x.shape)
         return self.norm(x)
 
 

@@ -30,6 +30,7 @@ from transformers.utils import ModelOutput
 from ..layers import GLU, get_token_mixer
 from ..layers.conv import ShortConv
 from ..layers.norm import LayerNorm, RMSNorm
+from ..ops.checks import reads_on_host
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.gates import lower_bounds_from_logits
 from .cache import HGRN2Cache, HGRN2StaticCache, MixerState
@@ -365,7 +366,7 @@ def _only_real_tokens(attention_mask: torch.Tensor | None) -> bool:
 def _check_ids(ids: torch.Tensor, vocab_size: int) -> None:
     """Token ids in [0, vocab_size), read on the host for CPU tensors (on a GPU the embedding asserts on its own;
     a host read there would stall every forward)."""
-    if ids.is_cuda or ids.numel() == 0 or torch.compiler.is_compiling():
+    if not reads_on_host(ids) or ids.numel() == 0 or torch.compiler.is_compiling():
         return
     lo, hi = ids.min().item(), ids.max().item()
     if lo < 0 or hi >= vocab_size:

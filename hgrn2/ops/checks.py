@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -31,16 +32,30 @@ def check_scale(scale: float) -> None:
         _fail("scale", "a finite number", repr(scale))
 
 
-def check_lower_bound_range(lower_bound: torch.Tensor) -> None:
-    """β in [0, 1): read on the host for CPU tensors; on a GPU an asynchronous device-side assertion (no sync)."""
+def reads_on_host(x: torch.Tensor) -> bool:
+    """Whether a value check may read `x` on the host: CPU tensors only, since reading a GPU tensor waits for
+    every kernel queued before it (a host sync)."""
+    return x.device.type == "cpu"
+
+
+def check_values(ok: torch.Tensor, name: str, expected: str, got: Callable[[], str]) -> None:
+    """The one-line error for `name` unless the boolean scalar tensor `ok` holds.
+
+    Read on the host for CPU tensors (`got()` describes the bad values); on a GPU an asynchronous device-side
+    assertion, so that no check in a training step stalls the CPU; skipped while torch.compile traces.
+    """
     if torch.compiler.is_compiling():
         return
-    ok = (lower_bound >= 0).all() & (lower_bound < 1).all()
-    if lower_bound.is_cuda:
-        torch._assert_async(ok, "`lower_bound`: expected values in [0, 1)")
+    if not reads_on_host(ok):
+        torch._assert_async(ok, f"`{name}`: expected {expected}")
     elif not bool(ok):
-        lo, hi = lower_bound.min().item(), lower_bound.max().item()
-        _fail("lower_bound", "values in [0, 1)", f"values in [{lo}, {hi}]")
+        _fail(name, expected, got())
+
+
+def check_lower_bound_range(lower_bound: torch.Tensor) -> None:
+    """β in [0, 1) (see `check_values`)."""
+    check_values(((lower_bound >= 0) & (lower_bound < 1)).all(), "lower_bound", "values in [0, 1)",
+                 lambda: f"values in [{lower_bound.min().item()}, {lower_bound.max().item()}]")
 
 
 def check_same(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor, dims: slice | None = None) -> None:

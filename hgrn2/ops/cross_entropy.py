@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from . import use_glue_kernels as _use_triton  # a module global, so that tests can force either path
+from . import use_glue_kernels as _use_triton
+from .checks import check_values  # a module global, so that tests can force either path
 
 # default chunk: 256 MB of bf16 logits (Triton path) or 512 MB of fp32 ones. Larger chunks than the memory needs,
 # because each chunk costs a dozen kernel launches, and an eager training step is bound by the CPU that launches
@@ -55,11 +56,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
 
 def check_labels(labels: torch.Tensor, V: int, ignore_index: int) -> None:
-    """A clear error for labels outside [0, V) (other than ignore_index). One host sync: the CPU waits here for
-    the GPU to finish the forward, which costs nothing once the GPU, not the launching CPU, bounds the step."""
+    """A clear error for labels outside [0, V) other than ignore_index (no host sync on a GPU: `check_values`)."""
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
-    if bool(bad.any()):
-        raise ValueError(f"`labels`: expected values in [0, {V}) or ignore_index={ignore_index}")
+    check_values(~bad.any(), "labels", f"values in [0, {V}) or ignore_index={ignore_index}",
+                 lambda: f"{labels[bad][:4].tolist()} among them")
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

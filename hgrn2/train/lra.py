@@ -56,17 +56,30 @@ def batch_tensors(split: Split, idx: np.ndarray, pixels: bool, device: torch.dev
     """(inputs, mask or None, labels) for the examples `idx`, trimmed to the batch's longest sequence.
 
     Pixels become floats in [−1, 1] with a channel dim [B, T, 1]; token pairs (retrieval) become [2, B, T]."""
-    labels = torch.from_numpy(split.labels[idx]).to(device)
+    labels = _to_device(torch.from_numpy(split.labels[idx]), device)
     if pixels:
         x = torch.from_numpy(split.inputs[idx].astype(np.float32) / 127.5 - 1.0)[..., None]
-        return x.to(device), None, labels
+        return _to_device(x, device), None, labels
     lengths = split.lengths[idx]
     T = int(lengths.max())
     x = torch.from_numpy(split.inputs[idx][..., :T])
     mask = torch.arange(T)[None] < torch.from_numpy(lengths)[..., None]
     if x.ndim == 3:  # pairs [B, 2, T] -> [2, B, T]
         x, mask = x.transpose(0, 1), mask.transpose(0, 1)
-    return x.to(device), mask.to(device), labels
+    return _to_device(x, device), _to_device(mask, device), labels
+
+
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`x` on `device`; to a GPU through pinned memory and without waiting (a blocking copy syncs the stream)."""
+    if device.type != "cuda":
+        return x.to(device)
+    return x.contiguous().pin_memory().to(device, non_blocking=True)
+
+
+def _sums(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """[loss sum, correct, examples] in float64 on the device, made without a host-to-device copy."""
+    return torch.stack([loss_sum.double(), (logits.argmax(-1) == y).sum().double(),
+                        loss_sum.new_full((), len(y), dtype=torch.float64)])
 
 
 @torch.no_grad()
@@ -79,8 +92,7 @@ def evaluate(model, split: Split, pixels: bool, batch_size: int, d: distributed.
         x, mask, y = batch_tensors(split, idx[k:k + batch_size], pixels, d.device)
         with torch.autocast(d.device.type, torch.bfloat16, enabled=amp):
             logits = model(x, mask).float()
-        stats += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                              (logits.argmax(-1) == y).sum().double(), torch.tensor(len(y), device=d.device)])
+        stats += _sums(F.cross_entropy(logits, y, reduction="sum"), logits, y)
     model.train()
     loss, correct, n = distributed.total(stats, d).tolist()
     return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
@@ -205,9 +217,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             step += 1
             bar.update(1)
             # summed over ranks every step (one small all-reduce), so the sums resume exactly
-            epoch_sums += distributed.total(torch.stack([
-                loss.detach().double() * len(y), (logits.argmax(-1) == y).sum().double(),
-                torch.tensor(len(y), device=d.device, dtype=torch.float64)]), d)
+            epoch_sums += distributed.total(_sums(loss.detach().double() * len(y), logits, y), d)
             if step % args.log_every == 0:
                 e = epoch_sums.tolist()
                 logger.log({"kind": "train", "step": step, "epoch_loss": e[0] / e[2], "epoch_acc": e[1] / e[2],

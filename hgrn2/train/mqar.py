@@ -5,6 +5,7 @@
     hgrn2 mqar --cuda-graph                      # each step replayed as one CUDA graph (GPU)
     hgrn2 mqar --mixers hgrn2 --dims 64 --seq-lens 64 --epochs 2 --train-examples 2000   # a smoke run
     hgrn2 mqar --report --out DIR                # table and figure of the runs finished in DIR, no training
+    hgrn2 mqar --preset laptop --record          # also benchmarks/results/<device>/mqar.json for BENCHMARKS.md
 
 Protocol (zoology, as the paper ran it; `hgrn2/configs/mqar.yaml`): data from `hgrn2.data.mqar` (bit-for-bit
 zoology's), the model `hgrn2.models.zoology.ZoologyLM`, AdamW (weight decay 0.1), cosine over the epochs stepped
@@ -235,8 +236,8 @@ def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
     """Draw (or find cached) every split the runs need, in parallel processes (the draws are sequential per split)."""
     jobs = sorted({(split, r.seq_len, r.kv_pairs, n, r.data_seed, r.vocab_size)
                    for r in runs for split, n in (("train", r.train_examples), ("test", r.test_examples))})
-    # a worker process costs seconds to start (torch's import): small draws are made in this one
-    if workers <= 1 or len(jobs) == 1 or sum(job[3] for job in jobs) < 20_000:
+    # a worker process costs seconds to start (torch's import), about what 100,000 draws cost here
+    if workers <= 1 or len(jobs) == 1 or sum(job[3] for job in jobs) < 100_000:
         for split, L, kv, n, seed, V in jobs:
             mqar.load(split, L, kv, n, data_seed=seed, vocab_size=V, cache_dir=data_dir)
         return
@@ -372,6 +373,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay each training step as one CUDA graph (these small models are launch-bound)")
     p.add_argument("--list", action="store_true", help="print the runs of the sweep and exit")
+    p.add_argument("--record", nargs="?", const="", default=None, metavar="DIR",
+                   help="once every run is complete, also write the sweep as a benchmark record, DIR/mqar.json with "
+                        "the figure beside it (default DIR: benchmarks/results/<device>/), which `hgrn2 bench "
+                        "report` renders")
     p.add_argument("--report", action="store_true",
                    help="train nothing: the table, figure and results.json from the runs already finished in --out "
                         "(e.g. results gathered from several machines)")
@@ -397,35 +402,53 @@ def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict
         lengths.append((L, int(kv) if kv else proto["kv_pairs"][L]))
     grid["seq_lens"] = [L for L, _ in lengths]
 
-    def pick(name, default):
+    def pick(name, default, fields=preset):
         value = getattr(args, name, None)
-        return value if value is not None else preset.get(name, default)
+        return value if value is not None else fields.get(name, default)
 
     runs = []
     for mixer in grid["mixers"]:
         options = {**cfg["mixers"].get(mixer, {}), **args.mixer_options.get(mixer, {})}
+        fields = {**preset, **preset.get("per_mixer", {}).get(mixer, {})}  # a preset's fields for one mixer
         for L, kv in lengths:
-            batch = (args.batch_size or preset.get("batch_size") or proto["batch_size"].get(L)
+            batch = (args.batch_size or fields.get("batch_size") or proto["batch_size"].get(L)
                      or (512 if L <= 128 else 256 if L <= 256 else 128))
             for d in grid["dims"]:
                 opts = dict(options)
                 if "expand_ratio" in opts:  # the paper's head dimension: min(d, 128)
                     opts["expand_ratio"] = min(d, opts["expand_ratio"])
-                for lr in grid["lrs"]:
+                for lr in _flat(args.lrs) or fields["lrs"]:
                     runs.append(RunSpec(
                         mixer=mixer, d_model=d, seq_len=L, kv_pairs=kv, lr=float(lr), batch_size=batch,
-                        epochs=pick("epochs", proto["epochs"]),
-                        train_examples=pick("train_examples", proto["train_examples"]),
-                        test_examples=pick("test_examples", proto["test_examples"]),
-                        vocab_size=pick("vocab_size", proto["vocab_size"]),
-                        data_seed=pick("data_seed", proto["data_seed"]), seed=args.seed,
+                        epochs=pick("epochs", proto["epochs"], fields),
+                        train_examples=pick("train_examples", proto["train_examples"], fields),
+                        test_examples=pick("test_examples", proto["test_examples"], fields),
+                        vocab_size=pick("vocab_size", proto["vocab_size"], fields),
+                        data_seed=pick("data_seed", proto["data_seed"], fields), seed=args.seed,
                         weight_decay=proto["weight_decay"], early_stop_accuracy=proto["early_stop_accuracy"],
                         mixer_options=opts))
     grid["max_minutes"] = pick("max_minutes", None)
     return runs, grid
 
 
+def write_record(args: argparse.Namespace, results: list[dict], device: str, figure: Path | None,
+                 wall_seconds: float | None) -> Path:
+    """The sweep as a benchmark record (`hgrn2.bench.common.write_result`) at `args.record`/mqar.json, the figure
+    copied beside it. `wall_seconds`: the whole command's time, when it trained every run itself."""
+    from hgrn2.bench.common import command_of, environment, write_result
+
+    env = environment(device)
+    keys = ("final_accuracy", "best_accuracy", "epochs_run", "complete", "steps", "seconds", "steps_per_second")
+    rows = [dict(run_id=r["run_id"], **{k: r["spec"][k] for k in ("mixer", "d_model", "seq_len", "kv_pairs", "lr")},
+                 **{k: r[k] for k in keys}, commit=env["commit"], date=env["date"], spec=r["spec"]) for r in results]
+    extra = dict(threads=torch.get_num_threads()) if not device.startswith("cuda") else {}
+    if wall_seconds is not None:
+        extra["wall_seconds"] = round(wall_seconds, 1)
+    return write_result(args.record or None, "mqar", env, rows, command_of(args), figure=figure, **extra)
+
+
 def run(args: argparse.Namespace) -> int:
+    start = time.time()
     cfg = load_config(args.config)
     device = args.device or best_device()
     if args.preset is None:
@@ -439,6 +462,7 @@ def run(args: argparse.Namespace) -> int:
     concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
     if args.cuda_graph and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graph: needs a CUDA device, got --device {device}")
+    trained_before = any(r["complete"] for r in finished_results(runs, out))
     if args.report:
         results, errors = finished_results(runs, out), 0
         for r in results:
@@ -458,7 +482,11 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         again = "without --report" if args.report else "again"
         print(f"{missing} of {len(runs)} runs are not complete: run the same command {again} to continue")
+    elif args.record is not None:
+        wall = None if args.report or trained_before else time.time() - start
+        print(f"record: {write_record(args, results, device, figure, wall)}")
     return 1 if errors else 0
 
 
-__all__ = ["RunSpec", "train_run", "evaluate", "run_sweep", "table", "plot", "build_runs", "add_arguments", "run"]
+__all__ = ["RunSpec", "train_run", "evaluate", "run_sweep", "table", "plot", "write_record", "build_runs",
+           "add_arguments", "run"]

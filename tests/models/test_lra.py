@@ -8,27 +8,33 @@ from hgrn2.models.lra import (
     BiHGRU2,
     LRAClassifier,
     LRAModelConfig,
+    SeqNorm,
     hgrn2_elementwise,
     num_parameters,
     scan_directions,
 )
 
 
-def cumsum_run(reverse, x):
-    return x.cumsum(1)
-
-
-def test_scan_directions_cover_the_sequence_and_the_grid():
+@pytest.mark.parametrize("batched", [False, True])
+def test_scan_directions_cover_the_sequence_and_the_grid(batched):
     x = torch.randn(2, 16, 3, dtype=torch.float64)
-    assert torch.allclose(scan_directions(cumsum_run, (x,), "causal"), x.cumsum(1))
+    calls = []
+
+    def run(reverse, x):
+        calls.append(x.shape[0])
+        return x.cumsum(1)
+
+    assert torch.allclose(scan_directions(run, (x,), "causal", batched), x.cumsum(1))
     # forward + reverse prefix sums: the whole sum plus the token itself
-    assert torch.allclose(scan_directions(cumsum_run, (x,), "bi"), x.sum(1, keepdim=True) + x)
+    assert torch.allclose(scan_directions(run, (x,), "bi", batched), x.sum(1, keepdim=True) + x)
     # rows and columns of the 4×4 grid, both ways: row sum + column sum + 2·token
     g = x.view(2, 4, 4, 3)
     want = g.sum(2, keepdim=True) + g.sum(1, keepdim=True) + 2 * g
-    assert torch.allclose(scan_directions(cumsum_run, (x,), "2d"), want.view(2, 16, 3))
+    assert torch.allclose(scan_directions(run, (x,), "2d", batched), want.view(2, 16, 3))
+    # batched: one call per scan, on the directions stacked along the batch
+    assert calls == ([2, 4, 32] if batched else [2, 2, 2, 8, 8, 8, 8])
     with pytest.raises(ValueError, match="square"):
-        scan_directions(cumsum_run, (x[:, :15],), "2d")
+        scan_directions(run, (x[:, :15],), "2d", batched)
 
 
 def test_elementwise_route_equals_the_hgrn2_reference():
@@ -109,3 +115,19 @@ def test_config_errors():
     model = LRAClassifier(LRAModelConfig(hidden_size=8, num_layers=1, max_len=16))
     with pytest.raises(ValueError, match="max_len"):
         model(torch.rand(1, 25, 1))
+
+
+def test_batch_norm_over_batch_and_positions_matches_batchnorm1d_on_channels():
+    norm, ref = SeqNorm("batch", 8).double(), torch.nn.BatchNorm1d(8).double()
+    with torch.no_grad():
+        norm.norm.weight.uniform_(0.5, 1.5)
+        norm.norm.bias.normal_()
+    ref.load_state_dict(norm.norm.state_dict())
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    for train in (True, False):
+        norm.train(train), ref.train(train)
+        got, want = norm(x), ref(x.transpose(1, 2)).transpose(1, 2)
+        assert torch.allclose(got, want, atol=1e-12)
+        gx = torch.autograd.grad(got.sin().sum(), x)[0]
+        assert torch.allclose(gx, torch.autograd.grad(want.sin().sum(), x)[0], atol=1e-12)
+    assert torch.allclose(norm.norm.running_var, ref.running_var, atol=1e-12)

@@ -134,6 +134,10 @@ def test_laptop_preset_is_small_and_the_default_on_a_cpu(capsys):
     runs, grid = sweep_build(["--preset", "laptop"])
     assert {r.mixer for r in runs} == {"hgrn2", "hgrn1_complex", "attention"} and len(runs) == 3
     assert sum(r.total_steps for r in runs) <= 8000 and {r.seq_len for r in runs} == {64}
+    # `per_mixer` replaces fields for one mixer; the command line overrides both
+    assert {r.mixer: r.batch_size for r in runs} == {"hgrn2": 32, "hgrn1_complex": 32, "attention": 128}
+    runs, _ = sweep_build(["--preset", "laptop", "--batch-size", "64", "--lrs", "1e-3"])
+    assert {(r.batch_size, r.lr) for r in runs} == {(64, 1e-3)}
     assert cli_main(["mqar", "--list", "--device", "cpu"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(runs)
 
@@ -196,6 +200,26 @@ def test_cli_report_trains_nothing(tmp_path, capsys):
     rows = (out / "table.txt").read_text().splitlines()[-2:]
     assert rows[0].split()[1:3] != ["16", "-"] and rows[1].split()[1:] == ["32", "-"]
     assert len(json.loads((out / "results.json").read_text())) == 1
+
+
+def test_cli_record_is_a_benchmark_record(tmp_path, capsys):
+    from hgrn2.bench.common import REQUIRED_KEYS
+    from hgrn2.bench.report import mqar_table
+
+    assert _cli(tmp_path, "--record", str(tmp_path / "rec")) == 0
+    rec = json.loads((tmp_path / "rec" / "mqar.json").read_text())
+    assert [k for k in REQUIRED_KEYS if k not in rec] == [] and rec["benchmark"] == "mqar"
+    assert rec["command"].startswith("hgrn2 mqar ") and rec["wall_seconds"] > 0 and rec["threads"] >= 1
+    assert (tmp_path / "rec" / rec["figure"]).stat().st_size > 0
+    (row,) = rec["rows"]
+    assert row["mixer"] == STAND_IN and row["complete"] and row["spec"]["seq_len"] == 16
+    assert "the whole command took" in mqar_table(rec)
+    # a rerun trains nothing, so its time is not the sweep's: the record leaves the wall time out
+    assert _cli(tmp_path, "--record", str(tmp_path / "rec")) == 0
+    assert "wall_seconds" not in json.loads((tmp_path / "rec" / "mqar.json").read_text())
+    # an incomplete sweep is not recorded
+    assert _cli(tmp_path, "--dims", "16,32", "--report", "--record", str(tmp_path / "rec2")) == 0
+    assert not (tmp_path / "rec2").exists()
 
 
 @pytest.mark.slow
