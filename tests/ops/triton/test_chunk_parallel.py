@@ -7,6 +7,7 @@ dot dtype) runs in the default tier at least once, the rest under `slow`. The GP
 real head sizes and torch.compile.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -132,6 +133,22 @@ def test_fallback_takes_exactly_the_chunks_past_the_chunk_tier():
         y, _ = hgrn2_chunk_parallel_triton(o, g, i, beta)
     assert torch.isfinite(y).all() and not torch.allclose(y[:, 64:128], y_ref[:, 64:128], rtol=1e-3, atol=1e-3)
     assert torch.equal(y[:, :64], y_ref[:, :64]) and torch.equal(y[:, 128:], y_ref[:, 128:])
+
+
+@slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="numpy's floating-point flags: under the interpreter only")
+@pytest.mark.parametrize("beta", [0.0, None])
+def test_saturated_gates_hold_no_inf_intermediates(beta):
+    """g = ±80 at β = 0 or none: no intermediate of the forward or the backward overflows or is invalid (numpy
+    raises inside the interpreted kernels), although the chunk tier also runs on every chunk it leaves to the
+    fallback."""
+    o, g, i, lb, _ = make_inputs(1, 256, 1, 16, 16, lb=None if beta is None else (beta, beta))
+    g = 80 * torch.randn_like(g).sign()
+    leaves = [x.requires_grad_() for x in (o, g, i)] + ([] if lb is None else [lb.requires_grad_()])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        y, s = hgrn2_chunk_parallel_triton(*leaves[:3], None if lb is None else leaves[3], output_final_state=True)
+        (y.sum() + s.sum()).backward()
+    assert all(torch.isfinite(x.grad).all() for x in leaves)
 
 
 @pytest.mark.parametrize("name", ["exact", pytest.param("chunk", marks=slow), pytest.param("sub-block", marks=slow)])
