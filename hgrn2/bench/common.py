@@ -188,6 +188,12 @@ def runs_environment(envs: list[dict | None], folder: str | Path) -> dict:
     return {**newest, "commit": ", ".join(commits) + (" (per run)" if len(commits) > 1 else "")}
 
 
+# the columns of an image classifier's learning curve, as `hgrn2 vision report` prints it and BENCHMARKS.md shows it
+VISION_CURVE_COLUMNS = [("epoch", "epoch", "d"), ("train loss", "train_loss", ".4f"), ("val loss", "val_loss", ".4f"),
+                        ("top-1 %", "acc1", ".2f"), ("top-5 %", "acc5", ".2f"), ("EMA top-1 %", "ema_acc1", ".2f"),
+                        ("lr", "lr", ".2e"), ("images/s", "train_images_per_s", ".0f")]
+
+
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """A Markdown table: columns are (header, row key, format spec); a missing or None value prints as "-"."""
     def cell(row, key, spec):

@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hgrn2.bench.common import REQUIRED_KEYS, RESULTS_DIR, format_table
+from hgrn2.bench.common import REQUIRED_KEYS, RESULTS_DIR, VISION_CURVE_COLUMNS, format_table
 
 HEADER = """# Benchmarks
 
@@ -308,10 +308,7 @@ def vision_run_section(rec: dict) -> tuple[str, str]:
 
 def vision_run_table(rec: dict) -> str:
     c = rec["config"]
-    cols = [("epoch", "epoch", "d"), ("train loss", "train_loss", ".4f"), ("val loss", "val_loss", ".4f"),
-            ("top-1 %", "acc1", ".2f"), ("top-5 %", "acc5", ".2f"), ("EMA top-1 %", "ema_acc1", ".2f"),
-            ("lr", "lr", ".2e"), ("images/s", "train_images_per_s", ".0f")]
-    table = format_table(rec["rows"], [col for col in cols if any(col[1] in r for r in rec["rows"])])
+    table = format_table(rec["rows"], [col for col in VISION_CURVE_COLUMNS if any(col[1] in r for r in rec["rows"])])
     args = ", ".join(f"{k} {v}" for k, v in (c.get("model_args") or {}).items())
     return (f"{rec['model']} ({args}), {rec['parameters']:,} parameters; {rec['epochs_done']} of {rec['epochs']} "
             f"epochs, batch {c['batch_size']}, lr {c['lr']} (× batch / {c['lr_batch']}), "

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from . import use_glue_kernels as _use_triton
-from .checks import check_values  # a module global, so that tests can force either path
+from . import use_glue_kernels as _use_triton  # a module global, so that tests can force either path
+from .checks import check_values
 
 # default chunk: 256 MB of bf16 logits (Triton path) or 512 MB of fp32 ones. Larger chunks than the memory needs,
 # because each chunk costs a dozen kernel launches, and an eager training step is bound by the CPU that launches

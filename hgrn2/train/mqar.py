@@ -41,6 +41,7 @@ import torch.nn.functional as F
 import yaml
 from tqdm.auto import tqdm
 
+from hgrn2.bench.common import add_record_argument, command_of, environment, write_result
 from hgrn2.data import mqar
 from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train import checkpoint
@@ -373,10 +374,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay each training step as one CUDA graph (these small models are launch-bound)")
     p.add_argument("--list", action="store_true", help="print the runs of the sweep and exit")
-    p.add_argument("--record", nargs="?", const="", default=None, metavar="DIR",
-                   help="once every run is complete, also write the sweep as a benchmark record, DIR/mqar.json with "
-                        "the figure beside it (default DIR: benchmarks/results/<device>/), which `hgrn2 bench "
-                        "report` renders")
+    add_record_argument(p)  # written once every run is complete
     p.add_argument("--report", action="store_true",
                    help="train nothing: the table, figure and results.json from the runs already finished in --out "
                         "(e.g. results gathered from several machines)")
@@ -435,8 +433,6 @@ def write_record(args: argparse.Namespace, results: list[dict], device: str, fig
                  wall_seconds: float | None) -> Path:
     """The sweep as a benchmark record (`hgrn2.bench.common.write_result`) at `args.record`/mqar.json, the figure
     copied beside it. `wall_seconds`: the whole command's time, when it trained every run itself."""
-    from hgrn2.bench.common import command_of, environment, write_result
-
     env = environment(device)
     keys = ("final_accuracy", "best_accuracy", "epochs_run", "complete", "steps", "seconds", "steps_per_second")
     rows = [dict(run_id=r["run_id"], **{k: r["spec"][k] for k in ("mixer", "d_model", "seq_len", "kv_pairs", "lr")},
@@ -462,7 +458,7 @@ def run(args: argparse.Namespace) -> int:
     concurrent = args.concurrent or (min(8, len(runs)) if device.startswith("cuda") else 1)
     if args.cuda_graph and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graph: needs a CUDA device, got --device {device}")
-    trained_before = any(r["complete"] for r in finished_results(runs, out))
+    trained_before = args.record is not None and any(r["complete"] for r in finished_results(runs, out))
     if args.report:
         results, errors = finished_results(runs, out), 0
         for r in results:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 import yaml
 
 from ..bench.common import (
+    VISION_CURVE_COLUMNS,
     add_record_argument,
     command_of,
     environment,
@@ -507,7 +508,7 @@ def run_report(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"hgrn2 vision report: error: {e}", file=sys.stderr)
         return 2
-    print(format_table(curve, [c for c in CURVE_COLUMNS if any(c[1] in r for r in curve)]))
+    print(format_table(curve, [c for c in VISION_CURVE_COLUMNS if any(c[1] in r for r in curve)]))
     print(f"{result['model']}, {result['parameters'] / 1e6:.2f}M parameters: top-1 {result['acc1']:.2f}% after "
           f"{result['epochs_done']} of {result['epochs']} epochs (best {result['best_acc1']:.2f}%)")
     figure = plot_curve(curve, os.path.join(args.run, "curves.png"), result["model"])
@@ -526,11 +527,6 @@ def run_report(args: argparse.Namespace) -> int:
                                                       "best_acc1", "acc1", "acc5", "val_images")}, config=settings)
         print(f"wrote record {path}")
     return 0
-
-
-CURVE_COLUMNS = [("epoch", "epoch", "d"), ("train loss", "train_loss", ".4f"), ("val loss", "val_loss", ".4f"),
-                 ("top-1 %", "acc1", ".2f"), ("top-5 %", "acc5", ".2f"), ("EMA top-1 %", "ema_acc1", ".2f"),
-                 ("lr", "lr", ".2e"), ("images/s", "train_images_per_s", ".0f")]
 
 
 def read_run(run: str) -> tuple[dict, list[dict]]:
