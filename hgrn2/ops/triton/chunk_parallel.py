@@ -13,6 +13,7 @@ import triton.language as tl
 
 from ._common import ACTS, seq_layout, sm_count
 from ._device import cdiv, next_pow2, triton_op
+from .bound_grad import exact_bound_grad
 from .chunk_parallel_bwd import chunk_parallel_bwd_dh_kernel, chunk_parallel_bwd_kernel
 from .chunk_parallel_fwd import chunk_parallel_decay_kernel, chunk_parallel_fwd_h_kernel, chunk_parallel_fwd_o_kernel
 from .config import ChunkParallelConfig, config_key, from_key
@@ -259,6 +260,8 @@ class _ChunkParallel(torch.autograd.Function):
         dht = dht.contiguous() if output_final_state and dht is not None else None
         do, dg, di, dlb, dh0 = chunk_parallel_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved,
                                                   b_saved, fb, dy, dht, scale, o_act, i_act, config)
+        if lower_bound is not None and ctx.needs_input_grad[3]:
+            dlb = exact_bound_grad(dlb, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
                 None, None, None, None, None, None, None, None)
 

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from ._common import ACTS, seq_layout, sm_count
 from ._device import cdiv, next_pow2, triton_op
+from .bound_grad import exact_bound_grad
 from .config import FusedChunkConfig, config_key, from_key
 from .fused_chunk_bwd import (
     fused_chunk_bwd_diag_kernel,
@@ -203,6 +204,8 @@ class _FusedChunk(torch.autograd.Function):
         dht = dht.contiguous() if output_final_state and dht is not None else None
         do, dg, di, dlb, dh0 = fused_chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
                                                o_act, i_act, config)
+        if lower_bound is not None and ctx.needs_input_grad[3]:
+            dlb = exact_bound_grad(dlb, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
                 None, None, None, None, None, None)
 

@@ -209,23 +209,19 @@ def test_extreme_gates():
     beta = torch.tensor([0.0, 0.5, 0.9, 0.999], device=o.device).repeat(2, 4)
     kw = dict(scale=0.25, o_act="silu", output_final_state=True)
     got, ref = run_both([o, g, i, beta, h0], **kw)
-    # dβ = (dL/df)·σ(−g) is formed from d log f / f; at β = 0, g = −30 that divides fp32 rounding by f ≈ e^-30
-    check(got, ref, skip=("lower_bound",))
-    dlb, dlb_ref = got[2][3].grad, ref[2][3].grad
-    assert torch.isfinite(dlb).all()
-    assert rel_err(dlb[beta > 0], dlb_ref[beta > 0]) <= 1e-4
+    check(got, ref)  # dβ too: the bounds of 0 send every head to `bound_grad.exact_bound_grad`
 
 
 @PAST_TIER
 @slow
 def test_all_gates_saturated():
-    """Every gate at ±30: outputs and all gradients but dg/dβ to fp32 accuracy; dg (entries ~σ'(30) ≈ 1e-13)
+    """Every gate at ±30: outputs and all gradients but dg to fp32 accuracy; dg (entries ~σ'(30) ≈ 1e-13)
     to an absolute error far below the scale of the other gradients."""
     o, g, i, _, h0 = make_inputs(2, 40, 2, 16, 16, n_states=2)
     g = 30.0 * torch.sign(torch.randn_like(g))
     beta = torch.tensor([0.0, 0.3, 0.999, 0.7], device=o.device).repeat(2, 4)
     got, ref = run_both([o, g, i, beta, h0], o_act="sigmoid", output_final_state=True)
-    check(got, ref, skip=("g", "lower_bound"))
+    check(got, ref, skip=("g",))
     dg, dg_ref = got[2][1].grad, ref[2][1].grad
     assert torch.isfinite(dg).all() and torch.isfinite(got[2][3].grad).all()
     assert (dg.double() - dg_ref).abs().max() <= 1e-5 * ref[2][2].grad.abs().max()
