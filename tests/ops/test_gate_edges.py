@@ -17,14 +17,6 @@ GRAD_NAMES = ("o", "g", "i", "lower_bound", "initial_state")
 TRITON = pytest.param("triton", marks=pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                                          reason="triton not installed"))
 BACKENDS = ["reference", "chunk", TRITON]
-# Cases the Triton kernels still get wrong (issue 25): expected failures, strict, so a fix shows up as XPASS.
-TRITON_OPEN_EDGES = {("mixed", 0.0), ("mixed", None)}
-TRITON_OPEN_GRID = {("mixed", b, torch.float32) for b in (0.0, 1e-6, None)}
-
-
-def known_triton_gap(request, backend, case, known):
-    if backend == "triton" and case in known:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="Triton kernels: issue 25 still open"))
 
 
 def device(backend: str) -> torch.device:
@@ -104,8 +96,7 @@ def check_edges(backend, gate, beta, dtype, length=T):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("gate, beta", [(-30.0, 0.0), (-30.0, 1e-6), (30.0, 0.999), (80.0, 0.999), (30.0, None),
                                         (-30.0, None), (80.0, None), (-80.0, None), ("mixed", 0.0), ("mixed", None)])
-def test_gate_edge_gradients_fp32(request, backend, gate, beta):
-    known_triton_gap(request, backend, (gate, beta), TRITON_OPEN_EDGES)
+def test_gate_edge_gradients_fp32(backend, gate, beta):
     check_edges(backend, gate, beta, torch.float32)
 
 
@@ -114,8 +105,7 @@ def test_gate_edge_gradients_fp32(request, backend, gate, beta):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("beta", [0.0, 1e-6, 0.5, 0.999, None])
 @pytest.mark.parametrize("gate", [-80.0, -30.0, 30.0, 80.0, "mixed"])
-def test_gate_edge_gradients_grid(request, backend, gate, beta, dtype):
-    known_triton_gap(request, backend, (gate, beta, dtype), TRITON_OPEN_GRID)
+def test_gate_edge_gradients_grid(backend, gate, beta, dtype):
     check_edges(backend, gate, beta, dtype)
 
 
@@ -123,9 +113,8 @@ def test_gate_edge_gradients_grid(request, backend, gate, beta, dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("gate, beta", [(-30.0, 0.0), (-30.0, 1e-6), (30.0, 0.999), (-80.0, None), (80.0, None),
                                         ("mixed", 0.0), ("mixed", None)])
-def test_gate_edge_gradients_long_gpu(request, gate, beta):
+def test_gate_edge_gradients_long_gpu(gate, beta):
     """1100 tokens of one sequence and head: the chunk-parallel Triton kernels (`takes_chunk_parallel`), compiled."""
-    known_triton_gap(request, "triton", (gate, beta), TRITON_OPEN_EDGES)
     check_edges("triton", gate, beta, torch.float32, length=1100)
 
 

@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hgrn2.ops import hgrn2
@@ -60,7 +60,8 @@ def truth(o, g, i, beta, h0, cu):
     return torch.cat([y for y, _ in pieces], 1), torch.cat([s for _, s in pieces])
 
 
-def check(backend, c):
+def check(backend, c, skip=()):
+    """Every output and gradient of `backend` but those named in `skip` against the fp64 step loop."""
     xs = make(c)
     dev = device(backend)
     leaves = [None if x is None else x.to(dev, copy=True).requires_grad_() for x in xs]
@@ -80,6 +81,8 @@ def check(backend, c):
     bad = {}
     for name, got, ref in pairs:
         assert torch.isfinite(got).all(), f"{name}: non-finite"
+        if name in skip:
+            continue
         scale = ref.abs().max().item()
         err = (got.double().cpu() - ref.detach()).abs().max().item()
         if not err <= tol * scale + 1e-30:
@@ -100,7 +103,8 @@ def test_matches_fp64_step_loop(backend, c):
 @settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c=cases())
 def test_matches_fp64_step_loop_many(backend, c):
-    # the Triton kernels' open gate-edge cases (dβ at β = 0, where their backward divides by f; β none with ±80
-    # gates) are tracked as strict expected failures in test_gate_edges.py, so that a fix shows there
-    assume(not (backend == "triton" and (c["beta"] == 0.0 or (c["gate"] != "normal" and c["beta"] is None))))
-    check(backend, c)
+    # Triton's dg takes d log f from the GLA identity (a sum whose terms cancel): its error is rounding of the
+    # unsaturated gradient's scale (test_gate_edges bounds it so), not of dg's own scale, down to 1e-34 where the
+    # gates saturate at β ≈ 0
+    edge_dg = backend == "triton" and c["gate"] != "normal" and c["beta"] in (0.0, None)
+    check(backend, c, skip=("dg",) if edge_dg else ())

@@ -179,16 +179,65 @@ def take_col(x, cols, j):
     return tl.sum(tl.where(cols[None, :] == j, x, 0.0), 1)
 
 
+# The exact tiers form every exponent as a sum of a = log f over only the tokens it spans: a difference of two
+# cumulative sums (b_t − b_s) keeps their rounding, ε·|b|, which reaches 1e-4 where gates are closed although the
+# exponent itself may be near 0. The sums are carried one row at a time (a [K] row per step, as the column loops
+# already take them), not by scans, whose layouts the compiler would impose on the fast tiers' code too.
+
+
 @triton.jit
-def decay_to_end(b, b_last, spread, MAX_SPREAD: tl.constexpr):
+def suffix_exponent(a, rows):
+    """Σ_{u > t} a_u [BT, K]: the exponent of the decay from each row to the block's end."""
+    BT: tl.constexpr = a.shape[0]
+    e = tl.zeros(a.shape, dtype=tl.float32)
+    for j in range(1, BT):
+        e += tl.where(rows[:, None] < j, take_row(a, rows, j)[None, :], 0.0)
+    return e
+
+
+@triton.jit
+def exact_A(q, k, a, rows, A):
+    """A [BT, BT] plus the causal block Σ_k q_t k_s e^{Σ_{s<u≤t} a_u}, one source column s at a time (the last
+    first, so that each exponent grows by one row per step), with e^{−∞} above the diagonal."""
+    BT: tl.constexpr = q.shape[0]
+    e = tl.full(q.shape, float("-inf"), tl.float32)
+    for jj in range(BT):
+        j = BT - 1 - jj
+        e = tl.where(rows[:, None] > j, e + take_row(a, rows, j + 1)[None, :], tl.where(rows[:, None] == j, 0.0, e))
+        A += tl.where(rows[None, :] == j, tl.sum(q * take_row(k, rows, j)[None, :] * fast_exp(e), 1)[:, None], 0.0)
+    return A
+
+
+@triton.jit
+def exact_pair_grads(q, k, a, dA, rows):
+    """dq, dk [BT, K] of the causal block from dA [BT, BT] (causally masked), exponents as in `exact_A`."""
+    dAf = dA.to(tl.float32)
+    dq = tl.zeros(q.shape, dtype=tl.float32)
+    e = tl.full(q.shape, float("-inf"), tl.float32)
+    BT: tl.constexpr = q.shape[0]
+    for jj in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
+        j = BT - 1 - jj
+        e = tl.where(rows[:, None] > j, e + take_row(a, rows, j + 1)[None, :], tl.where(rows[:, None] == j, 0.0, e))
+        dq += take_col(dAf, rows, j)[:, None] * take_row(k, rows, j)[None, :] * fast_exp(e)
+    dk = tl.zeros(q.shape, dtype=tl.float32)
+    e = tl.full(q.shape, float("-inf"), tl.float32)
+    for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
+        e = tl.where(rows[:, None] < j, e + take_row(a, rows, j)[None, :], tl.where(rows[:, None] == j, 0.0, e))
+        dk += take_row(dAf, rows, j)[:, None] * take_row(q, rows, j)[None, :] * fast_exp(e)
+    return dq, dk
+
+
+@triton.jit
+def decay_to_end(a, b, b_last, spread, MAX_SPREAD: tl.constexpr):
     """e^{b_last − b} [BT, K], the decay from each row to the sub-block's end, computed exactly as
-    `diag_block` does (its fast path reuses e^{−b}): the state updates of the forward and of both backward
-    sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see `diag_grads`)."""
+    `diag_block` does (its fast path reuses e^{−b}; the exact tier sums a = log f over the later rows): the state
+    updates of the forward and of both backward sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see
+    `diag_grads`)."""
     # one return after the branch: Triton 3.6 cannot lower returns inside a branch on a runtime value
     if spread < MAX_SPREAD:
         w = fast_exp(b_last)[None, :] * fast_exp(-b)
     else:
-        w = fast_exp(b_last[None, :] - b)
+        w = fast_exp(suffix_exponent(a, tl.arange(0, b.shape[0])))
     return w
 
 
@@ -209,14 +258,15 @@ def causal_av(A, v, DT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def diag_block(q, k, a, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
 
     A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([BT, BT]). When the block's decay
     spread (max over channels of b[0] − b[BT−1], here −b_last) is below MAX_SPREAD (60), A is one tensor-core
     product (q e^{b})(k e^{−b})ᵀ — k e^{−b} ≤ e^{60} cannot overflow — and e^{b_last − b} = e^{b_last}·e^{−b}
     reuses e^{−b} (two exponentials per element in all). Otherwise A is exact, one column at a time with the
-    exponent masked before exp (blocks that forget more than e^-60 within BT tokens).
+    exponent masked before exp (blocks that forget more than e^-60 within BT tokens), each exponent a sum of
+    a = log f over the tokens it spans (`exact_A`).
     """
     BT: tl.constexpr = q.shape[0]
     rows = tl.arange(0, BT)
@@ -227,18 +277,13 @@ def diag_block(q, k, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.constex
         w_end = fast_exp(b_last)[None, :] * enb
         A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
     else:
-        w_end = fast_exp(b_last[None, :] - b)
-        A = tl.zeros([BT, BT], dtype=tl.float32)
-        for j in range(BT):
-            k_j = take_row(k, rows, j)
-            b_j = take_row(b, rows, j)
-            w = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
-            A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
+        w_end = fast_exp(suffix_exponent(a, rows))
+        A = exact_A(q, k, a, rows, tl.zeros([BT, BT], dtype=tl.float32))
     return tl.where(causal, A, 0.0), eb, w_end
 
 
 @triton.jit
-def diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
+def diag_grads(q, k, a, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
                 PREC: tl.constexpr):
     """Backward of the diagonal block given dA [BT, BT] (causally masked) and `diag_block`'s factors:
     returns (dq, dk, q ⊙ dq − k ⊙ dk) [BT, K], the last being the block's share of d log f's running sum.
@@ -262,16 +307,7 @@ def diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD: tl.constexpr,
         dk = enb * dk_raw
         db = qe.to(tl.float32) * dq_raw - ke.to(tl.float32) * dk_raw
     else:
-        dq = tl.zeros(q.shape, dtype=tl.float32)
-        for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
-            b_j = take_row(b, rows, j)
-            wq = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
-            dq += take_col(dA, rows, j)[:, None] * take_row(k, rows, j)[None, :] * wq
-        dk = tl.zeros(q.shape, dtype=tl.float32)
-        for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
-            b_j = take_row(b, rows, j)
-            wk = fast_exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
-            dk += take_row(dA, rows, j)[:, None] * take_row(q, rows, j)[None, :] * wk
+        dq, dk = exact_pair_grads(q, k, a, dA, rows)
         db = q * dq - k * dk
     return dq, dk, db
 
@@ -316,9 +352,9 @@ def chunk_offset(chunk_offsets, i_n, NT, VARLEN: tl.constexpr):
 
 @triton.jit
 def chunk_decay(a, BT: tl.constexpr, BK: tl.constexpr):
-    """a = log f [BT, BK] (0 on padded rows) → (c, r, R, b_last): c the inclusive cumsum within 16-row
-    sub-blocks, r [NB, BK] the exclusive prefix of the sub-block sums, R = r on each sub-block's rows, b_last
-    the chunk's total (so b = R + c)."""
+    """a = log f [BT, BK] (0 on padded rows) → (c, r, b_last): c the inclusive cumsum within 16-row
+    sub-blocks, r [NB, BK] the exclusive prefix of the sub-block sums (b = c + r on each sub-block's rows), b_last
+    the chunk's total."""
     NB: tl.constexpr = BT // 16
     a3 = tl.reshape(a, [NB, 16, BK])
     c = tl.reshape(tl.cumsum(a3, 1), [BT, BK])
@@ -326,8 +362,7 @@ def chunk_decay(a, BT: tl.constexpr, BK: tl.constexpr):
     cs = tl.cumsum(s, 0)
     r = cs - s
     b_last = tl.sum(s, 0)
-    R = tl.reshape(tl.broadcast_to(r[:, None, :], [NB, 16, BK]), [BT, BK])
-    return c, r, R, b_last
+    return c, r, b_last
 
 
 @triton.jit
@@ -359,17 +394,18 @@ def ref_decay(bb, n, offk, mtk, ck, H: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def intra_A(q, k, c, r, R, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREAD: tl.constexpr,
+def intra_A(q, k, a, c, r, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREAD: tl.constexpr,
              DT: tl.constexpr, PREC: tl.constexpr):
-    """The causal intra-chunk block A [BT, BT] and e^{c}, e^{−c} (the latter only meaningful on the fast path)."""
+    """The causal intra-chunk block A [BT, BT] and e^{c}, e^{−c} (the latter only meaningful on the fast path, and
+    capped at e^{80} so that it stays finite elsewhere)."""
     NB: tl.constexpr = BT // 16
     rows = tl.arange(0, BT)
     blk = rows // 16
     causal = rows[:, None] >= rows[None, :]
     ec = fast_exp(c)
+    enc = fast_exp(tl.minimum(-c, 80.0))  # outside the branch: Triton 3.6 cannot merge the two branches' layouts
     A = tl.zeros([BT, BT], dtype=tl.float32)
     if spread < MAX_SPREAD:
-        enc = fast_exp(-c)
         qt = q * ec
         kt = k * enc
         for j in tl.static_range(NB):
@@ -377,13 +413,7 @@ def intra_A(q, k, c, r, R, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREA
             kj = tl.where((blk == j)[:, None], kt, 0.0)
             A += tl.dot((qt * Ej).to(DT), tl.trans(kj.to(DT)), input_precision=PREC)
     else:
-        enc = tl.zeros([BT, BK], dtype=tl.float32)
-        b = R + c
-        for j in range(BT):
-            k_j = take_row(k, rows, j)
-            b_j = take_row(b, rows, j)
-            w = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
-            A += tl.where(rows[None, :] == j, tl.sum(q * k_j[None, :] * w, 1)[:, None], 0.0)
+        A = exact_A(q, k, a, rows, A)
     return tl.where(causal, A, 0.0), ec, enc
 
 

@@ -112,7 +112,7 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     bb, fb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg)
     nv_seq = cdiv(V, bv_seq)
     chunk_parallel_fwd_h_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
-        g, i, lower_bound, bb, initial_state, h, ht, cu_seqlens, offs, T, NT,
+        g, i, lower_bound, bb, fb, initial_state, h, ht, cu_seqlens, offs, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
         DT=dt, PREC=prec, num_warps=warps_seq, maxnreg=cfg.maxnreg_seq,

@@ -30,6 +30,7 @@ from ._common import (
     chunk_decay,
     chunk_offset,
     chunk_tile,
+    exact_pair_grads,
     expand_rows,
     fast_exp,
     fast_rcp,
@@ -39,8 +40,7 @@ from ._common import (
     ref_decay,
     seq_bounds,
     sub_decay,
-    take_col,
-    take_row,
+    suffix_exponent,
     walk_loads,
 )
 
@@ -182,22 +182,22 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
         # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)
         if FALLBACK:
             a = tl.where(mtk, a, 0.0)
-            c, r, R, b_last = chunk_decay(a, BT, BK)
+            c, r, b_last = chunk_decay(a, BT, BK)
             spread = -tl.min(tl.min(c, 1), 0)
             if DV and not LOAD_A:
-                A_k, ec, enc = intra_A(q, k, c, r, R, spread, BT, BK, MAX_SPREAD, DT, PREC)
+                A_k, ec, enc = intra_A(q, k, a, c, r, spread, BT, BK, MAX_SPREAD, DT, PREC)
                 A += A_k
             else:  # e^{±c} only (e^{−c} is used on the fast path only; clamped so that it stays finite)
                 ec = fast_exp(c)
                 enc = fast_exp(tl.minimum(-c, 80.0))
             eb = ec * expand_rows(fast_exp(r), BT, BK)
-            # e^{b_last − b}: from e^{−c} on the fast path, else directly (exponent ≤ 0)
+            # e^{b_last − b}: from e^{−c} on the fast path, else a sum over the later rows (exponent ≤ 0)
             if spread < MAX_SPREAD:
                 w_end = enc * expand_rows(fast_exp(b_last[None, :] - r), BT, BK)
             else:
-                w_end = fast_exp(b_last[None, :] - R - c)
+                w_end = fast_exp(suffix_exponent(a, rows))
             if DQK:
-                dq_i, dk_i, db_i = _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
+                dq_i, dk_i, db_i = _intra_dqk_sub(q, k, a, c, r, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
                                                   DT, PREC)
         else:
             e_q, e_k, m = ref_decay(bb, n, offk, mtk, ck, H, K)
@@ -231,7 +231,7 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
 
 
 @triton.jit
-def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, BK: tl.constexpr,
+def _intra_dqk_sub(q, k, a, c, r, spread, ec, enc, dA, rows, BT: tl.constexpr, BK: tl.constexpr,
                    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """The sub-block and exact tiers of the intra-chunk dq, dk and q ⊙ dq − k ⊙ dk [BT, BK] from dA."""
     NB: tl.constexpr = BT // 16
@@ -255,18 +255,7 @@ def _intra_dqk_sub(q, k, c, r, R, spread, ec, enc, dA, rows, BT: tl.constexpr, B
         dq_i = dq_i * ec
         dk_i = dk_i * enc
     else:
-        b = R + c
-        dAf = dA.to(tl.float32)
-        dq_i = tl.zeros([BT, BK], dtype=tl.float32)
-        for j in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
-            b_j = take_row(b, rows, j)
-            wq = fast_exp(tl.where(rows[:, None] >= j, b - b_j[None, :], float("-inf")))
-            dq_i += take_col(dAf, rows, j)[:, None] * take_row(k, rows, j)[None, :] * wq
-        dk_i = tl.zeros([BT, BK], dtype=tl.float32)
-        for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
-            b_j = take_row(b, rows, j)
-            wk = fast_exp(tl.where(rows[:, None] <= j, b_j[None, :] - b, float("-inf")))
-            dk_i += take_row(dAf, rows, j)[:, None] * take_row(q, rows, j)[None, :] * wk
+        dq_i, dk_i = exact_pair_grads(q, k, a, dA, rows)
         db_i = q * dq_i - k * dk_i
     return dq_i, dk_i, db_i
 

@@ -40,19 +40,22 @@ from ._common import (
     load_gates,
     ref_decay,
     seq_bounds,
+    suffix_exponent,
     walk_loads,
 )
 
 
 @triton.jit
 def chunk_parallel_fwd_h_kernel(
-    g, i, lb, bb, h0, h, ht, cu_seqlens, chunk_offsets, T, NT,
+    g, i, lb, bb, fb, h0, h, ht, cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     NV: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
     VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Walks one sequence's chunks for a [BV, BK] block of the state. b (the within-chunk cumsum of log f) comes
-    from `chunk_parallel_decay_kernel`, so a step holds no log and no row scan: its latency is what the walk costs."""
+    from `chunk_parallel_decay_kernel`, so a step holds no log and no row scan: its latency is what the walk costs.
+    The chunks that decay past the chunk tier (fb's flags) form e^{b_last − b} as a sum of log f over the later rows
+    instead: there b is large, and b_last − b would keep its rounding."""
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
     i_k, i_v = i_kv // NV, i_kv % NV
     i_n, i_h = i_nh // H, i_nh % H
@@ -69,7 +72,9 @@ def chunk_parallel_fwd_h_kernel(
     # pointers at the sequence's first row and this head (int64 scalars), moved one chunk per step; the tiles'
     # offsets from there are int32
     g, bb, i = g + (bos * H + i_h) * K, bb + (bos * H + i_h) * K, i + (bos * H + i_h) * V
-    h += (chunk_offset(chunk_offsets, i_n, NT, VARLEN) * H + i_h) * V * K
+    first = chunk_offset(chunk_offsets, i_n, NT, VARLEN) * H + i_h
+    h += first * V * K
+    leaves = fb + 1 + first  # fb's flag of this sequence's first chunk at this head
     left = (eos - bos).to(tl.int32)  # rows from the current chunk's start to the sequence's end
     g_nx, b_nx, bl_nx, i_nx = walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
     for _ in range(0, tl.cdiv(left, BT)):
@@ -79,10 +84,17 @@ def chunk_parallel_fwd_h_kernel(
         g, bb, i, left = g + BT * H * K, bb + BT * H * K, i + BT * H * V, left - BT
         g_nx, b_nx, bl_nx, i_nx = walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
 
+        leave = tl.load(leaves)
+        leaves += H
         tl.store(h + s_pos, S.to(h.dtype.element_ty), mask=s_mask)
         h += H * V * K
         _, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
-        w = tl.where(mtk, k * fast_exp(bl_t[None, :] - b_t), 0.0)
+        if leave == 0:
+            w = fast_exp(bl_t[None, :] - b_t)
+        else:  # log f recomputed here only
+            a, _, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
+            w = fast_exp(suffix_exponent(tl.where(mtk, a, 0.0), tl.arange(0, BT)))
+        w = tl.where(mtk, k * w, 0.0)
         v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0)
         S = S * fast_exp(bl_t)[None, :] + tl.dot(tl.trans(v.to(DT)), w.to(DT), input_precision=PREC)
 
@@ -173,8 +185,8 @@ def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, i_c, i_v, i
             h_t = tl.load(h + (cv[:, None] * K + ck[None, :]), mask=(cv < V)[:, None] & (ck < K)[None, :], other=0.0)
             if FALLBACK:
                 a = tl.where(mtk, a, 0.0)
-                c, r, R, b_last = chunk_decay(a, BT, BK)
-                A_k, ec, enc = intra_A(q, k, c, r, R, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
+                c, r, b_last = chunk_decay(a, BT, BK)
+                A_k, ec, enc = intra_A(q, k, a, c, r, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
                 A += A_k
                 eb = ec * expand_rows(fast_exp(r), BT, BK)
             else:

@@ -68,7 +68,7 @@ def fused_chunk_bwd_dq_kernel(
         tl.store(dys_base + offk, tl.dot(dy_t.to(tl.float32), S, input_precision=SPREC), mask=mtk)
 
         # the same rounded operand as the forward's and the reverse sweep's state update
-        ke = (k * decay_to_end(b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
+        ke = (k * decay_to_end(a, b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
         S = S * tl.exp(b_last)[None, :] + tl.dot(tl.trans(v), ke, input_precision=PREC)
     if STORE_HT:
         tl.store(ht + s_off, S, mask=s_mask)
@@ -140,7 +140,7 @@ def fused_chunk_bwd_kernel(
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
         spread = -tl.min(b_last)
-        A, eb, w_end = diag_block(q, k, b, b_last, spread, MAX_SPREAD, DT, PREC)
+        A, eb, w_end = diag_block(q, k, a, b, b_last, spread, MAX_SPREAD, DT, PREC)
         dS_c = dS.to(DT)
         ke = (k * w_end).to(DT)  # S's operand in the forward sweeps, dS's partner below
         qe = (q * eb).to(DT)  # dS's operand
@@ -154,7 +154,7 @@ def fused_chunk_bwd_kernel(
         # dq, dk: the diagonal block plus the state terms (dq's came from the forward sweep)
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
-        dq_d, dk_d, db_d = diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
+        dq_d, dk_d, db_d = diag_grads(q, k, a, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
         P = tl.load(dys + part + offk, mask=mtk, other=0.0)  # dy S
         vdS = tl.dot(v.to(tl.float32), dS, input_precision=SPREC)
         b_dq = eb * P + dq_d
@@ -238,7 +238,7 @@ def fused_chunk_bwd_state_kernel(
         v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0).to(DT)
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
-        ke = (k * decay_to_end(b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
+        ke = (k * decay_to_end(a, b, b_last, -tl.min(b_last), MAX_SPREAD)).to(DT)
         qe = (q * tl.exp(b)).to(DT)
 
         tl.store(dvs + offv, tl.dot(ke, tl.trans(dS.to(DT)), input_precision=PREC), mask=mtv)
@@ -283,14 +283,14 @@ def fused_chunk_bwd_diag_kernel(
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
         spread = -tl.min(b_last)
-        A, eb, w_end = diag_block(q, k, b, b_last, spread, MAX_SPREAD, DT, PREC)
+        A, eb, w_end = diag_block(q, k, a, b, b_last, spread, MAX_SPREAD, DT, PREC)
 
         b_dv = tl.load(dvs + offv, mask=mtv, other=0.0) + tl.dot(tl.trans(A.to(DT)), b_do, input_precision=PREC)
         tl.store(di + offv, (b_dv * dv_act).to(di.dtype.element_ty), mask=mtv)
 
         dA = tl.dot(b_do, tl.trans(v), input_precision=PREC)
         dA = tl.where(rows[:, None] >= rows[None, :], dA, 0.0)
-        dq_d, dk_d, db_d = diag_grads(q, k, b, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
+        dq_d, dk_d, db_d = diag_grads(q, k, a, b_last, eb, w_end, dA, spread, MAX_SPREAD, DT, PREC)
         crow = (_carry_row(bos, t0, i_n, BT) * H + i_h) * K + ck
         P = tl.load(dys + offk, mask=mtk, other=0.0)
         vdS = tl.load(vds + offk, mask=mtk, other=0.0)

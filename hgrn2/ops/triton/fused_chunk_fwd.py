@@ -59,7 +59,7 @@ def fused_chunk_fwd_kernel(
 
         b = tl.cumsum(a, 0)
         b_last = tl.sum(a, 0)
-        A, eb, w_end = diag_block(q, k, b, b_last, -tl.min(b_last), MAX_SPREAD, DT, PREC)
+        A, eb, w_end = diag_block(q, k, a, b, b_last, -tl.min(b_last), MAX_SPREAD, DT, PREC)
         v_c = v.to(DT)
         out = tl.dot((q * eb).to(DT), tl.trans(S.to(DT)), input_precision=PREC)
         out += causal_av(A, v, DT, PREC)
