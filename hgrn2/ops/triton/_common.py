@@ -173,16 +173,11 @@ def take_row(x, rows, j):
     return tl.sum(tl.where(rows[:, None] == j, x, 0.0), 0)
 
 
-@triton.jit
-def take_col(x, cols, j):
-    """Column j of a register tile x [R, C] as an [R] vector."""
-    return tl.sum(tl.where(cols[None, :] == j, x, 0.0), 1)
-
-
 # The exact tiers form every exponent as a sum of a = log f over only the tokens it spans: a difference of two
 # cumulative sums (b_t − b_s) keeps their rounding, ε·|b|, which reaches 1e-4 where gates are closed although the
-# exponent itself may be near 0. The sums are carried one row at a time (a [K] row per step, as the column loops
-# already take them), not by scans, whose layouts the compiler would impose on the fast tiers' code too.
+# exponent itself may be near 0. The sums grow one row per step of the loops over the block's rows (no scans,
+# whose layouts the compiler would impose on the fast tiers' code too), one target row at a time: a single
+# exponential per step serves A, or dq and dk together, and the last step's exponents are the decay to the end.
 
 
 @triton.jit
@@ -196,34 +191,37 @@ def suffix_exponent(a, rows):
 
 
 @triton.jit
+def _span_to(e, a, rows, j):
+    """The exponents Σ_{s<u≤j} a_u on the rows s ≤ j (−∞ below) from those up to row j − 1 (a step of the loops)."""
+    return tl.where(rows[:, None] < j, e + take_row(a, rows, j)[None, :], tl.where(rows[:, None] == j, 0.0, e))
+
+
+@triton.jit
 def exact_A(q, k, a, rows, A):
-    """A [BT, BT] plus the causal block Σ_k q_t k_s e^{Σ_{s<u≤t} a_u}, one source column s at a time (the last
-    first, so that each exponent grows by one row per step), with e^{−∞} above the diagonal."""
+    """A [BT, BT] plus the causal block Σ_k q_t k_s e^{Σ_{s<u≤t} a_u}, one target row t at a time, and the last
+    row's exponents Σ_{u>s} a_u [BT, K] (the decay from each row to the block's end)."""
     BT: tl.constexpr = q.shape[0]
     e = tl.full(q.shape, float("-inf"), tl.float32)
-    for jj in range(BT):
-        j = BT - 1 - jj
-        e = tl.where(rows[:, None] > j, e + take_row(a, rows, j + 1)[None, :], tl.where(rows[:, None] == j, 0.0, e))
-        A += tl.where(rows[None, :] == j, tl.sum(q * take_row(k, rows, j)[None, :] * fast_exp(e), 1)[:, None], 0.0)
-    return A
+    for j in range(BT):
+        e = _span_to(e, a, rows, j)
+        A += tl.where(rows[:, None] == j, tl.sum(k * take_row(q, rows, j)[None, :] * fast_exp(e), 1)[None, :], 0.0)
+    return A, e
 
 
 @triton.jit
 def exact_pair_grads(q, k, a, dA, rows):
-    """dq, dk [BT, K] of the causal block from dA [BT, BT] (causally masked), exponents as in `exact_A`."""
+    """dq, dk [BT, K] of the causal block from dA [BT, BT] (causally masked), exponents as in `exact_A`: per
+    target row j, its dq row and every source's share of dk from one exponential."""
+    BT: tl.constexpr = q.shape[0]
     dAf = dA.to(tl.float32)
     dq = tl.zeros(q.shape, dtype=tl.float32)
-    e = tl.full(q.shape, float("-inf"), tl.float32)
-    BT: tl.constexpr = q.shape[0]
-    for jj in range(BT):  # token j as the source s: feeds rows t ≥ j of dq
-        j = BT - 1 - jj
-        e = tl.where(rows[:, None] > j, e + take_row(a, rows, j + 1)[None, :], tl.where(rows[:, None] == j, 0.0, e))
-        dq += take_col(dAf, rows, j)[:, None] * take_row(k, rows, j)[None, :] * fast_exp(e)
     dk = tl.zeros(q.shape, dtype=tl.float32)
     e = tl.full(q.shape, float("-inf"), tl.float32)
-    for j in range(BT):  # token j as the target t: feeds rows s ≤ j of dk
-        e = tl.where(rows[:, None] < j, e + take_row(a, rows, j)[None, :], tl.where(rows[:, None] == j, 0.0, e))
-        dk += take_row(dAf, rows, j)[:, None] * take_row(q, rows, j)[None, :] * fast_exp(e)
+    for j in range(BT):
+        e = _span_to(e, a, rows, j)
+        w = take_row(dAf, rows, j)[:, None] * fast_exp(e)  # dA[j, s] e^{b_j − b_s} on the rows s
+        dq += tl.where(rows[:, None] == j, tl.sum(w * k, 0)[None, :], 0.0)
+        dk += w * take_row(q, rows, j)[None, :]
     return dq, dk
 
 
@@ -264,7 +262,7 @@ def diag_block(q, k, a, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.cons
     A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([BT, BT]). When the block's decay
     spread (max over channels of b[0] − b[BT−1], here −b_last) is below MAX_SPREAD (60), A is one tensor-core
     product (q e^{b})(k e^{−b})ᵀ — k e^{−b} ≤ e^{60} cannot overflow — and e^{b_last − b} = e^{b_last}·e^{−b}
-    reuses e^{−b} (two exponentials per element in all). Otherwise A is exact, one column at a time with the
+    reuses e^{−b} (two exponentials per element in all). Otherwise A is exact, one row at a time with the
     exponent masked before exp (blocks that forget more than e^-60 within BT tokens), each exponent a sum of
     a = log f over the tokens it spans (`exact_A`).
     """
@@ -277,8 +275,8 @@ def diag_block(q, k, a, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.cons
         w_end = fast_exp(b_last)[None, :] * enb
         A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
     else:
-        w_end = fast_exp(suffix_exponent(a, rows))
-        A = exact_A(q, k, a, rows, tl.zeros([BT, BT], dtype=tl.float32))
+        A, e = exact_A(q, k, a, rows, tl.zeros([BT, BT], dtype=tl.float32))
+        w_end = fast_exp(e)
     return tl.where(causal, A, 0.0), eb, w_end
 
 
@@ -413,7 +411,7 @@ def intra_A(q, k, a, c, r, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREA
             kj = tl.where((blk == j)[:, None], kt, 0.0)
             A += tl.dot((qt * Ej).to(DT), tl.trans(kj.to(DT)), input_precision=PREC)
     else:
-        A = exact_A(q, k, a, rows, A)
+        A, _ = exact_A(q, k, a, rows, A)
     return tl.where(causal, A, 0.0), ec, enc
 
 
