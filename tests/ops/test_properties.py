@@ -60,8 +60,7 @@ def truth(o, g, i, beta, h0, cu):
     return torch.cat([y for y, _ in pieces], 1), torch.cat([s for _, s in pieces])
 
 
-def check(backend, c, skip=()):
-    """Every output and gradient of `backend` but those named in `skip` against the fp64 step loop."""
+def check(backend, c):
     xs = make(c)
     dev = device(backend)
     leaves = [None if x is None else x.to(dev, copy=True).requires_grad_() for x in xs]
@@ -78,12 +77,14 @@ def check(backend, c, skip=()):
     pairs = [("y", y, yt), ("state", s, st_)] + [(n, a.grad, b.grad) for n, a, b in
                                                  zip(("do", "dg", "di", "dβ", "dh0"), leaves, exact) if a is not None]
     tol = TOL[c["dtype"]]
+    # dg's own scale falls to 1e-34 where every gate saturates (even the fp64 loop's sigmoid derivative rounds to 0
+    # there), while d log f, which it scales, keeps rounding of the unsaturated gradients' scale (test_gate_edges
+    # bounds it so): dg is measured against at least 1% of the largest other gradient
+    floor = 1e-2 * max(b.grad.abs().max().item() for n, b in zip(("do", "dg", "di"), exact[:3]) if n != "dg")
     bad = {}
     for name, got, ref in pairs:
         assert torch.isfinite(got).all(), f"{name}: non-finite"
-        if name in skip:
-            continue
-        scale = ref.abs().max().item()
+        scale = max(ref.abs().max().item(), floor if name == "dg" else 0.0)
         err = (got.double().cpu() - ref.detach()).abs().max().item()
         if not err <= tol * scale + 1e-30:
             bad[name] = f"error {err:.2e} vs scale {scale:.2e}"
@@ -103,8 +104,4 @@ def test_matches_fp64_step_loop(backend, c):
 @settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c=cases())
 def test_matches_fp64_step_loop_many(backend, c):
-    # Triton's dg takes d log f from the GLA identity (a sum whose terms cancel): its error is rounding of the
-    # unsaturated gradient's scale (test_gate_edges bounds it so), not of dg's own scale, down to 1e-34 where the
-    # gates saturate at β ≈ 0
-    edge_dg = backend == "triton" and c["gate"] != "normal" and c["beta"] in (0.0, None)
-    check(backend, c, skip=("dg",) if edge_dg else ())
+    check(backend, c)
