@@ -325,7 +325,7 @@ def ratios(rows: list[dict]) -> list[str]:
     for (name, size, b), ours in ok.items():
         if name != "hgrn2-static":
             continue
-        parts = [f"{ours['decode_tok_per_s'] / r['decode_tok_per_s']:.2f}x {other}"
+        parts = [f"{ours['decode_tok_per_s'] / r['decode_tok_per_s']:.2f}× {other}"
                  for (other, s2, b2), r in ok.items() if (s2, b2) == (size, b) and other != name]
         if parts:
             lines.append(f"hgrn2-static {size} B{b} decode tokens/s: " + ", ".join(parts))

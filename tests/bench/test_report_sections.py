@@ -109,4 +109,4 @@ def test_generate_table_with_the_floor_and_the_speed_ups(tmp_path):
     assert "## Generation: prefill and decode" in text and "copy bandwidth 3000 GB/s" in text
     assert "| hgrn2-static | 1.3b B1 | 20480 | 1333 | 0.75 | - | 0.500 | 1.5 | 3.0 | - | ok |" in text
     assert "| fla | 1.3b B1 |" in text and "| OOM |" in text
-    assert "hgrn2-static 1.3b B1 decode tokens/s: 4.00x llama-static" in text
+    assert "hgrn2-static 1.3b B1 decode tokens/s: 4.00× llama-static" in text
