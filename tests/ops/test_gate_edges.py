@@ -109,6 +109,20 @@ def test_gate_edge_gradients_grid(backend, gate, beta, dtype):
     check_edges(backend, gate, beta, dtype)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+# the chunk tier also runs the chunks past its bound, whose outputs the fallback launch rewrites (the interpreter's
+# numpy warns of their overflow)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("gate, beta", [(-30.0, 0.0), (-30.0, 1e-6), (-80.0, None), ("mixed", 0.0), ("mixed", None)])
+def test_gate_edge_gradients_chunk_parallel(gate, beta):
+    """The chunk-parallel Triton kernels, which `backend="triton"` takes for long sequences, here at 65 tokens."""
+    from hgrn2.ops.triton import DispatchConfig, launch_config
+
+    with launch_config(dispatch=DispatchConfig(parallel_train_min_work=1)):
+        check_edges("triton", gate, beta, torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("gate, beta", [(-30.0, 0.0), (-30.0, 1e-6), (30.0, 0.999), (-80.0, None), (80.0, None),

@@ -40,7 +40,7 @@ from ._common import (
     load_gates,
     ref_decay,
     seq_bounds,
-    suffix_exponent,
+    take_row,
     walk_loads,
 )
 
@@ -91,15 +91,28 @@ def chunk_parallel_fwd_h_kernel(
         _, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
         if leave == 0:
             w = fast_exp(bl_t[None, :] - b_t)
-        else:  # log f recomputed here only
-            a, _, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
-            w = fast_exp(suffix_exponent(tl.where(mtk, a, 0.0), tl.arange(0, BT)))
+        else:
+            w = fast_exp(_suffix_log_f(g_t, beta, left + BT, HAS_LB))
         w = tl.where(mtk, k * w, 0.0)
         v = tl.where(mtv, act(i_t.to(tl.float32), I_ACT), 0.0)
         S = S * fast_exp(bl_t)[None, :] + tl.dot(tl.trans(v.to(DT)), w.to(DT), input_precision=PREC)
 
     if STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * V * K + s_pos, S, mask=s_mask)
+
+
+@triton.jit
+def _suffix_log_f(g, beta, n, HAS_LB: tl.constexpr):
+    """Σ_{u>t} log f_u [BT, BK] over the first n rows of the gate logits g [BT, BK], one row's log f per step: the
+    walk then holds no tile of log f."""
+    BT: tl.constexpr = g.shape[0]
+    rows = tl.arange(0, BT)
+    gf = g.to(tl.float32)
+    e = tl.zeros(gf.shape, dtype=tl.float32)
+    for j in range(1, BT):
+        a_j, _, _, _, _ = gates(take_row(gf, rows, j)[None, :], beta, HAS_LB)
+        e += tl.where((rows[:, None] < j) & (j < n), a_j, 0.0)
+    return e
 
 
 @triton.jit
