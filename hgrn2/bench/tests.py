@@ -50,7 +50,8 @@ def summarise(junit: Path, interrupted: bool = False) -> list[dict]:
                                                                "failures": []})
     cases = list(ET.parse(junit).getroot().iter("testcase"))
     for n, case in enumerate(cases):
-        name = (case.get("classname") or "").replace(".", "/") + ".py"
+        # the interrupt's own entry has no class name
+        name = case.get("classname").replace(".", "/") + ".py" if case.get("classname") else "(interrupted)"
         row = files[name]
         kind = "interrupted" if interrupted and n == len(cases) - 1 else outcome(case)
         row[kind] += 1
