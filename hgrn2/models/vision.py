@@ -82,10 +82,9 @@ def preset(name: str, **overrides: Any) -> VisionConfig:
 def reverse_hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
                   **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The HGRN2 recurrence run from the last token to the first (h_t = h_{t+1}·Diag(f_t) + i_t ⊗ (1 − f_t)),
-    for any backend of `ops.hgrn2`; arguments and result as there. The time flips are copies: the kernels have no
-    reverse walk."""
-    y, state = ops.hgrn2(o.flip(1), g.flip(1), i.flip(1), lower_bound, **kw)
-    return y.flip(1), state
+    for any backend of `ops.hgrn2`; arguments and result as there. The fused-chunk Triton kernels walk backwards
+    in place (no copies); the other paths flip time."""
+    return ops.hgrn2(o, g, i, lower_bound, reverse=True, **kw)
 
 
 class BiHGRU2(HGRU2):

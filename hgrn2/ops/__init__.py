@@ -17,6 +17,7 @@ import importlib.util
 import torch
 
 from .checks import _fail, check_cu_seqlens, check_float, check_lower_bound_range, check_same, check_scale, check_state
+from .flip import run_reversed
 from .gates import ACTIVATIONS, activate, clamp_forget_logits, log_forget, lower_bounds_from_logits, one_minus_forget
 from .reference import hgrn1_reference, hgrn2_reference
 
@@ -85,7 +86,7 @@ def _empty(y: torch.Tensor, final_shape: tuple, final_dtype: torch.dtype, output
 def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
           scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
           initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-          cu_seqlens: torch.Tensor | None = None, backend: str | None = None
+          cu_seqlens: torch.Tensor | None = None, backend: str | None = None, reverse: bool = False
           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The HGRN2 recurrence (GLA with q = o, k = 1 − f, v = i, α = f), per head:
 
@@ -102,6 +103,9 @@ def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.
         output_final_state: also return the state after the last token, [N, H, V, K] float32.
         cu_seqlens: [N + 1] int offsets of packed sequences in a batch of size 1, each with its own state.
         backend: None (auto) or one of "reference", "chunk", "triton".
+        reverse: scan from the last token to the first, h_t = h_{t+1}·Diag(f_t) + i_t ⊗ (1 − f_t) (each packed
+            sequence on its own); initial_state then comes before the last token and the final state is the one
+            after the first. The fused-chunk Triton kernels walk backwards in place; the other paths flip time.
 
     Returns:
         (y [B, T, H, V] in i's dtype, final state or None)
@@ -117,6 +121,8 @@ def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.
     for name, act in (("o_act", o_act), ("i_act", i_act)):
         if act not in ACTIVATIONS:
             _fail(name, f"one of {ACTIVATIONS}", repr(act))
+    if not isinstance(reverse, bool):
+        _fail("reverse", "a bool", repr(reverse))
     name = _pick(backend, HGRN2_BACKENDS, o, "chunk", o, g, i, lower_bound, initial_state)
     if o.numel() == 0 or i.numel() == 0:
         dt = torch.float64 if o.dtype == torch.float64 else torch.float32
@@ -124,14 +130,15 @@ def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.
                       initial_state)
     kw = dict(scale=scale, o_act=o_act, i_act=i_act, initial_state=initial_state,
               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    if name == "triton":
+        _require_cuda("o", o)
+        from .triton import hgrn2_triton
+        return hgrn2_triton(o, g, i, lower_bound, reverse=reverse, **kw)
     if name == "reference":
-        return hgrn2_reference(o, g, i, lower_bound, **kw)
-    if name == "chunk":
-        from .chunk import hgrn2_chunk
-        return hgrn2_chunk(o, g, i, lower_bound, **kw)
-    _require_cuda("o", o)
-    from .triton import hgrn2_triton
-    return hgrn2_triton(o, g, i, lower_bound, **kw)
+        fn = hgrn2_reference
+    else:
+        from .chunk import hgrn2_chunk as fn
+    return run_reversed(fn, o, g, i, lower_bound, **kw) if reverse else fn(o, g, i, lower_bound, **kw)
 
 
 def hgrn1(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None, *,

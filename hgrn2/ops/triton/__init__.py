@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..flip import run_reversed
 from ._interpret import patch_interpreter
 
 patch_interpreter()
@@ -54,18 +55,22 @@ def _needs_grad(*xs) -> bool:
 def hgrn2_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
                  scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
                  initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """HGRN2 on Triton: o, g [B, T, H, K], i [B, T, H, V] → (y [B, T, H, V], final state [N, H, V, K] or None)."""
+                 cu_seqlens: torch.Tensor | None = None, reverse: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """HGRN2 on Triton: o, g [B, T, H, K], i [B, T, H, V] → (y [B, T, H, V], final state [N, H, V, K] or None);
+    reverse: the fused-chunk kernels walk backwards in place, the other families flip time (`flip.run_reversed`)."""
     kw = dict(scale=scale, o_act=o_act, i_act=i_act, initial_state=initial_state,
               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     grad = _needs_grad(o, g, i, lower_bound, initial_state)
     cfg = current_dispatch()
-    if o.shape[1] <= cfg.decode_max_t and not grad:
-        return hgrn2_recurrent_triton(o, g, i, lower_bound, **kw)
     n_seq = o.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
-    if takes_chunk_parallel(n_seq, o.shape[2], o.shape[0] * o.shape[1], grad, cfg):
-        return hgrn2_chunk_parallel_triton(o, g, i, lower_bound, **kw)
-    return hgrn2_fused_chunk_triton(o, g, i, lower_bound, **kw)
+    if o.shape[1] <= cfg.decode_max_t and not grad:
+        fn = hgrn2_recurrent_triton
+    elif takes_chunk_parallel(n_seq, o.shape[2], o.shape[0] * o.shape[1], grad, cfg):
+        fn = hgrn2_chunk_parallel_triton
+    else:
+        return hgrn2_fused_chunk_triton(o, g, i, lower_bound, reverse=reverse, **kw)
+    return run_reversed(fn, o, g, i, lower_bound, **kw) if reverse else fn(o, g, i, lower_bound, **kw)
 
 
 def hgrn1_triton(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None,

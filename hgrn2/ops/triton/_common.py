@@ -94,16 +94,21 @@ def load_beta(lb, i_h, K, ck, HAS_LB: tl.constexpr):
 
 @triton.jit
 def step_tile(t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr, BV: tl.constexpr,
-          BT: tl.constexpr):
-    """Offsets and masks (rows in [bos, eos)) of the BT-token sub-block from row t0: ([BT, BK], [BT, BV]).
+              BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Offsets and masks (rows in [bos, eos)) of the BT-token sub-block from logical row t0: ([BT, BK], [BT, BV]).
 
-    Column masks only where the block is padded, so that the masks are constant along rows and the loads
-    vectorise.
+    REVERSE walks the sequence from its last token: logical row t lies at row bos + eos − 1 − t of memory, so a
+    reverse scan reads and writes the tensors in place (the masks stay on the logical rows). Column masks only
+    where the block is padded, so that the masks are constant along rows and the loads vectorise.
     """
     tok = t0 + tl.arange(0, BT)
     mt = (tok >= bos) & (tok < eos)
-    offk = (tok[:, None] * H + i_h) * K + ck[None, :]
-    offv = (tok[:, None] * H + i_h) * V + cv[None, :]
+    if REVERSE:
+        row = bos + eos - 1 - tok
+    else:
+        row = tok
+    offk = (row[:, None] * H + i_h) * K + ck[None, :]
+    offv = (row[:, None] * H + i_h) * V + cv[None, :]
     if BK == K:
         mtk = tl.broadcast_to(mt[:, None], (BT, BK))
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk import hgrn2_chunk
+from ..flip import run_reversed
 from ._common import ACTS
 
 # The kernels' dβ errs by d log f's rounding times σ(−g)/f ≤ 1/β: at β ≥ 2^-8 at most a few 1e-4 of the gradient's
@@ -23,9 +24,11 @@ _ACT_NAMES = {code: name for name, code in ACTS.items()}
 
 def exact_bound_grad(dlb: torch.Tensor, o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor,
                      initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, dy: torch.Tensor,
-                     dht: torch.Tensor | None, scale: float, o_act: int, i_act: int) -> torch.Tensor:
+                     dht: torch.Tensor | None, scale: float, o_act: int, i_act: int, reverse: bool = False
+                     ) -> torch.Tensor:
     """dlb [H, K] (the kernels' d lower_bound) with the rows of the heads that hold some β < THETA replaced by the
-    chunk backend's exact ones; the other arguments as the kernels' backward took them (act codes of `ACTS`).
+    chunk backend's exact ones; the other arguments as the kernels' backward took them (act codes of `ACTS`; reverse:
+    the scan ran from the last token, recomputed here by flipping time).
 
     One host sync (which heads) per call; none, and dlb as it is, while a CUDA graph is captured or torch.compile
     traces (a data-dependent choice cannot be recorded there).
@@ -41,9 +44,10 @@ def exact_bound_grad(dlb: torch.Tensor, o: torch.Tensor, g: torch.Tensor, i: tor
 
     lb = pick(lower_bound, 0).requires_grad_()
     with torch.enable_grad():
-        y, ht = hgrn2_chunk(pick(o, 2), pick(g, 2), pick(i, 2), lb, scale=scale, o_act=_ACT_NAMES[o_act],
-                            i_act=_ACT_NAMES[i_act], initial_state=pick(initial_state, 1),
-                            output_final_state=dht is not None, cu_seqlens=cu_seqlens)
+        kw = dict(scale=scale, o_act=_ACT_NAMES[o_act], i_act=_ACT_NAMES[i_act], initial_state=pick(initial_state, 1),
+                  output_final_state=dht is not None, cu_seqlens=cu_seqlens)
+        args = (pick(o, 2), pick(g, 2), pick(i, 2), lb)
+        y, ht = run_reversed(hgrn2_chunk, *args, **kw) if reverse else hgrn2_chunk(*args, **kw)
         outs, grads = [y], [pick(dy, 2)]
         if dht is not None:
             outs.append(ht)

@@ -66,9 +66,9 @@ def bwd_form(NV: int, dt, cfg: FusedChunkConfig) -> tuple[bool, int]:
 @triton_op("hgrn2::fused_chunk_fwd")
 def fused_chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
-              i_act: int, output_final_state: bool, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+              i_act: int, output_final_state: bool, config: str, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """y [B, T, H, V] (i's dtype) and the final state [N, H, V, K] fp32 (empty when not requested); config: the
-    key of a FusedChunkConfig."""
+    key of a FusedChunkConfig; reverse: scan each sequence from its last token (in place, see `step_tile`)."""
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
@@ -79,13 +79,13 @@ def fused_chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bou
         o, g, i, lower_bound, initial_state, y, ht, cu_seqlens, scale, T,
         H=H, K=K, V=V, BT=cfg.block_t_fwd, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-        MAX_SPREAD=cfg.max_spread, DT=dt, PREC=prec, **launch,
+        MAX_SPREAD=cfg.max_spread, DT=dt, PREC=prec, REVERSE=reverse, **launch,
     )
     return y, ht
 
 
 @fused_chunk_fwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, config):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, config, reverse):
     B, T, H, N = seq_layout(o, cu_seqlens)
     shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
     return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32)
@@ -95,7 +95,7 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
 def fused_chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
               dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int, config: str,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              reverse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
@@ -107,7 +107,7 @@ def fused_chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bou
     split, BT = bwd_form(NV, dt, cfg)
     common = dict(H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
                   VARLEN=cu_seqlens is not None, MAX_SPREAD=cfg.max_spread, DT=dt, PREC=prec, SPREC=sprec,
-                  **launch)
+                  REVERSE=reverse, **launch)
     dys = o.new_empty(NV, B, T, H, K, dtype=torch.float32)  # dy S, from the forward sweep
     dh0 = o.new_empty(N, H, V, K, dtype=torch.float32) if initial_state is not None else o.new_empty(0)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if dht is not None else o.new_empty(0)  # S_T, recomputed
@@ -164,7 +164,8 @@ def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
     dlb = o.new_zeros(nbt, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     # varlen: one host sync for the grid (T would launch N times the programs needed)
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    diag = {k: common[k] for k in ("H", "K", "V", "BT", "BK", "HAS_LB", "VARLEN", "MAX_SPREAD", "DT", "PREC")}
+    diag = {k: common[k] for k in ("H", "K", "V", "BT", "BK", "HAS_LB", "VARLEN", "MAX_SPREAD", "DT", "PREC",
+                                   "REVERSE")}
     bv = max(16, next_pow2(V))  # all of V: dA sums over it
     # 8 warps for 8192+ element tiles: they spill the least (4 and 16 warps spill more, compile_sm90.py)
     fused_chunk_bwd_diag_kernel[(cdiv(longest, BT), N * H)](
@@ -177,7 +178,7 @@ def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
 
 
 @fused_chunk_bwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act, config):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act, config, reverse):
     dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
@@ -188,35 +189,37 @@ class _FusedChunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
-                config):
+                config, reverse):
         y, ht = fused_chunk_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act,
-                                output_final_state, config)
+                                output_final_state, config, reverse)
         ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens)
-        ctx.args = (scale, o_act, i_act, output_final_state, config)
+        ctx.args = (scale, o_act, i_act, output_final_state, config, reverse)
         ctx.set_materialize_grads(False)
         return y, ht
 
     @staticmethod
     def backward(ctx, dy, dht):
         o, g, i, lower_bound, initial_state, cu_seqlens = ctx.saved_tensors
-        scale, o_act, i_act, output_final_state, config = ctx.args
+        scale, o_act, i_act, output_final_state, config, reverse = ctx.args
         dy = torch.zeros_like(i) if dy is None else dy.contiguous()
         dht = dht.contiguous() if output_final_state and dht is not None else None
         do, dg, di, dlb, dh0 = fused_chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
-                                               o_act, i_act, config)
+                                               o_act, i_act, config, reverse)
         if lower_bound is not None and ctx.needs_input_grad[3]:
-            dlb = exact_bound_grad(dlb, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act)
+            dlb = exact_bound_grad(dlb, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act,
+                                   reverse)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 def hgrn2_fused_chunk_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
                              *, scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
                              initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                              cu_seqlens: torch.Tensor | None = None, config: FusedChunkConfig | None = None,
-                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                             reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN2 by the fused-chunk Triton kernels; arguments and result as `hgrn2.ops.hgrn2` (shapes there); config:
-    the launch settings (None: the current ones, see `config.launch_config`).
+    the launch settings (None: the current ones, see `config.launch_config`). reverse=True walks each sequence
+    from its last token on the tensors as they are (no copies).
 
     float64 inputs run in float32 (the kernels accumulate in float32) and are cast back.
     """
@@ -229,6 +232,6 @@ def hgrn2_fused_chunk_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, 
         None if lower_bound is None else lower_bound.contiguous(),
         None if initial_state is None else initial_state.contiguous(),
         None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
-        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), key,
+        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), key, bool(reverse),
     )
     return y.to(in_dtype), (ht if output_final_state else None)

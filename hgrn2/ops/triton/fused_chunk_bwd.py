@@ -29,7 +29,7 @@ def fused_chunk_bwd_dq_kernel(
     g, i, lb, h0, dy, dys, ht, cu_seqlens, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, REVERSE: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -45,17 +45,17 @@ def fused_chunk_bwd_dq_kernel(
         S = tl.zeros([BV, BK], dtype=tl.float32)
     dys_base = dys + i_v.to(tl.int64) * NTOK * H * K  # this V-block's slice
 
-    offk, offv, mtk, mtv = step_tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    offk, offv, mtk, mtv = step_tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
     for t0 in range(bos, eos, BT):
         g_t, i_t, dy_t = g_nx, i_nx, dy_nx
-        offk, offv, mtk, mtv = step_tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        offk, offv, mtk, mtv = step_tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
         dy_nx = tl.load(dy + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
 
         a, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
@@ -76,10 +76,10 @@ def fused_chunk_bwd_dq_kernel(
 
 @triton.jit
 def _load_step(o, g, i, dy, t0, bos, eos, i_h, H, K: tl.constexpr, V: tl.constexpr, ck, cv, BK: tl.constexpr,
-               BV: tl.constexpr, BT: tl.constexpr):
+               BV: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr):
     """The raw o, g [BT, BK] and i, dy [BT, BV] tiles of the sub-block from row t0 (zeros outside [bos, eos)):
     what the reverse sweeps load one step ahead."""
-    offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
     return (tl.load(o + offk, mask=mtk, other=0.0), tl.load(g + offk, mask=mtk, other=0.0),
             tl.load(i + offv, mask=mtv, other=0.0), tl.load(dy + offv, mask=mtv, other=0.0))
 
@@ -103,7 +103,7 @@ def fused_chunk_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
-    PREC: tl.constexpr, SPREC: tl.constexpr,
+    PREC: tl.constexpr, SPREC: tl.constexpr, REVERSE: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -120,12 +120,12 @@ def fused_chunk_bwd_kernel(
 
     # walk the sub-blocks last to first, loading the previous one while this one computes
     t_last = bos + (tl.cdiv(eos - bos, BT) - 1) * BT
-    o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
     for it in range(0, tl.cdiv(eos - bos, BT)):
         t0 = t_last - it * BT
         o_t, g_t, i_t, dy_t = o_nx, g_nx, i_nx, dy_nx
-        o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
+        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
 
         o_raw = o_t.to(tl.float32)
         i_raw = i_t.to(tl.float32)
@@ -209,7 +209,7 @@ def fused_chunk_bwd_state_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
-    PREC: tl.constexpr, SPREC: tl.constexpr,
+    PREC: tl.constexpr, SPREC: tl.constexpr, REVERSE: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -224,12 +224,12 @@ def fused_chunk_bwd_state_kernel(
     carry_base = carry + i_v.to(tl.int64) * NBT * H * K
 
     t_last = bos + (tl.cdiv(eos - bos, BT) - 1) * BT
-    o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t_last, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
     for it in range(0, tl.cdiv(eos - bos, BT)):
         t0 = t_last - it * BT
         o_t, g_t, i_t, dy_t = o_nx, g_nx, i_nx, dy_nx
-        o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
-        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        o_nx, g_nx, i_nx, dy_nx = _load_step(o, g, i, dy, t0 - BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
+        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
 
         q = act(o_t.to(tl.float32), O_ACT) * scale
         a, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
@@ -258,7 +258,7 @@ def fused_chunk_bwd_diag_kernel(
     o, g, i, lb, dy, dys, vds, dvs, carry, do, dg, di, dlb, cu_seqlens, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr,
 ):
     """One program per (sub-block, sequence·head), all of K and V (BK ≥ K, BV ≥ V); dys, vds and carry summed
     over the V-blocks."""
@@ -271,7 +271,7 @@ def fused_chunk_bwd_diag_kernel(
         ck = tl.arange(0, BK)
         cv = tl.arange(0, BV)
         beta = load_beta(lb, i_h, K, ck, HAS_LB)
-        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
         q, dq_act = act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
         q = q * scale
         a, k, s_pos, s_neg, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)

@@ -21,7 +21,7 @@ def fused_chunk_fwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_HT: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, REVERSE: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -38,17 +38,17 @@ def fused_chunk_fwd_kernel(
         S = tl.zeros([BV, BK], dtype=tl.float32)
 
     # register double-buffering: the next sub-block's tiles load while this one computes
-    offk, offv, mtk, mtv = step_tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+    offk, offv, mtk, mtv = step_tile(bos, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
     o_nx = tl.load(o + offk, mask=mtk, other=0.0)
     g_nx = tl.load(g + offk, mask=mtk, other=0.0)
     i_nx = tl.load(i + offv, mask=mtv, other=0.0)
     for t0 in range(bos, eos, BT):
         o_t, g_t, i_t = o_nx, g_nx, i_nx
-        offk, offv, mtk, mtv = step_tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        offk, offv, mtk, mtv = step_tile(t0 + BT, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
         o_nx = tl.load(o + offk, mask=mtk, other=0.0)
         g_nx = tl.load(g + offk, mask=mtk, other=0.0)
         i_nx = tl.load(i + offv, mask=mtv, other=0.0)
-        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT)
+        offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
 
         # rows past the end need a = 0 (b stays put) and v = 0; padded K columns need k = 0
         q = act(o_t.to(tl.float32), O_ACT) * scale
