@@ -77,7 +77,8 @@ def hgrn1_variants():
 
 def fused_chunk_variants():
     """The fused-chunk kernels (fused_chunk_fwd.py, fused_chunk_bwd.py): bf16 at K = V = 128 and 64 with the default
-    block sizes, fp32 (ieee dots) and fp16 (fp32 operands, tf32), varlen and the optional inputs once."""
+    block sizes, fp32 (ieee dots) and fp16 (fp32 operands, tf32), varlen and the optional inputs once; the reverse
+    walk at bf16, K = V = 128."""
     import triton.language as tl
 
     from hgrn2.ops.triton import fused_chunk as c
@@ -91,12 +92,13 @@ def fused_chunk_variants():
                                                 ("bf16", tl.bfloat16, "tf32", "tf32x3", 64, 64, 4),
                                                 ("fp32", tl.float32, "ieee", "ieee", 128, 64, 8),
                                                 ("fp16", tl.float32, "tf32x3", "tf32x3", 128, 64, 8)):
-        for full in (True, False):
+        reverses = (False, True) if dt == "bf16" and KV == 128 else (False,)
+        for full, rev in itertools.product((True, False), reverses):
             # the backward's steps by its form (fused_chunk.bwd_form): the fused sweep's, the split sweep's below
             common = dict(H=16, K=KV, V=KV, BT=c.bwd_form(1, DT, cfg)[1], BK=KV, BV=BV, HAS_LB=full, VARLEN=not full,
-                          MAX_SPREAD=cfg.max_spread, DT=DT, PREC=prec)
+                          MAX_SPREAD=cfg.max_spread, DT=DT, PREC=prec, REVERSE=rev)
             opt = dict(lb="*fp32", h0="*fp32") if full else dict(cu_seqlens="*i32")
-            sfx = f"{dt} K=V={KV} BV={BV} w={warps} full={full}"
+            sfx = f"{dt} K=V={KV} BV={BV} w={warps} full={full}" + (" reverse" if rev else "")
             yield (f"fwd {sfx}", f.fused_chunk_fwd_kernel,
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", y=f"*{dt}", ht="*fp32", scale="fp32", T="i32", **opt),
                    dict(common, BT=cfg.block_t_fwd, O_ACT=1, I_ACT=0, HAS_H0=full, STORE_HT=True), warps)
@@ -249,7 +251,7 @@ def fused_chunk_grid_variants():
     from hgrn2.ops.triton import fused_chunk_fwd as f
     for BT, BV, warps in itertools.product((16, 32), (128, 64, 32), (4, 8, 16)):
         common = dict(H=16, K=128, V=128, BT=BT, BK=128, BV=BV, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                      DT=tl.bfloat16, PREC="tf32")
+                      DT=tl.bfloat16, PREC="tf32", REVERSE=False)
         pdt = "bf16" if BV == 128 else "fp32"
         sfx = f"BT={BT} BV={BV} w={warps}"
         yield (f"fwd {sfx}", f.fused_chunk_fwd_kernel,
@@ -265,10 +267,12 @@ def fused_chunk_grid_variants():
 
 
 def fused_chunk_default_variants():
-    """The fused-chunk kernels at their defaults for bf16, K = V = 128, V whole or split in two (a quick check
-    for the test suite)."""
+    """The fused-chunk kernels at their defaults for bf16, K = V = 128, V whole or split in two, forward and
+    reverse walks (a quick check for the test suite)."""
     return (v for v in fused_chunk_variants() if v[0].endswith(("bf16 K=V=128 BV=128 w=8 full=True",
-                                                          "bf16 K=V=128 BV=64 w=8 full=True")))
+                                                          "bf16 K=V=128 BV=64 w=8 full=True",
+                                                          "bf16 K=V=128 BV=128 w=8 full=True reverse",
+                                                          "bf16 K=V=128 BV=64 w=8 full=True reverse")))
 
 
 def chunk_parallel_default_variants():
