@@ -66,9 +66,9 @@ def bwd_form(NV: int, dt, cfg: FusedChunkConfig) -> tuple[bool, int]:
 @triton_op("hgrn2::fused_chunk_fwd")
 def fused_chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
-              i_act: int, output_final_state: bool, config: str, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """y [B, T, H, V] (i's dtype) and the final state [N, H, V, K] fp32 (empty when not requested); config: the
-    key of a FusedChunkConfig; reverse: scan each sequence from its last token (in place, see `step_tile`)."""
+              i_act: int, output_final_state: bool, reverse: bool, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """y [B, T, H, V] (i's dtype) and the final state [N, H, V, K] fp32 (empty when not requested); reverse: scan
+    each sequence from its last token (in place, see `step_tile`); config: the key of a FusedChunkConfig."""
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
@@ -85,7 +85,7 @@ def fused_chunk_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bou
 
 
 @fused_chunk_fwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, config, reverse):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, reverse, config):
     B, T, H, N = seq_layout(o, cu_seqlens)
     shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
     return torch.empty_like(i), o.new_empty(shape, dtype=torch.float32)
@@ -94,8 +94,8 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
 @triton_op("hgrn2::fused_chunk_bwd")
 def fused_chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-              dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int, config: str,
-              reverse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int, reverse: bool,
+              config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
@@ -115,9 +115,9 @@ def fused_chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bou
         g, i, lower_bound, initial_state, dy, dys, ht, cu_seqlens, T, ntok,
         I_ACT=i_act, HAS_H0=initial_state is not None, STORE_HT=dht is not None, **common,
     )
-    reverse = _reverse_split if split else _reverse_fused
+    sweep = _reverse_split if split else _reverse_fused
     flags = dict(O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None)
-    do, dg, di, dlb = reverse(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags)
+    do, dg, di, dlb = sweep(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags)
     if initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)
     return do, dg, di, dlb, dh0
@@ -178,7 +178,7 @@ def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
 
 
 @fused_chunk_bwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act, config, reverse):
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act, reverse, config):
     dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
@@ -189,22 +189,22 @@ class _FusedChunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
-                config, reverse):
+                reverse, config):
         y, ht = fused_chunk_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act,
-                                output_final_state, config, reverse)
+                                output_final_state, reverse, config)
         ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens)
-        ctx.args = (scale, o_act, i_act, output_final_state, config, reverse)
+        ctx.args = (scale, o_act, i_act, output_final_state, reverse, config)
         ctx.set_materialize_grads(False)
         return y, ht
 
     @staticmethod
     def backward(ctx, dy, dht):
         o, g, i, lower_bound, initial_state, cu_seqlens = ctx.saved_tensors
-        scale, o_act, i_act, output_final_state, config, reverse = ctx.args
+        scale, o_act, i_act, output_final_state, reverse, config = ctx.args
         dy = torch.zeros_like(i) if dy is None else dy.contiguous()
         dht = dht.contiguous() if output_final_state and dht is not None else None
         do, dg, di, dlb, dh0 = fused_chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
-                                               o_act, i_act, config, reverse)
+                                               o_act, i_act, reverse, config)
         if lower_bound is not None and ctx.needs_input_grad[3]:
             dlb = exact_bound_grad(dlb, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act,
                                    reverse)
@@ -232,6 +232,6 @@ def hgrn2_fused_chunk_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, 
         None if lower_bound is None else lower_bound.contiguous(),
         None if initial_state is None else initial_state.contiguous(),
         None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
-        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), key, bool(reverse),
+        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), bool(reverse), key,
     )
     return y.to(in_dtype), (ht if output_final_state else None)

@@ -216,9 +216,9 @@ def test_custom_op_registration():
     """Schema and fake (meta) implementation: what torch.compile relies on (autograd is `_FusedChunk`'s)."""
     o, g, i, beta, h0 = make_inputs(1, 20, 1, 16, 16, n_states=1)
     key = FusedChunkConfig().key
-    torch.library.opcheck(fused_chunk_mod.fused_chunk_fwd.op, (o, g, i, beta, h0, None, 0.5, 1, 0, True, key, False))
+    torch.library.opcheck(fused_chunk_mod.fused_chunk_fwd.op, (o, g, i, beta, h0, None, 0.5, 1, 0, True, False, key))
     dy = torch.randn_like(i)
-    torch.library.opcheck(fused_chunk_mod.fused_chunk_bwd.op, (o, g, i, beta, h0, None, dy, None, 0.5, 1, 0, key, True))
+    torch.library.opcheck(fused_chunk_mod.fused_chunk_bwd.op, (o, g, i, beta, h0, None, dy, None, 0.5, 1, 0, True, key))
 
 
 def test_bad_activation_is_a_clear_error():
