@@ -79,14 +79,6 @@ def preset(name: str, **overrides: Any) -> VisionConfig:
     return VisionConfig(**{**PRESETS[name], **overrides})
 
 
-def reverse_hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
-                  **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The HGRN2 recurrence run from the last token to the first (h_t = h_{t+1}·Diag(f_t) + i_t ⊗ (1 − f_t)),
-    for any backend of `ops.hgrn2`; arguments and result as there. The fused-chunk Triton kernels walk backwards
-    in place (no copies); the other paths flip time."""
-    return ops.hgrn2(o, g, i, lower_bound, reverse=True, **kw)
-
-
 class BiHGRU2(HGRU2):
     """HGRU2 over whole sequences, both directions with shared projections and gates (y = y→ + y←), or the
     forward direction alone with `bidirectional=False`."""
@@ -105,7 +97,7 @@ class BiHGRU2(HGRU2):
         kw = dict(scale=self.scale, o_act=self.o_act, i_act=self.i_act, backend=self.backend)
         y, _ = ops.hgrn2(q, f, i, lb, **kw)
         if self.bidirectional:
-            y = y + reverse_hgrn2(q, f, i, lb, **kw)[0]
+            y = y + ops.hgrn2(q, f, i, lb, reverse=True, **kw)[0]  # in place on the fused-chunk kernels
         return self.o_proj(self.g_norm(y.reshape(B, T, D)))
 
 

@@ -17,7 +17,7 @@ import importlib.util
 import torch
 
 from .checks import _fail, check_cu_seqlens, check_float, check_lower_bound_range, check_same, check_scale, check_state
-from .flip import run_reversed
+from .flip import run_scan
 from .gates import ACTIVATIONS, activate, clamp_forget_logits, log_forget, lower_bounds_from_logits, one_minus_forget
 from .reference import hgrn1_reference, hgrn2_reference
 
@@ -138,7 +138,7 @@ def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.
         fn = hgrn2_reference
     else:
         from .chunk import hgrn2_chunk as fn
-    return run_reversed(fn, o, g, i, lower_bound, **kw) if reverse else fn(o, g, i, lower_bound, **kw)
+    return run_scan(fn, o, g, i, lower_bound, reverse=reverse, **kw)
 
 
 def hgrn1(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None, *,

@@ -10,8 +10,8 @@ from hgrn2.models.vision import (
     VisionConfig,
     num_parameters,
     preset,
-    reverse_hgrn2,
 )
+from hgrn2.ops import hgrn2
 
 PAPER_PARAMS = {"deit_tiny": 6.1e6, "deit_small": 23.8e6}
 
@@ -76,8 +76,8 @@ def test_reverse_scan_matches_fp64_step_loop(backend):
     B, T, H, K = 2, 37, 2, 8
     o, g, i = (torch.randn(B, T, H, K, dtype=torch.float64, requires_grad=True) for _ in range(3))
     lb = torch.rand(H, K, dtype=torch.float64) * 0.9
-    y, _ = reverse_hgrn2(o.float(), g.float(), i.float(), lb.float(), o_act="sigmoid", i_act="silu",
-                         backend=backend)
+    y, _ = hgrn2(o.float(), g.float(), i.float(), lb.float(), o_act="sigmoid", i_act="silu", reverse=True,
+                 backend=backend)
     ref = reverse_step_loop(o, g, i, lb)
     assert rel_err(y, ref) < 1e-5
     dy = torch.randn_like(ref)
@@ -93,8 +93,8 @@ def test_reverse_scan_on_triton_matches_fp64_step_loop():
     B, T, H, K = 1, 20, 1, 16
     o, g, i = (torch.randn(B, T, H, K, dtype=torch.float64, device=device, requires_grad=True) for _ in range(3))
     lb = torch.rand(H, K, dtype=torch.float64, device=device) * 0.9
-    y, _ = reverse_hgrn2(o.float(), g.float(), i.float(), lb.float(), o_act="sigmoid", i_act="silu",
-                         backend="triton")
+    y, _ = hgrn2(o.float(), g.float(), i.float(), lb.float(), o_act="sigmoid", i_act="silu", reverse=True,
+                 backend="triton")
     ref = reverse_step_loop(o, g, i, lb)
     assert rel_err(y, ref) < 1e-4
     dy = torch.randn_like(ref)

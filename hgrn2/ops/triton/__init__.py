@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..flip import run_reversed
+from ..flip import run_scan
 from ._interpret import patch_interpreter
 
 patch_interpreter()
@@ -58,7 +58,7 @@ def hgrn2_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound:
                  cu_seqlens: torch.Tensor | None = None, reverse: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HGRN2 on Triton: o, g [B, T, H, K], i [B, T, H, V] → (y [B, T, H, V], final state [N, H, V, K] or None);
-    reverse: the fused-chunk kernels walk backwards in place, the other families flip time (`flip.run_reversed`)."""
+    reverse: the fused-chunk kernels walk backwards in place, the other families flip time (`flip.run_scan`)."""
     kw = dict(scale=scale, o_act=o_act, i_act=i_act, initial_state=initial_state,
               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     grad = _needs_grad(o, g, i, lower_bound, initial_state)
@@ -70,7 +70,7 @@ def hgrn2_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound:
         fn = hgrn2_chunk_parallel_triton
     else:
         return hgrn2_fused_chunk_triton(o, g, i, lower_bound, reverse=reverse, **kw)
-    return run_reversed(fn, o, g, i, lower_bound, **kw) if reverse else fn(o, g, i, lower_bound, **kw)
+    return run_scan(fn, o, g, i, lower_bound, reverse=reverse, **kw)
 
 
 def hgrn1_triton(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = None,

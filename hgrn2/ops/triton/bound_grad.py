@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk import hgrn2_chunk
-from ..flip import run_reversed
+from ..flip import run_scan
 from ._common import ACTS
 
 # The kernels' dβ errs by d log f's rounding times σ(−g)/f ≤ 1/β: at β ≥ 2^-8 at most a few 1e-4 of the gradient's
@@ -47,7 +47,7 @@ def exact_bound_grad(dlb: torch.Tensor, o: torch.Tensor, g: torch.Tensor, i: tor
         kw = dict(scale=scale, o_act=_ACT_NAMES[o_act], i_act=_ACT_NAMES[i_act], initial_state=pick(initial_state, 1),
                   output_final_state=dht is not None, cu_seqlens=cu_seqlens)
         args = (pick(o, 2), pick(g, 2), pick(i, 2), lb)
-        y, ht = run_reversed(hgrn2_chunk, *args, **kw) if reverse else hgrn2_chunk(*args, **kw)
+        y, ht = run_scan(hgrn2_chunk, *args, reverse=reverse, **kw)
         outs, grads = [y], [pick(dy, 2)]
         if dht is not None:
             outs.append(ht)
