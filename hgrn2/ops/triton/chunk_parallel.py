@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ._common import ACTS, seq_layout, sm_count
 from ._device import cdiv, next_pow2, triton_op
-from .bound_grad import exact_bound_grad
+from .bound_grad import LowBoundHeads, exact_bound_grad
 from .chunk_parallel_bwd import chunk_parallel_bwd_dh_kernel, chunk_parallel_bwd_kernel
 from .chunk_parallel_fwd import chunk_parallel_decay_kernel, chunk_parallel_fwd_h_kernel, chunk_parallel_fwd_o_kernel
 from .config import ChunkParallelConfig, config_key, from_key
@@ -245,6 +245,7 @@ class _ChunkParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
                 save_a, save_b, config):
+        ctx.low = LowBoundHeads.of(lower_bound, ctx.needs_input_grad[3])  # before the kernels: its event comes first
         y, ht, h, a_saved, b_saved, fb = chunk_parallel_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale,
                                                             o_act, i_act, output_final_state, save_a, save_b, config)
         ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb)
@@ -261,7 +262,8 @@ class _ChunkParallel(torch.autograd.Function):
         do, dg, di, dlb, dh0 = chunk_parallel_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved,
                                                   b_saved, fb, dy, dht, scale, o_act, i_act, config)
         if lower_bound is not None and ctx.needs_input_grad[3]:
-            dlb = exact_bound_grad(dlb, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act)
+            dlb = exact_bound_grad(dlb, ctx.low, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act,
+                                   i_act)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
                 None, None, None, None, None, None, None, None)
 

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ._common import ACTS, seq_layout, sm_count
 from ._device import cdiv, next_pow2, triton_op
-from .bound_grad import exact_bound_grad
+from .bound_grad import LowBoundHeads, exact_bound_grad
 from .config import FusedChunkConfig, config_key, from_key
 from .fused_chunk_bwd import (
     fused_chunk_bwd_diag_kernel,
@@ -190,6 +190,7 @@ class _FusedChunk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
                 reverse, config):
+        ctx.low = LowBoundHeads.of(lower_bound, ctx.needs_input_grad[3])  # before the kernels: its event comes first
         y, ht = fused_chunk_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act,
                                 output_final_state, reverse, config)
         ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens)
@@ -206,8 +207,8 @@ class _FusedChunk(torch.autograd.Function):
         do, dg, di, dlb, dh0 = fused_chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
                                                o_act, i_act, reverse, config)
         if lower_bound is not None and ctx.needs_input_grad[3]:
-            dlb = exact_bound_grad(dlb, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act,
-                                   reverse)
+            dlb = exact_bound_grad(dlb, ctx.low, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
+                                   o_act, i_act, reverse)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
                 None, None, None, None, None, None, None)
 
