@@ -12,6 +12,7 @@ from hgrn2.models.lra import (
     hgrn2_elementwise,
     num_parameters,
     scan_directions,
+    sinusoidal,
 )
 
 
@@ -91,6 +92,81 @@ def test_shapes_and_padding(mixer, directions):
     pixels = LRAClassifier(LRAModelConfig(mixer=mixer, num_classes=4, hidden_size=16, num_layers=1,
                                           directions=directions, num_heads=2))
     assert pixels(torch.rand(2, 36, 1)).shape == (2, 4)
+
+
+def test_unmasked_padding_feeds_the_scans_but_not_the_pool():
+    torch.manual_seed(0)
+    ids = torch.randint(2, 11, (3, 20))
+    mask = torch.ones(3, 20, dtype=torch.bool)
+    mask[0, 13:] = False
+    other = ids.clone()
+    other[0, 13:] = 7
+    for directions, moves in (("causal", False), ("bi", True)):
+        cfg = LRAModelConfig(num_classes=3, vocab_size=11, hidden_size=8, num_layers=2, directions=directions,
+                             norm="layer", mask_padding=False)
+        model = LRAClassifier(cfg).eval()
+        out = model(ids, mask)
+        # the reverse scan starts in the padding; a forward scan meets it only after the pooled tokens
+        assert (model(other, mask) - out)[0].abs().max() > 1e-4 if moves else torch.allclose(model(other, mask), out)
+        assert torch.allclose(model(other, mask)[1:], out[1:])
+
+
+def _scan(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """h_t = f_t·h_{t−1} + x_t over dim 1, one step at a time."""
+    h, out = torch.zeros_like(x[:, 0]), []
+    for t in range(x.shape[1]):
+        h = f[:, t] * h + x[:, t]
+        out.append(h)
+    return torch.stack(out, 1)
+
+
+def test_hgrn2_classifier_matches_a_step_by_step_reference():
+    """The authors' LRA layout (OpenNLPLab/lra SequenceModel with hgru2-pytorch's BiHgru2_1d), written out: pre-BN
+    residual mixer and GLU blocks, layer l bounded below by the softmax weights of the layers before it, the two
+    directions' states summed, a final BN, the mean over each sequence's real tokens, padding read by the scans."""
+    torch.manual_seed(0)
+    d, L, e, T = 8, 3, 2, 11
+    cfg = LRAModelConfig(num_classes=5, vocab_size=9, hidden_size=d, num_layers=L, glu_expand=1, norm="batch",
+                         mask_padding=False)
+    model = LRAClassifier(cfg).double()
+    with torch.no_grad():
+        model.encoder.lower_bounds.normal_()
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_(0, 0.3)
+    ids = torch.randint(0, 9, (4, T))
+    lengths = torch.tensor([T, 7, 9, 4])
+    mask = torch.arange(T)[None] < lengths[:, None]
+    got = model(ids, mask)
+
+    def bn(x, norm):
+        return torch.nn.functional.batch_norm(x.transpose(1, 2), None, None, norm.weight, norm.bias, True,
+                                              eps=norm.eps).transpose(1, 2)
+
+    def mixer(x, m, beta):
+        i, o, f = (torch.nn.functional.linear(x, p.weight, p.bias) for p in (m.i_proj, m.q_proj, m.f_proj))
+        i, o, f = (t.unflatten(-1, (d // e, e)) for t in (torch.nn.functional.silu(i), o.sigmoid(), f.sigmoid()))
+        lam = beta.view(d // e, e) + (1 - beta.view(d // e, e)) * f          # [B, T, heads, k]
+        x_in = ((1 - lam)[..., :, None] * i[..., None, :]).flatten(2)        # state [k, v] per head
+        lam = lam[..., None].expand(*lam.shape, e).flatten(2)
+        s = (_scan(x_in, lam) + _scan(x_in.flip(1), lam.flip(1)).flip(1)).unflatten(-1, (d // e, e, e))
+        y = (s * o[..., None]).sum(-2).flatten(2)
+        y = torch.nn.functional.layer_norm(y, (d,), m.g_norm.weight, m.g_norm.bias, m.g_norm.eps)
+        return torch.nn.functional.linear(y, m.o_proj.weight, m.o_proj.bias)
+
+    enc = model.encoder
+    x = enc.embed(ids) + sinusoidal(T, d).double()
+    w = enc.lower_bounds.softmax(0)
+    for layer, block in enumerate(enc.layers):
+        # β_l = w_1 + … + w_l; the authors' w_0 + … + w_{l−1} is the same family with Γ's rows shifted by one
+        x = x + mixer(bn(x, block.mixer_norm.norm), block.mixer, w[1:layer + 1].sum(0))
+        g, y = block.mlp, bn(x, block.mlp_norm.norm)
+        lin = torch.nn.functional.linear
+        x = x + lin(torch.nn.functional.silu(lin(y, g.gate_proj.weight, g.gate_proj.bias))
+                    * lin(y, g.up_proj.weight, g.up_proj.bias), g.down_proj.weight, g.down_proj.bias)
+    x = bn(x, enc.norm.norm)
+    pooled = torch.stack([x[b, :n].mean(0) for b, n in enumerate(lengths)])
+    assert torch.allclose(got, model.head(pooled), atol=1e-12)
 
 
 @pytest.mark.parametrize("cls", [BiHGRU2, BiHGRU1])
