@@ -241,9 +241,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             if args.ckpt_every and step % args.ckpt_every == 0 and (it + 1) < steps_per_epoch:
                 save(it + 1)
         else:
-            ev_batch = 2 * per_rank
-            val = evaluate(ddp, data["val"], pixels, ev_batch, d, amp)
-            test = evaluate(ddp, data["test"], pixels, ev_batch, d, amp)
+            # the training batch, as the LRA code's loaders: where the scans read padding, it sets how much
+            val = evaluate(ddp, data["val"], pixels, per_rank, d, amp)
+            test = evaluate(ddp, data["test"], pixels, per_rank, d, amp)
             e = epoch_sums.tolist()
             history.append({"epoch": epoch + 1, "step": step, "train_loss": e[0] / e[2], "train_acc": e[1] / e[2],
                             "val_acc": val["acc"], "val_loss": val["loss"],
