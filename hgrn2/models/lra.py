@@ -10,6 +10,10 @@ Token mixers scan in both directions with shared projections and sum the directi
 norm (`BiHgru1d`, `BiHgru2_1d`), or in four directions over the image grid (`Hgru2d`, `Hgru2_2d_parallel`: along
 rows and columns, forward and reverse). Lower bounds are HGRN's cumax over layers. Retrieval is a dual encoder: one
 encoder reads both documents and the head sees [a, b, a − b, a·b] (LRA's NLI-style `RetrievalHead`).
+
+Padding: pooling always averages over the real tokens only (the LRA decoder's `use_lengths`). With `mask_padding`
+the mixers also skip padded positions; without it they read the padding like any token, as the authors' code does
+(its sequence lengths reach only the decoder), so a reverse scan starts in the batch's padding.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class LRAModelConfig:
     """One LRA encoder. `vocab_size` None means real-valued inputs of `in_channels` per position (pixels).
 
     `dropout` acts on each residual branch (and attention weights); `embed_dropout` on the embedded input.
+    `mask_padding`: padded positions neither feed nor move the mixers' scans (False: they are read as tokens).
     """
 
     mixer: str = "hgrn2"
@@ -61,6 +66,7 @@ class LRAModelConfig:
     dual: bool = False
     use_lower_bound: bool = True
     num_heads: int = 8
+    mask_padding: bool = True
 
     def __post_init__(self) -> None:
         for name, value, choices in (("mixer", self.mixer, MIXERS), ("directions", self.directions, DIRECTIONS),
@@ -296,8 +302,9 @@ class LRAEncoder(nn.Module):
             x = x + self.positions[:T].to(x.dtype)
         x = self.drop(x)
         betas = lower_bounds_from_logits(self.lower_bounds).unbind(0) if self.lower_bounds is not None else None
+        mixer_mask = attention_mask if self.cfg.mask_padding else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, None if betas is None else betas[i], attention_mask)
+            x = layer(x, None if betas is None else betas[i], mixer_mask)
         x = self.norm(x)
         return pool(x, attention_mask, self.cfg.pooling)
 

@@ -35,13 +35,15 @@ from ..data.lra.readers import Split
 from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
 from . import checkpoint, distributed
 from .logger import RunLogger
-from .optim import build_optimizer, lr_at, set_lr
+from .optim import lr_at, set_lr
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
 PAPER_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 # HGRN2 paper, Table "Results on LRA" (test accuracy, %)
 PAPER = {"HGRN1 (paper)": (59.95, 88.14, 94.23, 88.69, 92.92, 97.50),
          "HGRN2 (paper)": (60.52, 88.97, 95.07, 89.33, 93.95, 98.12)}
+PRECISIONS = ("fp32", "bf16")
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay", "precision")
 
 
 def load_preset(task: str, config_dir: str | Path = CONFIG_DIR) -> dict:
@@ -113,15 +115,23 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
         model_opts["positional"] = True  # attention alone is blind to order (the HGRN presets' "id" encoder)
     model_opts.update(args.model_options or {})
     train = dict(preset["train"])
-    for key in ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay"):
+    for key in TRAIN_KEYS:
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
+    if train.get("precision") not in PRECISIONS:
+        raise ValueError(f"`--precision`: expected one of {PRECISIONS}, got {train.get('precision')!r}")
     unknown = sorted(set(model_opts) - set(LRAModelConfig.__dataclass_fields__))
     if unknown:
         raise ValueError(f"`--model-options`: unknown keys {unknown}; see hgrn2.models.lra.LRAModelConfig")
     cfg = LRAModelConfig(mixer=mixer, num_classes=info.num_classes, vocab_size=info.vocab_size,
                          max_len=info.max_len, dual=info.dual, **model_opts)
     return cfg, train
+
+
+def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (torch's defaults) decaying every parameter, norms and biases included: the LRA code passes all of
+    them in one group (its `_optim` overrides are set only by S4 layers)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
 
 def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist) -> dict:
@@ -156,8 +166,8 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
         # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ddp = distributed.wrap(model, "ddp", d)
-    opt = build_optimizer(model, "adamw", tr["lr"], (0.9, 0.999), 1e-8, tr["weight_decay"])
-    amp = d.device.type == "cuda" and not args.fp32
+    opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"])
+    amp = d.device.type == "cuda" and tr["precision"] == "bf16"
 
     step, epoch, start_it, history = 0, 0, 0, []
     # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
@@ -231,9 +241,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             if args.ckpt_every and step % args.ckpt_every == 0 and (it + 1) < steps_per_epoch:
                 save(it + 1)
         else:
-            ev_batch = 2 * per_rank
-            val = evaluate(ddp, data["val"], pixels, ev_batch, d, amp)
-            test = evaluate(ddp, data["test"], pixels, ev_batch, d, amp)
+            # the training batch, as the LRA code's loaders: where the scans read padding, it sets how much
+            val = evaluate(ddp, data["val"], pixels, per_rank, d, amp)
+            test = evaluate(ddp, data["test"], pixels, per_rank, d, amp)
             e = epoch_sums.tolist()
             history.append({"epoch": epoch + 1, "step": step, "train_loss": e[0] / e[2], "train_acc": e[1] / e[2],
                             "val_acc": val["acc"], "val_loss": val["loss"],
@@ -328,6 +338,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, help="override the preset's warmup steps")
     p.add_argument("--schedule-steps", type=int, help="override the preset's cosine length in steps")
     p.add_argument("--weight-decay", type=float, help="override the preset's weight decay")
+    p.add_argument("--precision", choices=PRECISIONS, help="override the preset's precision (bf16: autocast on CUDA; "
+                   "CPU runs stay fp32)")
     p.add_argument("--model-options", type=json.loads, help='JSON overrides of the model preset, e.g. '
                    '\'{"hidden_size": 16, "num_layers": 1}\'')
     p.add_argument("--max-minutes", type=float, help="stop each run after this many minutes (checkpointed)")
@@ -337,7 +349,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=2222, help="initialisation and data-order seed (the authors' 2222)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the generated data sets")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--report", action="store_true", help="print the table over the runs in --out and plot curves")
     add_record_argument(p)
 
@@ -396,4 +407,5 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
     return write_result(args.record or None, "lra", env, rows, command_of(args), figure=figure, paper=paper)
 
 
-__all__ = ["train_run", "evaluate", "report", "plot", "record_results", "build", "load_preset", "add_arguments", "run"]
+__all__ = ["train_run", "evaluate", "report", "plot", "record_results", "build", "build_lra_optimizer", "load_preset",
+           "add_arguments", "run"]

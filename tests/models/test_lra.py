@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hgrn2 import ops
 from hgrn2.models.lra import (
@@ -12,6 +13,7 @@ from hgrn2.models.lra import (
     hgrn2_elementwise,
     num_parameters,
     scan_directions,
+    sinusoidal,
 )
 
 
@@ -91,6 +93,100 @@ def test_shapes_and_padding(mixer, directions):
     pixels = LRAClassifier(LRAModelConfig(mixer=mixer, num_classes=4, hidden_size=16, num_layers=1,
                                           directions=directions, num_heads=2))
     assert pixels(torch.rand(2, 36, 1)).shape == (2, 4)
+
+
+def test_unmasked_padding_feeds_the_scans_but_not_the_pool():
+    torch.manual_seed(0)
+    ids = torch.randint(2, 11, (3, 20))
+    mask = torch.ones(3, 20, dtype=torch.bool)
+    mask[0, 13:] = False
+    other = ids.clone()
+    other[0, 13:] = 7
+    for directions, moves in (("causal", False), ("bi", True)):
+        cfg = LRAModelConfig(num_classes=3, vocab_size=11, hidden_size=8, num_layers=2, directions=directions,
+                             norm="layer", mask_padding=False)
+        model = LRAClassifier(cfg).eval()
+        out = model(ids, mask)
+        # the reverse scan starts in the padding; a forward scan meets it only after the pooled tokens
+        assert (model(other, mask) - out)[0].abs().max() > 1e-4 if moves else torch.allclose(model(other, mask), out)
+        assert torch.allclose(model(other, mask)[1:], out[1:])
+
+
+def _scan(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """h_t = f_t·h_{t−1} + x_t over dim 1, one step at a time (real or complex)."""
+    h, out = torch.zeros_like(x[:, 0]), []
+    for t in range(x.shape[1]):
+        h = f[:, t] * h + x[:, t]
+        out.append(h)
+    return torch.stack(out, 1)
+
+
+def _both_ways(x: torch.Tensor, f: torch.Tensor, f_reverse: torch.Tensor | None = None) -> torch.Tensor:
+    f_reverse = f if f_reverse is None else f_reverse
+    return _scan(x, f) + _scan(x.flip(1), f_reverse.flip(1)).flip(1)
+
+
+def _lin(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    return torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+
+def _ln(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _bihgru2(x, m, beta):
+    """hgru2-pytorch's BiHgru2_1d: state [k, v] per head of e = 2, forget gate on k, output gate read over k."""
+    H, e = m.num_heads, m.head_dim
+    i, o, f = (t.unflatten(-1, (H, e)) for t in (F.silu(_lin(x, m.i_proj)), _lin(x, m.q_proj).sigmoid(),
+                                                  _lin(x, m.f_proj).sigmoid()))
+    lam = beta.view(H, e) + (1 - beta.view(H, e)) * f
+    x_in = ((1 - lam)[..., :, None] * i[..., None, :]).flatten(2)
+    s = _both_ways(x_in, lam[..., None].expand(*lam.shape, e).flatten(2)).unflatten(-1, (H, e, e))
+    return _lin(_ln((s * o[..., None]).sum(-2).flatten(2), m.g_norm), m.o_proj)
+
+
+def _bihgru1(x, m, beta):
+    """hgru-pytorch's BiHgru1d: complex state, one θ per direction, LayerNorm([Re, Im]) gated by silu."""
+    u = F.silu(_lin(x, m.input_proj))
+    lam = beta + (1 - beta) * _lin(x, m.lambda_proj).sigmoid()
+    x_in = (1 - lam) * torch.complex(u[..., 0::2], u[..., 1::2])
+    h = _both_ways(x_in, lam * torch.exp(1j * m.theta), lam * torch.exp(1j * m.theta_reverse))
+    return _lin(_ln(torch.cat([h.real, h.imag], -1), m.norm) * F.silu(_lin(x, m.gate)), m.out_proj)
+
+
+@pytest.mark.parametrize("mixer, reference", [("hgrn2", _bihgru2), ("hgrn1", _bihgru1)])
+def test_classifier_matches_a_step_by_step_reference(mixer, reference):
+    """The authors' LRA layout (OpenNLPLab/lra SequenceModel with the bidirectional HGRU layers), written out: pre-BN
+    residual mixer and GLU blocks, layer l bounded below by the softmax weights of the layers before it, a final
+    BN, the mean over each sequence's real tokens, padding read by the scans."""
+    torch.manual_seed(0)
+    d, T = 8, 11
+    cfg = LRAModelConfig(mixer=mixer, num_classes=5, vocab_size=9, hidden_size=d, num_layers=3, glu_expand=1,
+                         norm="batch", mask_padding=False)
+    model = LRAClassifier(cfg).double()
+    with torch.no_grad():
+        model.encoder.lower_bounds.normal_()
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_(0, 0.3)
+    ids = torch.randint(0, 9, (4, T))
+    lengths = torch.tensor([T, 7, 9, 4])
+    got = model(ids, torch.arange(T)[None] < lengths[:, None])
+
+    def bn(x, norm):
+        return F.batch_norm(x.transpose(1, 2), None, None, norm.weight, norm.bias, True, eps=norm.eps).transpose(1, 2)
+
+    enc = model.encoder
+    x = enc.embed(ids) + sinusoidal(T, d).double()
+    w = enc.lower_bounds.softmax(0)
+    for layer, block in enumerate(enc.layers):
+        # β_l = w_1 + … + w_l; the authors' w_0 + … + w_{l−1} is the same family with Γ's rows shifted by one
+        x = x + reference(bn(x, block.mixer_norm.norm), block.mixer, w[1:layer + 1].sum(0))
+        g, y = block.mlp, bn(x, block.mlp_norm.norm)
+        x = x + _lin(F.silu(_lin(y, g.gate_proj)) * _lin(y, g.up_proj), g.down_proj)
+    x = bn(x, enc.norm.norm)
+    pooled = torch.stack([x[b, :n].mean(0) for b, n in enumerate(lengths)])
+    assert torch.allclose(got, model.head(pooled), atol=1e-12)
 
 
 @pytest.mark.parametrize("cls", [BiHGRU2, BiHGRU1])

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hgrn2.cli import main
 from hgrn2.models.lra import MIXERS, LRAClassifier, LRAModelConfig
 from hgrn2.train import checkpoint
-from hgrn2.train.lra import build, load_preset, report
+from hgrn2.train.lra import build, build_lra_optimizer, load_preset, report
 
 FASHION = Path(__file__).resolve().parents[1] / "fixtures" / "lra" / "fashion-mnist"
 
@@ -35,9 +35,29 @@ def test_presets_follow_the_authors_launch_script():
     listops = load_preset("listops")
     assert listops["model"]["hidden_size"] == 32 and listops["model"]["num_layers"] == 6
     assert listops["train"] == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
-                                "schedule_steps": 50000, "epochs": 50}
+                                "schedule_steps": 50000, "epochs": 50, "precision": "fp32"}
+    # the LRA code's mixers never see the lengths; Lightning trained every task in 32-bit
+    for task in ("listops", "text", "retrieval"):
+        assert load_preset(task)["model"]["mask_padding"] is False
+    for task in ("listops", "text", "retrieval", "image", "pathfinder", "pathx", "fashion_mnist"):
+        assert load_preset(task)["train"]["precision"] == "fp32"
     assert load_preset("pathfinder")["model"]["directions"] == "2d"
     assert load_preset("retrieval")["model"]["glu_expand"] == 2
+
+
+def test_weight_decay_reaches_every_parameter():
+    model = LRAClassifier(LRAModelConfig(num_classes=3, vocab_size=5, hidden_size=8, num_layers=2))
+    (group,) = build_lra_optimizer(model, 1e-3, 0.01).param_groups
+    assert group["weight_decay"] == 0.01 and len(group["params"]) == len(list(model.parameters()))
+    # a BatchNorm bias with zero gradient still shrinks, as under the authors' single AdamW group
+    bias = model.encoder.norm.norm.bias
+    with torch.no_grad():
+        bias.fill_(1.0)
+    opt = build_lra_optimizer(model, 1e-1, 0.5)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert torch.allclose(bias, torch.full_like(bias, 0.95))
 
 
 def _cli(out: Path, *extra: str) -> None:
@@ -93,10 +113,14 @@ def test_overrides_reach_the_config():
 
     from hgrn2.train.lra import CONFIG_DIR
     args = argparse.Namespace(config=str(CONFIG_DIR), model_options={"hidden_size": 8}, epochs=3, batch_size=None,
-                              lr=None, warmup_steps=None, schedule_steps=None, weight_decay=None)
+                              lr=None, warmup_steps=None, schedule_steps=None, weight_decay=None, precision="bf16")
     cfg, train = build("pathx", "hgrn1", args)
     assert cfg.hidden_size == 8 and cfg.max_len == 16384 and cfg.vocab_size is None and cfg.mixer == "hgrn1"
-    assert train["epochs"] == 3 and train["lr"] == 7.5e-4
+    assert train["epochs"] == 3 and train["lr"] == 7.5e-4 and train["precision"] == "bf16"
+    args.precision = "fp16"
+    with pytest.raises(ValueError, match="precision"):
+        build("pathx", "hgrn1", args)
+    args.precision = None
     args.model_options = {"width": 8}
     with pytest.raises(ValueError, match="model-options"):
         build("listops", "hgrn2", args)
