@@ -304,7 +304,8 @@ class LRAEncoder(nn.Module):
         betas = lower_bounds_from_logits(self.lower_bounds).unbind(0) if self.lower_bounds is not None else None
         mixer_mask = attention_mask if self.cfg.mask_padding else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, None if betas is None else betas[i], mixer_mask)
+            # layer 0's bound is exactly 0: None spares its backward the small-bound recompute (bound_grad)
+            x = layer(x, None if betas is None or i == 0 else betas[i], mixer_mask)
         x = self.norm(x)
         return pool(x, attention_mask, self.cfg.pooling)
 
