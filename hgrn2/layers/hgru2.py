@@ -20,9 +20,9 @@ import torch.nn as nn
 
 from .. import ops
 from ..ops.gates import ACTIVATIONS, activate, check_min_log_forget
-from ..ops.projection import linears
+from ..ops.projection import linears, rms_norm_linears
 from .conv import ShortConv
-from .norm import build_norm
+from .norm import RMSNorm, build_norm
 
 # the op's [B, H, V, K] state, or (state, q_conv, f_conv, i_conv) with short convolutions
 HGRU2State = torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -71,23 +71,39 @@ class HGRU2(nn.Module):
 
     def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None, state: HGRU2State | None = None,
                 use_cache: bool = False, attention_mask: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, HGRU2State | None]:
+                cu_seqlens: torch.Tensor | None = None, prenorm: tuple | None = None
+                ) -> tuple[torch.Tensor, HGRU2State | None] | tuple[torch.Tensor, HGRU2State | None, torch.Tensor]:
         """x [B, T, hidden]; lower_bound [hidden] or None; attention_mask [B, T] 0/1 (left padding).
 
-        Returns (y [B, T, hidden], new state or None).
+        prenorm: (norm, res, out_dtype) with norm an RMSNorm and res [B, T, hidden] or None: x is then the residual
+        stream before the block's pre-norm, which this call applies, r = x + res (or x) and h = norm(r, out_dtype),
+        in decoding as one kernel with the q/f/i projections.
+
+        Returns (y [B, T, hidden], new state or None), and r last with prenorm.
         """
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"`x`: expected a [batch, seq_len, {self.hidden_size}] tensor, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         if lower_bound is not None and tuple(lower_bound.shape) != (self.hidden_size,):
             raise ValueError(f"`lower_bound`: expected shape ({self.hidden_size},), got {tuple(lower_bound.shape)}")
-        B, T, D = x.shape
+        projs = (self.q_proj, self.f_proj, self.i_proj)
+        weights, biases = [p.weight for p in projs], [p.bias for p in projs]
+        if prenorm is None:
+            q, f, i = linears(x, weights, biases)
+            return self._mix(q, f, i, lower_bound, state, use_cache, attention_mask, cu_seqlens)
+        norm, res, out_dtype = prenorm
+        r, (q, f, i) = rms_norm_linears(x, norm.weight, norm.eps, weights, biases, res=res, out_dtype=out_dtype)
+        return *self._mix(q, f, i, lower_bound, state, use_cache, attention_mask, cu_seqlens), r
+
+    def _mix(self, q: torch.Tensor, f: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
+             state: HGRU2State | None = None, use_cache: bool = False, attention_mask: torch.Tensor | None = None,
+             cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, HGRU2State | None]:
+        """Everything after the q/f/i projections [B, T, hidden]."""
+        B, T, D = q.shape
         H, K = self.num_heads, self.head_dim
         rec, convs = (state, (None,) * 3) if not isinstance(state, tuple) else (state[0], state[1:])
-        projs = (self.q_proj, self.f_proj, self.i_proj)
-        q, f, i = linears(x, (p.weight for p in projs), (p.bias for p in projs))
         i_act = self.i_act
-        keep = _padding_keep(attention_mask, x, state, cu_seqlens, use_cache)
+        keep = _padding_keep(attention_mask, q, state, cu_seqlens, use_cache)
         if keep is not None and self.use_short_conv:
             # zero the raw projections so padding looks like the conv's start-of-sequence zeros
             q, f, i = q * keep, f * keep, i * keep
@@ -109,7 +125,12 @@ class HGRU2(nn.Module):
         y, new_rec = ops.hgrn2(q.view(B, T, H, K), f.view(B, T, H, K), i.view(B, T, H, K), lb, scale=self.scale,
                                o_act=self.o_act, i_act=i_act, initial_state=rec, output_final_state=use_cache,
                                cu_seqlens=cu_seqlens, backend=self.backend)
-        out = self.o_proj(self.g_norm(y.reshape(B, T, D)))
+        y = y.reshape(B, T, D)
+        if isinstance(self.g_norm, RMSNorm):  # norm and projection as one kernel in decoding
+            out = rms_norm_linears(y, self.g_norm.weight, self.g_norm.eps, (self.o_proj.weight,),
+                                   (self.o_proj.bias,))[1][0]
+        else:
+            out = self.o_proj(self.g_norm(y))
         if not use_cache:
             return out, None
         return out, ((new_rec, *new_convs) if self.use_short_conv else new_rec)

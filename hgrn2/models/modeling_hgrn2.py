@@ -27,7 +27,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import ModelOutput
 
-from ..layers import GLU, get_token_mixer
+from ..layers import GLU, HGRU2, get_token_mixer
 from ..layers.conv import ShortConv
 from ..layers.norm import LayerNorm, RMSNorm
 from ..ops.checks import reads_on_host
@@ -66,16 +66,20 @@ class HGRN2Block(nn.Module):
         """x [B, T, hidden]: the residual stream without `branch`, the previous block's last branch output
         (None before the first block). Returns (x, branch, state): this block's residual stream is x + branch."""
         dt = _projection_dtype(x)
-        if branch is None:
-            h = self.attn_norm(x, dt)
+        kw = dict(lower_bound=lower_bound, state=state, use_cache=use_cache, attention_mask=attention_mask,
+                  cu_seqlens=cu_seqlens)
+        if isinstance(self.attn, HGRU2):  # the mixer applies the norm (one kernel with q/f/i in decoding)
+            y, state, x = self.attn(x, prenorm=(self.attn_norm, branch, dt), **kw)
         else:
-            x, h = self.attn_norm.add_and_norm(x, branch, dt)
-        y, state = self.attn(h, lower_bound=lower_bound, state=state, use_cache=use_cache,
-                             attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+            if branch is None:
+                h = self.attn_norm(x, dt)
+            else:
+                x, h = self.attn_norm.add_and_norm(x, branch, dt)
+            y, state = self.attn(h, **kw)
         if self.mlp is None:
             return x, y, state
-        x, h = self.mlp_norm.add_and_norm(x, y, dt)
-        return x, self.mlp(h), state
+        x, out = self.mlp.after_norm(self.mlp_norm, x, y, dt)
+        return x, out, state
 
 
 def _projection_dtype(x: torch.Tensor) -> torch.dtype | None:

@@ -42,14 +42,22 @@ def check_values(ok: torch.Tensor, name: str, expected: str, got: Callable[[], s
     """The one-line error for `name` unless the boolean scalar tensor `ok` holds.
 
     Read on the host for CPU tensors (`got()` describes the bad values); on a GPU an asynchronous device-side
-    assertion, so that no check in a training step stalls the CPU; skipped while torch.compile traces.
+    assertion, so that no check in a training step stalls the CPU. Skipped while torch.compile traces or a CUDA
+    graph is captured: the eager warm-up before a capture has checked the same computation, and a graph replaying
+    the check would add its kernels to every step.
     """
     if torch.compiler.is_compiling():
         return
-    if not reads_on_host(ok):
+    if reads_on_host(ok):
+        if not bool(ok):
+            _fail(name, expected, got())
+    elif not capturing(ok):
         torch._assert_async(ok, f"`{name}`: expected {expected}")
-    elif not bool(ok):
-        _fail(name, expected, got())
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether x's CUDA stream is being captured into a graph."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def check_lower_bound_range(lower_bound: torch.Tensor) -> None:

@@ -10,6 +10,11 @@ copies and a cat of the gradients per layer: more than the adds).
 
 Arithmetic as `F.linear` under the caller's autocast: operands in the autocast dtype (else as given), each
 product rounded to it; dx accumulates in the matmuls' fp32 accumulators and is rounded once per projection.
+
+Without a backward and with at most `gemv.MAX_ROWS` rows on CUDA (decoding), the projections of a group run as one
+Triton launch (`hgrn2.ops.triton.gemv`), which also takes the RMSNorm before them (`rms_norm_linears`) and, for
+the MLP, SwiGLU after gate and up (`rms_norm_swiglu_mlp`): a decode step's time is its weight reads and its
+launches, and one launch per projection and per norm leaves it well short of the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -18,6 +23,88 @@ from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
+
+from . import use_glue_kernels
+from .norm import add_rms_norm, rms_norm
+from .swiglu import swiglu_linear
+
+MAX_GEMV_ROWS = 4  # = hgrn2.ops.triton.gemv.MAX_ROWS (not imported here: Triton may be absent)
+
+
+def _use_gemv(x: torch.Tensor, weights: tuple, biases: tuple, res: torch.Tensor | None = None,
+              norm_weight: torch.Tensor | None = None) -> bool:
+    """Whether the small-batch kernels take these projections: no backward, no autocast, a few rows on CUDA, and
+    weights that fit (`_weights_fit`); a residual like x and a norm weight [K], where given."""
+    if not use_glue_kernels(x) or torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type):
+        return False
+    if res is not None and (res.shape != x.shape or res.dtype != x.dtype):
+        return False
+    if norm_weight is not None and (norm_weight.shape != x.shape[-1:] or not norm_weight.is_contiguous()):
+        return False
+    return 0 < x.numel() <= MAX_GEMV_ROWS * x.shape[-1] and _weights_fit(x.dtype, x.shape[-1], weights, biases)
+
+
+def _weights_fit(dtype: torch.dtype, k: int, weights: tuple, biases: tuple) -> bool:
+    """Contiguous weights [N, k] of one shape in `dtype`; biases all present (in `dtype`) or all absent."""
+    n = weights[0].shape[0]
+    if any(w.shape != (n, k) or w.dtype != dtype or not w.is_contiguous() for w in weights):
+        return False
+    return all(b is None for b in biases) or all(b is not None and b.dtype == dtype for b in biases)
+
+
+def _rows(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.reshape(-1, t.shape[-1]).contiguous()
+
+
+def _gemv(x: torch.Tensor, weights: tuple, biases: tuple, res: torch.Tensor | None = None,
+          norm: tuple[torch.Tensor, float] | None = None) -> tuple[torch.Tensor, ...]:
+    """The kernel's outputs shaped like x's leading dims (and r = x + res last, with res)."""
+    from .triton.gemv import gemv
+
+    gamma, eps = norm if norm is not None else (None, 0.0)
+    ys = gemv(_rows(x), list(weights), [b for b in biases if b is not None], _rows(res), gamma, float(eps))
+    return tuple(y.view(*x.shape[:-1], y.shape[-1]) for y in ys)
+
+
+def _norm(x, res, norm_weight, eps, out_dtype):
+    if res is None:
+        return x, rms_norm(x, norm_weight, eps, out_dtype)
+    return add_rms_norm(x, res, norm_weight, eps, out_dtype)
+
+
+def rms_norm_linears(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weights: Iterable[torch.Tensor],
+                     biases: Iterable[torch.Tensor | None] | None = None, *, res: torch.Tensor | None = None,
+                     out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """A pre-norm and the projections after it: (r, linears(rms_norm(r, norm_weight, eps, out_dtype), weights,
+    biases)) with r = x + res, or x without res (`hgrn2.ops.norm.add_rms_norm`). In decoding, one kernel."""
+    weights = tuple(weights)
+    biases = tuple(biases) if biases is not None else (None,) * len(weights)
+    if _use_gemv(x, weights, biases, res, norm_weight) and out_dtype in (None, x.dtype):
+        out = _gemv(x, weights, biases, res, (norm_weight, eps))
+        return (x, out) if res is None else (out[-1], out[:-1])
+    r, h = _norm(x, res, norm_weight, eps, out_dtype)
+    return r, linears(h, weights, biases)
+
+
+def rms_norm_swiglu_mlp(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate: torch.Tensor,
+                        up: torch.Tensor, down: torch.Tensor,
+                        biases: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None,) * 3,
+                        *, res: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm and the SwiGLU MLP after it: (r, down(silu(gate(h)) · up(h))) with h = rms_norm(r) and r = x + res
+    (or x); weights gate, up [I, D], down [D, I] and their biases (or None). In decoding, two kernels."""
+    bg, bu, bd = biases
+    if (_use_gemv(x, (gate, up), (bg, bu), res, norm_weight) and out_dtype in (None, x.dtype)
+            and _weights_fit(x.dtype, gate.shape[0], (down,), (bd,))):
+        from .triton.gemv import gemv_swiglu
+
+        out = gemv_swiglu(_rows(x), gate, up, [b for b in (bg, bu) if b is not None], _rows(res), norm_weight,
+                          float(eps))
+        y = _gemv(out[0], (down,), (bd,))[0].view(*x.shape[:-1], down.shape[0])
+        return (x, y) if res is None else (out[1].view(x.shape), y)
+    r, h = _norm(x, res, norm_weight, eps, out_dtype)
+    g, u = linears(h, (gate, up), (bg, bu))
+    return r, swiglu_linear(g, u, down, bd)
 
 
 def linears(x: torch.Tensor, weights: Iterable[torch.Tensor],
@@ -39,6 +126,8 @@ def linears(x: torch.Tensor, weights: Iterable[torch.Tensor],
     params = (*weights, *(b for b in biases if b is not None))
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params))):
         # no backward (decoding, evaluation): plain matmuls read each weight once, with no concatenated copy
+        if _use_gemv(x, weights, biases):
+            return _gemv(x, weights, biases)
         return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
     return _Linears.apply(x, len(weights), *weights, *biases)
 

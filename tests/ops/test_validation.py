@@ -24,6 +24,20 @@ def test_lower_bound_outside_unit_interval(beta):
         hgrn2(o, g, i, torch.full((2, 4), beta))
 
 
+@pytest.mark.parametrize("captured", [False, True])
+def test_device_value_checks_skipped_while_a_cuda_graph_is_captured(monkeypatch, captured):
+    """A captured graph would replay the check's kernels every step; the eager warm-up before it has checked."""
+    import hgrn2.ops.checks as checks
+
+    asserted = []
+    monkeypatch.setattr(checks, "reads_on_host", lambda x: False)  # as for a GPU tensor
+    monkeypatch.setattr(checks, "capturing", lambda x: captured)
+    monkeypatch.setattr(checks.torch, "_assert_async", lambda ok, msg=None: asserted.append(msg))
+    o, g, i = args()
+    hgrn2(o, g, i, torch.full((2, 4), 0.5), backend="chunk")
+    assert asserted == ([] if captured else ["`lower_bound`: expected values in [0, 1)"])
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
 @pytest.mark.parametrize("name", ["o", "g", "i"])
 def test_non_real_float_dtype(name, dtype):
