@@ -288,10 +288,19 @@ def chunk_parallel_default_variants():
 
 
 def glue_variants():
-    """RMSNorm / LayerNorm, SwiGLU and cross-entropy kernels (the model's glue) for bf16 / fp32 inputs at their launch
-    shapes."""
-    from hgrn2.ops.triton import cross_entropy, norm, swiglu
+    """RMSNorm / LayerNorm, SwiGLU, cross-entropy and decoding's projection kernels (the model's glue) for bf16 / fp32
+    inputs at their launch shapes."""
+    from hgrn2.ops.triton import cross_entropy, gemv, norm, swiglu
     for dt in ("bf16", "fp32"):
+        ptrs = ("x", "res", "r_out", "w0", "w1", "w2", "b0", "b1", "b2", "y0", "y1", "y2")
+        types = {**{n: f"*{dt}" for n in ptrs}, "gamma": "*fp32", "eps": "fp32", "M": "i32", "N": "i32", "K": "i32",
+                 "stride_xm": "i32", "stride_ym": "i32"}
+        for c in gemv._configs():
+            for swiglu_, prenorm in ((False, False), (True, True)):
+                flags = dict(HAS_BIAS=False, SWIGLU=swiglu_, NORM=prenorm, RES=prenorm, BLOCK_M=1, EVEN=True,
+                             **c.kwargs)
+                yield (f"gemv {dt} swiglu={swiglu_} norm={prenorm} {c.kwargs}", gemv._gemv_kernel, types, flags,
+                       c.num_warps)
         yield (f"ce fwd {dt}", cross_entropy._ce_fwd_kernel,
                dict(logits=f"*{dt}", labels="*i64", lse="*fp32", target="*fp32", V="i32"),
                dict(BLOCK_V=cross_entropy.BLOCK_V), 8)
