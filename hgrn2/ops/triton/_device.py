@@ -12,6 +12,7 @@ makes hundreds of such calls, at a size where the CPU that launches the kernels 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -28,6 +29,21 @@ def on_tensor_device(fn):
         return fn(*args, **kwargs)
 
     return wrapper
+
+
+PDL = True  # programmatic dependent launch where the GPU has it; a module global so that benchmarks can compare
+
+
+@functools.cache
+def _hopper_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def launch_pdl(x: torch.Tensor) -> bool:
+    """Whether a decode kernel on x's device launches with programmatic dependent launch (sm_90 and later, not in
+    the interpreter): it may then start while the kernel before it drains, and waits (`gdc_wait`) before its first
+    read, which hides most of the gap between the short kernels of a decode step."""
+    return PDL and x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" and _hopper_or_later(x.device.index)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import cdiv, next_pow2, triton_op
+from ._device import cdiv, launch_pdl, next_pow2, triton_op
 
 MAX_ROWS = 4  # beyond this the rows' accumulators crowd out the weight tile; cuBLAS's GEMM takes over
 
@@ -66,7 +66,10 @@ def _bias(acc, b, offs_n, N, HAS_BIAS: tl.constexpr):
 @triton.jit
 def _gemv_kernel(x, res, r_out, gamma, eps, w0, w1, w2, b0, b1, b2, y0, y1, y2, M, N, K, stride_xm, stride_ym,
                  HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+                 PDL: tl.constexpr):
+    if PDL:  # launched before the previous kernel has drained: wait for its writes
+        tl.extra.cuda.gdc_wait()
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     j = tl.program_id(1)
@@ -114,7 +117,7 @@ def _prune(configs, named_args, **kwargs):
     return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] / c.num_warps)]
 
 
-_tuned = triton.autotune(_configs(), key=["N", "K", "BLOCK_M", "SWIGLU", "HAS_BIAS"],
+_tuned = triton.autotune(_configs(), key=["N", "K", "BLOCK_M", "SWIGLU", "HAS_BIAS", "PDL"],
                          prune_configs_by={"early_config_prune": _prune})(
     triton.heuristics({"EVEN": lambda a: a["N"] % a["BLOCK_N"] == 0 and a["K"] % a["BLOCK_K"] == 0})(_gemv_kernel))
 
@@ -127,14 +130,16 @@ def _launch(x, ws, bs, ys, swiglu: bool, res=None, gamma=None, eps: float = 0.0,
     ws3, bs3, ys3 = (*ws, *ws[:1] * (3 - len(ws))), (*bs, *bs[:1] * (3 - len(bs))), (*ys, *ys[:1] * (3 - len(ys)))
     norm = (x if res is None else res, x if r_out is None else r_out, x if gamma is None else gamma)
     args = (x, *norm, eps, *ws3, *bs3, *ys3, M, N, K, x.stride(0), ys[0].stride(0))
-    meta = dict(HAS_BIAS=has_bias, SWIGLU=swiglu, NORM=gamma is not None, RES=res is not None, BLOCK_M=next_pow2(M))
+    pdl = launch_pdl(x)
+    meta = dict(HAS_BIAS=has_bias, SWIGLU=swiglu, NORM=gamma is not None, RES=res is not None, BLOCK_M=next_pow2(M),
+                PDL=pdl)
     if os.environ.get("TRITON_INTERPRET") == "1":  # autotuning's timing loop means nothing in the interpreter
         block_n, block_k = 8, 64
         grid = (cdiv(N, block_n), 1 if swiglu else len(ws))
         even = N % block_n == 0 and K % block_k == 0
         _gemv_kernel[grid](*args, BLOCK_N=block_n, BLOCK_K=block_k, EVEN=even, **meta)
         return
-    _tuned[lambda c: (cdiv(N, c["BLOCK_N"]), 1 if swiglu else len(ws))](*args, **meta)
+    _tuned[lambda c: (cdiv(N, c["BLOCK_N"]), 1 if swiglu else len(ws))](*args, **meta, launch_pdl=pdl)
 
 
 @triton_op("hgrn2::gemv")

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ._common import ACTS
-from ._device import cdiv, next_pow2, triton_op
+from ._device import cdiv, launch_pdl, next_pow2, triton_op
 
 
 @triton.jit
@@ -35,8 +35,10 @@ def _hgrn2_recurrent_kernel(
     o, g, i, lb, h0, y, ht, cu_seqlens, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # launched before the previous kernel has drained: wait for its writes
+        tl.extra.cuda.gdc_wait()
     i_nh, i_v = tl.program_id(0), tl.program_id(1)  # x: the large dimension
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -125,11 +127,13 @@ def _launch(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lb: torch.Tensor 
     BK = next_pow2(K)
     # Enough programs to fill the GPU at B = 1 (16 heads → 256 programs), larger blocks once there are many heads.
     BV = min(next_pow2(V), 8 if N * H < 64 else 16 if N * H < 512 else 32)
+    pdl = launch_pdl(o)
     _hgrn2_recurrent_kernel[(N * H, cdiv(V, BV))](
         o, g, i, lb, h0, y, ht, cu_seqlens, scale, T,
         H=H, K=K, V=V, BK=BK, BV=BV, O_ACT=o_act, I_ACT=i_act, HAS_LB=lb is not None,
-        HAS_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=cu_seqlens is not None,
+        HAS_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=cu_seqlens is not None, PDL=pdl,
         num_warps=max(1, min(8, BV * BK // 512)),  # about 16 fp32 state values per thread
+        launch_pdl=pdl,
     )
     return y
 

@@ -46,7 +46,7 @@ def recurrent_variants():
             else:
                 types.update(cu_seqlens="*i32")
             consts = dict(H=16, K=128, V=128, BK=128, BV=32, O_ACT=1 if full else 2, I_ACT=0 if full else 1,
-                          HAS_LB=full, HAS_H0=full, STORE_HT=full, IS_VARLEN=not full)
+                          HAS_LB=full, HAS_H0=full, STORE_HT=full, IS_VARLEN=not full, PDL=full)
             yield f"recurrent {dt} full={full}", k, types, consts
 
 
@@ -298,7 +298,7 @@ def glue_variants():
         for c in gemv._configs():
             for swiglu_, prenorm in ((False, False), (True, True)):
                 flags = dict(HAS_BIAS=False, SWIGLU=swiglu_, NORM=prenorm, RES=prenorm, BLOCK_M=1, EVEN=True,
-                             **c.kwargs)
+                             PDL=prenorm, **c.kwargs)
                 yield (f"gemv {dt} swiglu={swiglu_} norm={prenorm} {c.kwargs}", gemv._gemv_kernel, types, flags,
                        c.num_warps)
         yield (f"ce fwd {dt}", cross_entropy._ce_fwd_kernel,
