@@ -21,7 +21,7 @@ def build_optimizer(model: torch.nn.Module, name: str, lr: float, betas, eps: fl
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[name]
-    optimizer = cls(groups, lr=lr, betas=tuple(betas), eps=eps)
+    optimizer = cls(groups, lr=lr, betas=tuple(betas), eps=eps, capturable=capturable)
     if capturable:
         set_capturable(optimizer, params[0].device)
     return optimizer

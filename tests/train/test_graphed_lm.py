@@ -81,6 +81,30 @@ def test_captured_step_body_is_the_trainers_eager_step(data, tmp_path, micro, gr
     assert any(not torch.equal(a, b) for a, b in zip(w_body, start))  # the steps moved the weights
 
 
+def test_trainers_graph_branch_feeds_the_eager_steps_batches(data, tmp_path, monkeypatch):
+    """The trainer's cuda_graph branch (micro-batches stacked, the step's outputs copied before the next one, the
+    norm logged) with the graph replaced by the body it captures: the eager run's losses and gradient norms."""
+    import dataclasses
+
+    from hgrn2.train import trainer as trainer_module
+
+    def eager_body(compute_loss, optimizer, accum, max_norm):
+        return lambda *batch: train_step(compute_loss, optimizer, batch, accum, max_norm)
+
+    monkeypatch.setattr(trainer_module, "GraphedStep", eager_body)
+    runs = {}
+    for graph in (False, True):
+        cfg = make_config(None, base_overrides(data, str(tmp_path / f"g{graph}"), dropout=0.0, max_steps=6,
+                                               micro_batch_size=2, save_every=0, eval_every=0))
+        t = trainer_module.Trainer(cfg)
+        t.cfg = dataclasses.replace(cfg, cuda_graph=graph)  # past the CUDA check: the branch runs on the CPU
+        t.train()
+        runs[graph] = (losses(cfg.out_dir), losses(cfg.out_dir, key="grad_norm"))
+    assert len(runs[True][0]) == 6
+    assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-6)
+    assert runs[True][1] == pytest.approx(runs[False][1], rel=1e-5)
+
+
 def test_capturable_learning_rate_is_changed_in_place():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
     opt = build_optimizer(model, "adamw", 1e-3, [0.9, 0.98], 1e-8, 0.1)
