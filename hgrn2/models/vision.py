@@ -113,7 +113,7 @@ class VisionBlock(nn.Module):
         self.feature_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
         self.feature_mixer = GLU(c.hidden_size, intermediate_size=c.glu_size, hidden_act="silu", bias=True)
 
-    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None) -> torch.Tensor:
         x = x + self.token_mixer(self.token_norm(x), lower_bound)
         return x + self.feature_mixer(self.feature_norm(x))
 
@@ -147,8 +147,9 @@ class HGRN2ForImageClassification(nn.Module):
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """Mean-pooled patch features [B, hidden], before the head's norm."""
         x = self.patch_embed(self.patchify(images))
-        for layer, beta in zip(self.layers, self.layer_lower_bounds()):
-            x = layer(x, beta)
+        for i, (layer, beta) in enumerate(zip(self.layers, self.layer_lower_bounds().unbind(0))):
+            # layer 0's bound is exactly 0: None spares its backward the small-bound recompute (bound_grad)
+            x = layer(x, None if i == 0 else beta)
         return x.mean(1)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
