@@ -93,7 +93,9 @@ class GraphedStep:
             return out
         if self.graph is None:
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):  # records the step; nothing runs until the replay below
+            # records the step (nothing runs until the replay below); thread_local: a data loader's pin-memory
+            # thread may allocate pinned memory meanwhile, which the default mode would count against the capture
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.out = self._step()
         self.graph.replay()
         return self.out

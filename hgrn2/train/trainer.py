@@ -1,5 +1,6 @@
 """The training loop: packed data -> causal LM -> AdamW with warmup schedule, with accumulation, bf16 autocast,
-clipping, DDP/FSDP2, periodic validation, atomic checkpoints and exact resume.
+clipping, DDP/FSDP2 or each step as one CUDA graph (cuda_graph), periodic validation, atomic checkpoints and exact
+resume.
 
 Exact resume: the data order is a function of the step (hgrn2.data.packed), the schedule a function of the step,
 and a checkpoint holds model, optimiser, every rank's RNG state and the running loss sums; so a run killed at any
