@@ -8,7 +8,12 @@ between CUDA synchronises, the rounds interleaved over the models (a GPU's speed
 so single short timings do not compare). Reported: the median round, the range of the rounds, and our HGRN2's
 ratio to each other model per shape.
 
+A model runs eagerly, with its blocks compiled (`name+compile`, or every plain name with `--compile`), or, for our
+HGRN2, with the whole step replayed as one CUDA graph (`hgrn2+graph`, or plain `hgrn2` with `--cuda-graph`;
+`hgrn2.train.graphed`, warmed up and captured anew in each round, outside the timing).
+
     hgrn2 bench train                    # writes benchmarks/results/<device>/train.json
+    hgrn2 bench train --models hgrn2,hgrn2+compile,hgrn2+graph,fla,llama --shapes 8x2048
     hgrn2 bench train --quick            # tiny CPU smoke run of the same code path
 """
 
@@ -22,7 +27,8 @@ from hgrn2.bench.common import add_output_argument, command_of, environment, wri
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", default="hgrn2,fla,llama", help="comma list of hgrn2, fla, llama")
+    parser.add_argument("--models", default="hgrn2,fla,llama",
+                        help="comma list of hgrn2, fla, llama, each optionally +compile (hgrn2 also +graph)")
     parser.add_argument("--shapes", default="8x2048,4x4096", help="comma list of BATCHxSEQ")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=24)
@@ -34,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed rounds per model and shape, interleaved over the models; the median is reported")
-    parser.add_argument("--compile", action="store_true", help="torch.compile each block (all models)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block (models named plainly)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="replay plain hgrn2's whole step as one CUDA graph (GPU only)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, profile one step and print its N costliest kernels (GPU time)")
     parser.add_argument("--seed", type=int, default=0)
@@ -53,28 +61,41 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     names = [m.strip() for m in args.models.split(",") if m.strip()]
-    for name in names:
-        if name not in BUILDERS:
-            raise SystemExit(f"--models: unknown model {name!r}; choose from {sorted(BUILDERS)}")
-    rows = {(name, b, t): {"model": name, "batch": b, "seq_len": t} for name in names for b, t in shapes}
+    modes = {name: model_mode(name, args, device) for name in names}
+    rows = {(name, b, t): {"model": name, "mode": modes[name], "batch": b, "seq_len": t} for name in names
+            for b, t in shapes}
     models = {}
     for name in names:
         try:
-            models[name] = [build(name, args), None]  # on the CPU until its first round; optimiser built there
+            models[name] = [build(name.partition("+")[0], args), None]  # on the CPU until its first round
         except Exception as e:  # noqa: BLE001 - a missing/broken optional model is a row, not a crash
             for b, t in shapes:
                 rows[name, b, t]["status"] = f"unavailable: {e}"
-    timed_rounds(models, rows, shapes, args, device)
+    timed_rounds(models, modes, rows, shapes, args, device)
     rows = list(rows.values())
     print(f"wrote {save(args, device, rows)}")
     print_table(rows, args.rounds)
     return 0
 
 
-def timed_rounds(models: dict, rows: dict, shapes, args, device) -> None:
+def model_mode(name: str, args, device) -> str:
+    """"eager", "compile" or "graph" for a --models entry (`base` or `base+mode`); a bad entry is a SystemExit."""
+    base, _, mode = name.partition("+")
+    if base not in BUILDERS:
+        raise SystemExit(f"--models: unknown model {base!r} in {name!r}; choose from {sorted(BUILDERS)}")
+    if mode not in ("", "compile", "graph") or (mode == "graph" and base != "hgrn2"):
+        raise SystemExit(f"--models: {name!r}: a model takes +compile, and only hgrn2 takes +graph")
+    mode = mode or ("graph" if args.cuda_graph and base == "hgrn2" else "compile" if args.compile else "eager")
+    if mode == "graph" and device.type != "cuda":
+        raise SystemExit(f"--cuda-graph / {base}+graph: needs a CUDA device, got {device.type}")
+    return mode
+
+
+def timed_rounds(models: dict, modes: dict, rows: dict, shapes, args, device) -> None:
     """`args.rounds` rounds over the models (A B C A B C ...), so a drift of the GPU's speed over the run (clocks,
     temperature) spreads over all of them; a model and its optimiser wait on the CPU while the others run.
-    models: name -> [model, optimiser or None]; rows: (name, batch, seq_len) -> row, filled in place."""
+    models: name -> [model, optimiser or None]; modes: name -> model_mode; rows: (name, batch, seq_len) -> row,
+    filled in place."""
     import torch
 
     offload = device.type == "cuda" and len(models) > 1
@@ -84,14 +105,14 @@ def timed_rounds(models: dict, rows: dict, shapes, args, device) -> None:
             if offload or r == 0:
                 _place(model, opt, device)
             if opt is None:
-                opt = entry[1] = _prepare(model, args, device)
+                opt = entry[1] = _prepare(model, modes[name], device)
             for b, t in shapes:
                 row = rows[name, b, t]
                 if row.get("status", "ok") != "ok":
                     continue
                 warmup = args.warmup if r == 0 else min(args.warmup, 1)  # later rounds: caches back after the move
                 res = measure(model, opt, b, t, args.vocab, warmup, args.steps, device, args.seed,
-                              args.profile if r == args.rounds - 1 else 0)
+                              args.profile if r == args.rounds - 1 else 0, graph=modes[name] == "graph")
                 _record(row, res, model, first=r == 0)
                 print(json.dumps({"round": r, **row}), flush=True)
                 save(args, device, list(rows.values()))  # a run cut short keeps what it measured
@@ -100,14 +121,18 @@ def timed_rounds(models: dict, rows: dict, shapes, args, device) -> None:
                 torch.cuda.empty_cache()
 
 
-def _prepare(model, args, device):
-    """On the model's first round: its blocks compiled (--compile) and its AdamW."""
+def _prepare(model, mode: str, device):
+    """On the model's first round: its blocks compiled (mode "compile") and its AdamW, capturable with its
+    learning rate a CUDA tensor for mode "graph"."""
     import torch
 
-    if args.compile:
+    if mode == "compile":
         for block in model.model.layers:
             block.compile()
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=device.type == "cuda")
+    graph = mode == "graph"
+    lr = torch.tensor(1e-4, device=device) if graph else 1e-4
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, fused=device.type == "cuda",
+                             capturable=graph)
 
 
 def _place(model, opt, device) -> None:
@@ -195,16 +220,22 @@ def build(name: str, args):
     return BUILDERS[name](args)
 
 
-def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed, profile=0) -> dict:
+def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed, profile=0, graph=False) -> dict:
     """Time `steps` full training steps after `warmup`; tokens/s, ms/step, peak memory (CUDA) and final loss.
-    `profile` > 0: then print that many rows of one profiled step."""
+    `profile` > 0: then print that many rows of one profiled step. `graph`: the step replayed as one CUDA graph,
+    captured after warmup − 1 (at least 1) eager steps, the capture the last untimed step."""
     import torch
+
+    from hgrn2.train.graphed import GraphedStep
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
+    graphed = GraphedStep(lambda ids: _loss(model, ids, cache=False), opt, warmup=max(1, warmup - 1)) if graph else None
+    if graphed is not None:
+        warmup = graphed.warmup + 1
 
     def step():
-        return train_step(model, opt, x)
+        return graphed(x)[0] if graphed is not None else train_step(model, opt, x)
 
     cuda = device.type == "cuda"
     try:
@@ -229,6 +260,7 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed, prof
         return {"status": "OOM"}
     if profile:
         print_profile(step, profile, cuda)
+    opt.zero_grad(set_to_none=True)  # a graph's gradients live in its memory pool, freed with it
     return {"status": "ok", "tok_per_s": batch * seq_len * steps / dt, "step_ms": 1e3 * dt / steps,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": loss.item(),
             "warmup_s": round(warmup_s, 1)}
@@ -237,15 +269,20 @@ def measure(model, opt, batch, seq_len, vocab, warmup, steps, device, seed, prof
 def train_step(model, opt, x):
     """One timed step: forward and backward under bf16 autocast on tokens x [B, T] (also the labels), AdamW.
     Returns the loss."""
-    import torch
-
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
-        # no KV cache (transformers' Llama builds one by default, training or not)
-        loss = model(input_ids=x, labels=x, use_cache=False).loss
+    loss = _loss(model, x)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss
+
+
+def _loss(model, x, cache: bool = True):
+    """The causal-LM loss on tokens x under bf16 autocast (its weight cache off while a CUDA graph is captured)."""
+    import torch
+
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=cache):
+        # no KV cache (transformers' Llama builds one by default, training or not)
+        return model(input_ids=x, labels=x, use_cache=False).loss
 
 
 def print_profile(step, top: int, cuda: bool) -> None:
@@ -264,7 +301,7 @@ def print_profile(step, top: int, cuda: bool) -> None:
 
 
 def print_table(rows, rounds: int = 1) -> None:
-    head = (f"{'model':<8} {'shape':>10} {'params':>9} {'tok/s':>10} {'range':>15} {'ms/step':>9} {'peak GiB':>9}"
+    head = (f"{'model':<13} {'shape':>10} {'params':>9} {'tok/s':>10} {'range':>15} {'ms/step':>9} {'peak GiB':>9}"
             "  status")
     print(f"tokens/s: median of {rounds} interleaved round(s); range: the slowest and fastest round")
     print(head)
@@ -275,25 +312,25 @@ def print_table(rows, rounds: int = 1) -> None:
         if r.get("status") == "ok":
             peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
             spread = f"{min(r['tok_per_s_rounds']):.0f}-{max(r['tok_per_s_rounds']):.0f}"
-            print(f"{r['model']:<8} {shape:>10} {params:>9} {r['tok_per_s']:>10.0f} {spread:>15} {r['step_ms']:>9.1f}"
+            print(f"{r['model']:<13} {shape:>10} {params:>9} {r['tok_per_s']:>10.0f} {spread:>15} {r['step_ms']:>9.1f}"
                   f" {peak:>9}  ok")
         else:
-            print(f"{r['model']:<8} {shape:>10} {params:>9} {'-':>10} {'-':>15} {'-':>9} {'-':>9}"
+            print(f"{r['model']:<13} {shape:>10} {params:>9} {'-':>10} {'-':>15} {'-':>9} {'-':>9}"
                   f"  {r.get('status', 'not run')[:80]}")
     for line in ratios(rows):
         print(line)
 
 
 def ratios(rows) -> list[str]:
-    """Per shape: our HGRN2's median tokens/s over each other model's, and its peak memory over theirs."""
+    """Per shape: each of our HGRN2 rows' median tokens/s over each other row's, and its peak memory over theirs."""
     ok = {(r["model"], r["batch"], r["seq_len"]): r for r in rows if r.get("status") == "ok"}
     lines = []
     for (name, b, t), ours in ok.items():
-        if name != "hgrn2":
+        if name.partition("+")[0] != "hgrn2":
             continue
         parts = [f"{ours['tok_per_s'] / r['tok_per_s']:.2f}x {other}'s tokens/s"
                  + (f" at {ours['peak_gib'] / r['peak_gib']:.2f}x its peak memory" if r["peak_gib"] else "")
-                 for (other, b2, t2), r in ok.items() if (b2, t2) == (b, t) and other != "hgrn2"]
+                 for (other, b2, t2), r in ok.items() if (b2, t2) == (b, t) and other != name]
         if parts:
-            lines.append(f"hgrn2 {b}x{t}: " + "; ".join(parts))
+            lines.append(f"{name} {b}x{t}: " + "; ".join(parts))
     return lines

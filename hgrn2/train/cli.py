@@ -1,6 +1,7 @@
 """`hgrn2 train`: train a causal LM on a prepared corpus; alone or under torchrun (DDP / FSDP2), single or multi-node.
 
     hgrn2 train --config wikitext103 --set data=data/wt103 out_dir=runs/wt103
+    hgrn2 train --config wikitext103 --set data=data/wt103 --cuda-graph   # each step one CUDA graph (one GPU)
     torchrun --nproc_per_node=8 -m hgrn2.cli train --config hgrn2-1b --set data=data/pile parallel=fsdp
 """
 
@@ -19,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="preset name or YAML file (see --list-presets)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", action="extend",
                         help="override config keys, e.g. lr=3e-4 model.num_hidden_layers=12")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="replay each step as one CUDA graph (the same as --set cuda_graph=true; one GPU, no "
+                             "compile; see `cuda_graph` in hgrn2/train/config.py)")
     parser.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
@@ -28,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(preset_names()))
         return 0
     try:
-        cfg = make_config(args.config, args.set)
+        cfg = make_config(args.config, args.set + (["cuda_graph=true"] if args.cuda_graph else []))
     except (ValueError, FileNotFoundError) as e:
         print(f"hgrn2 train: error: {e}", file=sys.stderr)
         return 2

@@ -47,6 +47,11 @@ class TrainConfig:
     # torch.compile per block; off by default because HGRN2's glue already runs in custom kernels, so compiling
     # its blocks does not speed up a step (other mixers may gain)
     compile: bool = False
+    # replay each optimiser step (its micro-batches, clipping, AdamW) as one CUDA graph, so a slow host does not
+    # bound it: one GPU, no compile or activation checkpointing; the first 3 steps (and 3 after a resume) run
+    # eagerly before the capture. In the graph, dβ of heads with a lower bound under 2^-8 keeps the kernels' value
+    # instead of its exact recompute (hgrn2/ops/triton/bound_grad.py), which needs the host.
+    cuda_graph: bool = False
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2 fully_shard per block) when launched with torchrun
     device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu" (gloo when distributed)
     # run
@@ -79,6 +84,15 @@ class TrainConfig:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.cuda_graph:
+            self._check_cuda_graph()
+
+    def _check_cuda_graph(self) -> None:
+        if self.device == "cpu":
+            raise ValueError("cuda_graph needs a CUDA device, got device=cpu")
+        for key in ("compile", "activation_checkpointing"):
+            if getattr(self, key):
+                raise ValueError(f"cuda_graph cannot be combined with {key}=true (choose one)")
 
     def grad_accum(self, world: int) -> int:
         per_step = self.micro_batch_size * world

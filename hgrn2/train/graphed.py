@@ -1,16 +1,19 @@
-"""A training step replayed as one CUDA graph, for small models whose steps are bound by launching kernels.
+"""A training step replayed as one CUDA graph, so that a slow host does not bound the step.
 
     step = GraphedStep(compute_loss, optimizer, pad_values=(0, 0, -100))
-    for batch in batches:          # tuples of CUDA tensors, batch dimension first
-        loss = step(*batch)        # the step's detached loss; no host sync
+    for batch in batches:                # tuples of CUDA tensors, batch dimension first
+        loss, grad_norm = step(*batch)   # detached tensors the next call overwrites; no host sync
 
-`compute_loss(*batch)` runs the forward and returns the scalar loss; the step adds zero_grad, backward and
-`optimizer.step()`. The first `warmup` calls run eagerly on a side stream (real training steps, as
+`compute_loss(*micro_batch)` runs the forward and returns the scalar loss; the step (`train_step`) adds
+zero_grad, backward over `accum` micro-batches (equal row chunks of the batch, each loss weighted 1/accum),
+gradient clipping to `max_norm` with the norm kept on the device (`math.inf`: measured, not clipped; None: neither)
+and `optimizer.step()`. The first `warmup` calls run eagerly on a side stream (real training steps, as
 `torch.cuda.graph` requires before a capture), the next call captures the whole step once, and every call from
 then on copies its batch into the captured (static) tensors and replays the graph: one launch per step instead
-of hundreds. The first batch fixes the static shapes; a smaller batch (an epoch's last) fills the first rows
-and pads the rest with `pad_values` (one per batch tensor); with an ignored target there (−100 for
-`F.cross_entropy`), the loss and the gradients are the smaller batch's.
+of hundreds. The first batch fixes the static shapes. With `pad_values` (one per batch tensor) and no
+accumulation, a smaller batch (an epoch's last) fills the first rows and pads the rest; with an ignored target
+there (−100 for `F.cross_entropy`), the loss and the gradients are the smaller batch's. Without `pad_values`
+every batch must have the first one's shape.
 
 The step must not sync with the host, the optimizer must be capturable (`capturable=True`, its learning rate a
 CUDA tensor that schedulers change in place between replays), and autocast must run with `cache_enabled=False`.
@@ -23,46 +26,79 @@ from collections.abc import Callable, Sequence
 import torch
 
 
+def train_step(compute_loss: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer,
+               batch: Sequence[torch.Tensor], accum: int = 1,
+               max_norm: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimiser step over `accum` micro-batches of `batch`; returns the mean loss (float32, detached) and the
+    global gradient norm before clipping (None when `max_norm` is None). Queues its work without a host sync."""
+    optimizer.zero_grad(set_to_none=True)  # captured with no grads: the first backward writes, later ones add
+    loss = torch.zeros((), device=batch[0].device)
+    for micro in zip(*(t.chunk(accum) for t in batch)):
+        part = compute_loss(*micro)
+        (part / accum).backward()
+        loss += part.detach().float() / accum
+    norm = None
+    if max_norm is not None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    optimizer.step()
+    return loss, norm
+
+
 class GraphedStep:
     def __init__(self, compute_loss: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer,
-                 pad_values: Sequence[int | float], warmup: int = 3):
+                 pad_values: Sequence[int | float] | None = None, warmup: int = 3, accum: int = 1,
+                 max_norm: float | None = None):
+        if warmup < 1 or accum < 1:
+            raise ValueError(f"`warmup` and `accum`: expected at least 1, got {warmup} and {accum}")
+        if pad_values is not None and accum > 1:
+            raise ValueError("`pad_values`: padding a smaller batch is supported without accumulation only "
+                             f"(accum={accum})")
         for group in optimizer.param_groups:
             if not group.get("capturable") or not (torch.is_tensor(group["lr"]) and group["lr"].is_cuda):
                 raise ValueError("`optimizer`: expected capturable=True and the learning rate as a CUDA tensor "
                                  "(a float would be frozen into the graph)")
-        self.compute_loss, self.optimizer = compute_loss, optimizer
-        self.pad_values, self.warmup = tuple(pad_values), warmup
-        self.calls, self.static, self.graph, self.loss = 0, None, None, None
+        self.compute_loss, self.optimizer, self.accum, self.max_norm = compute_loss, optimizer, accum, max_norm
+        self.pad_values, self.warmup = None if pad_values is None else tuple(pad_values), warmup
+        self.calls, self.static, self.graph, self.out = 0, None, None, None
 
-    def _step(self) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)  # captured with no grads: backward writes, not accumulates
-        loss = self.compute_loss(*self.static)
-        loss.backward()
-        self.optimizer.step()
-        return loss.detach()
+    def _step(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return train_step(self.compute_loss, self.optimizer, self.static, self.accum, self.max_norm)
 
     def _fill(self, batch: Sequence[torch.Tensor]) -> None:
         if self.static is None:
+            if len(batch[0]) % self.accum:
+                raise ValueError(f"batch: {len(batch[0])} rows do not split into accum={self.accum} micro-batches")
             self.static = [t.clone() for t in batch]
-        pad_into(self.static, batch, self.pad_values)
+        if self.pad_values is None:
+            shapes = [(tuple(s.shape), s.dtype) for s in self.static]
+            if [(tuple(t.shape), t.dtype) for t in batch] != shapes:
+                raise ValueError(f"batch: expected the first batch's shapes {shapes} (no pad_values given), got "
+                                 f"{[(tuple(t.shape), t.dtype) for t in batch]}")
+            for s, t in zip(self.static, batch):
+                s.copy_(t)
+        else:
+            pad_into(self.static, batch, self.pad_values)
 
-    def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
-        """One training step on `batch`; returns its loss (a tensor the next call overwrites)."""
+    def __call__(self, *batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One training step on `batch`; returns its loss and gradient norm (tensors the next call overwrites)."""
         self._fill(batch)
         if self.calls < self.warmup:
             self.calls += 1
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                loss = self._step()
+                out = self._step()
             torch.cuda.current_stream().wait_stream(side)
-            return loss
+            return out
         if self.graph is None:
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):  # records the step; nothing runs until the replay below
-                self.loss = self._step()
+            # records the step (nothing runs until the replay below); thread_local: a data loader's pin-memory
+            # thread may allocate pinned memory meanwhile, which the default mode would count against the capture
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.out = self._step()
         self.graph.replay()
-        return self.loss
+        return self.out
 
 
 def pad_into(static: Sequence[torch.Tensor], batch: Sequence[torch.Tensor], pad_values: Sequence[int | float]) -> None:

@@ -187,7 +187,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
         for s in range(0, n, bs):
             batch = (inputs[s : s + bs], positions[s : s + bs], targets[s : s + bs])
             if graphed is not None:
-                loss = graphed(*batch)
+                loss, _ = graphed(*batch)
             else:
                 opt.zero_grad(set_to_none=True)
                 loss = compute_loss(*batch)

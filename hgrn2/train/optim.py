@@ -10,16 +10,21 @@ import math
 import torch
 
 
-def build_optimizer(model: torch.nn.Module, name: str, lr: float, betas, eps: float, weight_decay: float):
+def build_optimizer(model: torch.nn.Module, name: str, lr: float, betas, eps: float, weight_decay: float,
+                    capturable: bool = False):
     """Two parameter groups: matrices (dim >= 2: projections, embeddings) decayed; vectors (norms, biases,
-    lower bounds) not. `fused`/`foreach` are left to torch's defaults for the device."""
+    lower bounds) not. `fused`/`foreach` are left to torch's defaults for the device. `capturable`: the step can be
+    captured in a CUDA graph, its learning rate a CUDA tensor (`set_capturable`) that `set_lr` changes in place."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[name]
-    return cls(groups, lr=lr, betas=tuple(betas), eps=eps)
+    optimizer = cls(groups, lr=lr, betas=tuple(betas), eps=eps, capturable=capturable)
+    if capturable:
+        set_capturable(optimizer, params[0].device)
+    return optimizer
 
 
 def lr_at(step: int, *, schedule: str, lr: float, warmup_steps: int, max_steps: int, min_lr: float = 0.0) -> float:
@@ -43,4 +48,21 @@ def lr_at(step: int, *, schedule: str, lr: float, warmup_steps: int, max_steps: 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if torch.is_tensor(group["lr"]):
+            group["lr"].fill_(lr)  # in place: a captured CUDA graph reads this tensor
+        else:
+            group["lr"] = lr
+
+
+def set_capturable(optimizer: torch.optim.Optimizer, device: torch.device | None) -> None:
+    """`device`: steps a CUDA graph can capture, each group's learning rate a float32 tensor there (which `set_lr`
+    changes in place) and the step counts there too; None: ordinary steps, float rates, step counts on the CPU.
+    A loaded state dict brings back the mode it was saved in, so this runs again after loading."""
+    for group in optimizer.param_groups:
+        group["capturable"] = device is not None
+        lr = float(group["lr"])
+        group["lr"] = lr if device is None else torch.tensor(lr, device=device)
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(device or "cpu")

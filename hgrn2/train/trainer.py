@@ -1,5 +1,6 @@
 """The training loop: packed data -> causal LM -> AdamW with warmup schedule, with accumulation, bf16 autocast,
-clipping, DDP/FSDP2, periodic validation, atomic checkpoints and exact resume.
+clipping, DDP/FSDP2 or each step as one CUDA graph (cuda_graph), periodic validation, atomic checkpoints and exact
+resume.
 
 Exact resume: the data order is a function of the step (hgrn2.data.packed), the schedule a function of the step,
 and a checkpoint holds model, optimiser, every rank's RNG state and the running loss sums; so a run killed at any
@@ -23,9 +24,10 @@ from ..data.tokenizer import pretrained_tokenizer, special_token_ids
 from . import checkpoint as ckpt
 from . import distributed as D
 from .config import TrainConfig
+from .graphed import GraphedStep
 from .logger import RunLogger
 from .model_factory import build_model
-from .optim import build_optimizer, lr_at, set_lr
+from .optim import build_optimizer, lr_at, set_capturable, set_lr
 
 
 class Trainer:
@@ -35,6 +37,9 @@ class Trainer:
             raise ValueError("data is not set: --set data=DIR (a directory written by `hgrn2 data prepare`)")
         self.cfg, self.d = cfg, d or D.init(cfg.device)
         self.accum = cfg.grad_accum(self.d.world)
+        if cfg.cuda_graph and (self.d.device.type != "cuda" or self.d.world > 1):
+            raise ValueError(f"cuda_graph needs one CUDA device and no DDP/FSDP2, got {self.d.world} rank(s) on "
+                             f"{self.d.device.type}")
         meta = read_meta(cfg.data)
         self.train_set = PackedDataset(cfg.data, "train", cfg.seq_len)
         has_val = meta["splits"].get("val", {}).get("tokens", 0) > 0
@@ -54,7 +59,8 @@ class Trainer:
             for block in D.blocks(model):
                 block.compile()
         self.model = D.wrap(model, cfg.parallel, self.d)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay,
+                                         capturable=cfg.cuda_graph)
         self.ckpt_dir = os.path.join(cfg.out_dir, "checkpoints")
         self.step, self.loss_sum, self.loss_count, self.pending = 0, 0.0, 0, []
         if cfg.resume:
@@ -71,9 +77,20 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------------------
 
     def autocast(self):
-        if self.cfg.precision == "bf16":
-            return torch.autocast(self.d.device.type, dtype=torch.bfloat16)
+        if self.cfg.precision == "bf16":  # autocast's weight cache must be off while a CUDA graph is captured
+            return torch.autocast(self.d.device.type, dtype=torch.bfloat16, cache_enabled=not self.cfg.cuda_graph)
         return contextlib.nullcontext()
+
+    def _micro_loss(self, x: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            return self.model(input_ids=x, labels=x).loss
+
+    def _graphed(self) -> GraphedStep | None:
+        """The step as a CUDA graph (cuda_graph), warmed up and captured anew by every `train` call: its warm-up
+        steps are real steps on the run's batches, so a resumed run continues the same trajectory."""
+        if not self.cfg.cuda_graph:
+            return None
+        return GraphedStep(self._micro_loss, self.optimizer, accum=self.accum, max_norm=self.cfg.grad_clip or math.inf)
 
     def train(self, after_step=None) -> dict:
         """Train to max_steps, then validate on the whole split; returns the final validation record.
@@ -91,20 +108,17 @@ class Trainer:
         bar = self.bar = self._progress()
         t_last, steps_since = time.time(), 0
         self.model.train()
+        graphed = self._graphed()
         while self.step < cfg.max_steps:
             lr = lr_at(self.step, schedule=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                        max_steps=cfg.max_steps, min_lr=cfg.min_lr)
             set_lr(self.optimizer, lr)
-            loss = torch.zeros((), device=d.device)
-            for a in range(self.accum):
-                x = next(batches).to(d.device, non_blocking=True)
-                with D.no_sync(self.model, a == self.accum - 1), self.autocast():
-                    micro = self.model(input_ids=x, labels=x).loss
-                    (micro / self.accum).backward()
-                loss += micro.detach().float() / self.accum
-            grad_norm = self._clip()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            if graphed is not None:
+                x = torch.cat([next(batches).to(d.device, non_blocking=True) for _ in range(self.accum)])
+                loss, grad_norm = graphed(x)
+                loss = loss.clone()  # the next replay overwrites the graph's output
+            else:
+                loss, grad_norm = self._eager_step(batches)
             self.step += 1
             steps_since += 1
             self.pending.append(D.mean(loss, d))  # stays on the device: no host sync until the log step
@@ -135,6 +149,19 @@ class Trainer:
         self.save_final()
         self.log.close()
         return result
+
+    def _eager_step(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
+        loss = torch.zeros((), device=self.d.device)
+        for a in range(self.accum):
+            x = next(batches).to(self.d.device, non_blocking=True)
+            with D.no_sync(self.model, a == self.accum - 1):
+                micro = self._micro_loss(x)
+                (micro / self.accum).backward()
+            loss += micro.detach().float() / self.accum
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm
 
     def _stop(self, bar) -> dict:
         if bar is not None:
@@ -218,7 +245,9 @@ class Trainer:
         if changed:
             raise ValueError(f"{self.ckpt_dir} was written with different settings {changed} (saved, now); use "
                              f"another out_dir or --set resume=false")
+        set_capturable(self.optimizer, None)  # DCP's state initialisation steps once, with a CPU rate for a tensor one
         D.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        set_capturable(self.optimizer, self.d.device if self.cfg.cuda_graph else None)
         self.step, self.loss_sum, self.loss_count = state["step"], state["loss_sum"], state["loss_count"]
         if state["world"] == self.d.world:
             ckpt.set_rng_state(state["rng"][self.d.rank])

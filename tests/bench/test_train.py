@@ -66,3 +66,43 @@ def test_bench_train_profile_prints_the_costliest_operators(capsys, tmp_path):
     assert main(["bench", "train", "--quick", "--models", "hgrn2", "--profile", "4", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "Self CPU time total" in out and "aten::" in out  # which operators lead depends on the machine
+
+
+def test_bench_train_model_modes(tmp_path):
+    """`name+compile` / `hgrn2+graph` entries choose a model's mode; the CUDA-graph mode needs a GPU and our HGRN2,
+    and --compile / --cuda-graph set the mode of the plainly named models."""
+    import argparse
+
+    from hgrn2.bench.train import model_mode
+    from hgrn2.cli import main
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    flags = argparse.Namespace(compile=False, cuda_graph=False)
+    assert [model_mode(n, flags, cuda) for n in ("hgrn2", "hgrn2+compile", "hgrn2+graph", "llama+compile")] == [
+        "eager", "compile", "graph", "compile"]
+    both = argparse.Namespace(compile=True, cuda_graph=True)
+    assert [model_mode(n, both, cuda) for n in ("hgrn2", "fla", "llama", "hgrn2+compile")] == [
+        "graph", "compile", "compile", "compile"]
+    with pytest.raises(SystemExit, match=r"--models: 'llama\+graph': a model takes \+compile, and only hgrn2"):
+        model_mode("llama+graph", flags, cuda)
+    with pytest.raises(SystemExit, match="--models: unknown model 'gpt' in 'gpt'"):
+        model_mode("gpt", flags, cuda)
+    with pytest.raises(SystemExit, match=r"--cuda-graph / hgrn2\+graph: needs a CUDA device, got cpu"):
+        model_mode("hgrn2+graph", flags, cpu)
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA device"):
+            main(["bench", "train", "--quick", "--cuda-graph", "--models", "hgrn2", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow  # Inductor builds the compiled blocks' C++ (about 15 s on 2 cores)
+def test_bench_train_runs_modes_side_by_side(tmp_path, capsys):
+    from hgrn2.cli import main
+
+    # the graph needs a GPU
+    models = "hgrn2,hgrn2+graph,llama+compile" if torch.cuda.is_available() else "hgrn2,llama+compile"
+    assert main(["bench", "train", "--quick", "--models", models, "--out", str(tmp_path)]) == 0
+    rows = {r["model"]: r for r in json.loads((tmp_path / "train.json").read_text())["rows"]}
+    assert set(rows) == set(models.split(",")) and rows["llama+compile"]["mode"] == "compile"
+    assert all(r["status"] == "ok" and math.isfinite(r["loss"]) for r in rows.values())
+    out = capsys.readouterr().out
+    assert "llama+compile" in out and "hgrn2 2x64: " in out and "x llama+compile's tokens/s" in out
