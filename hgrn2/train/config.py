@@ -50,8 +50,10 @@ class TrainConfig:
     # replay each optimiser step (its micro-batches, clipping, AdamW) as one CUDA graph, so a slow host does not
     # bound it: one GPU, no compile or activation checkpointing; the first 3 steps (and 3 after a resume) run
     # eagerly before the capture. In the graph, dβ of heads with a lower bound under 2^-8 keeps the kernels' value
-    # instead of its exact recompute (hgrn2/ops/triton/bound_grad.py), which needs the host.
-    cuda_graph: bool = False
+    # instead of its exact recompute (hgrn2/ops/triton/bound_grad.py), which needs the host. None (the default):
+    # on wherever it can be (one CUDA process, compile and activation checkpointing off), where it trains faster
+    # (BENCHMARKS.md, "Training throughput"); false: eager.
+    cuda_graph: bool | None = None
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2 fully_shard per block) when launched with torchrun
     device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu" (gloo when distributed)
     # run
@@ -84,6 +86,8 @@ class TrainConfig:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.cuda_graph not in (None, True, False):
+            raise ValueError(f"cuda_graph must be true, false or null (automatic), got {self.cuda_graph!r}")
         if self.cuda_graph:
             self._check_cuda_graph()
 
@@ -158,11 +162,18 @@ def unknown_key_error(key: str, valid: list[str], what: str = "config") -> Value
     return ValueError(f"unknown {what} key {key!r}{hint}; valid keys: {', '.join(sorted(valid))}")
 
 
+AUTO_BOOLS = ("cuda_graph",)  # bool settings whose default None means "decided at run time"
+
+
 def _coerce(key: str, value):
     if key not in FIELDS or key == "model":
         raise unknown_key_error(key, [k for k in FIELDS if k != "model"] + ["model.<name>"])
     default = FIELDS[key].default
     kind = type(default) if default is not dataclasses.MISSING and default is not None else None
+    if key in AUTO_BOOLS:  # true, false or null (automatic)
+        kind = bool
+        if value in (None, "null", "none", "None"):
+            return None
     if FIELDS[key].default_factory is not dataclasses.MISSING:
         kind = list
     try:

@@ -37,9 +37,12 @@ class Trainer:
             raise ValueError("data is not set: --set data=DIR (a directory written by `hgrn2 data prepare`)")
         self.cfg, self.d = cfg, d or D.init(cfg.device)
         self.accum = cfg.grad_accum(self.d.world)
-        if cfg.cuda_graph and (self.d.device.type != "cuda" or self.d.world > 1):
+        one_gpu = self.d.device.type == "cuda" and self.d.world == 1
+        if cfg.cuda_graph and not one_gpu:
             raise ValueError(f"cuda_graph needs one CUDA device and no DDP/FSDP2, got {self.d.world} rank(s) on "
                              f"{self.d.device.type}")
+        self.graphed = cfg.cuda_graph if cfg.cuda_graph is not None else (
+            one_gpu and not cfg.compile and not cfg.activation_checkpointing)
         meta = read_meta(cfg.data)
         self.train_set = PackedDataset(cfg.data, "train", cfg.seq_len)
         has_val = meta["splits"].get("val", {}).get("tokens", 0) > 0
@@ -60,7 +63,7 @@ class Trainer:
                 block.compile()
         self.model = D.wrap(model, cfg.parallel, self.d)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay,
-                                         capturable=cfg.cuda_graph)
+                                         capturable=self.graphed)
         self.ckpt_dir = os.path.join(cfg.out_dir, "checkpoints")
         self.step, self.loss_sum, self.loss_count, self.pending = 0, 0.0, 0, []
         if cfg.resume:
@@ -78,7 +81,7 @@ class Trainer:
 
     def autocast(self):
         if self.cfg.precision == "bf16":  # autocast's weight cache must be off while a CUDA graph is captured
-            return torch.autocast(self.d.device.type, dtype=torch.bfloat16, cache_enabled=not self.cfg.cuda_graph)
+            return torch.autocast(self.d.device.type, dtype=torch.bfloat16, cache_enabled=not self.graphed)
         return contextlib.nullcontext()
 
     def _micro_loss(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +91,7 @@ class Trainer:
     def _graphed(self) -> GraphedStep | None:
         """The step as a CUDA graph (cuda_graph), warmed up and captured anew by every `train` call: its warm-up
         steps are real steps on the run's batches, so a resumed run continues the same trajectory."""
-        if not self.cfg.cuda_graph:
+        if not self.graphed:
             return None
         return GraphedStep(self._micro_loss, self.optimizer, accum=self.accum, max_norm=self.cfg.grad_clip or math.inf)
 
@@ -247,7 +250,7 @@ class Trainer:
                              f"another out_dir or --set resume=false")
         set_capturable(self.optimizer, None)  # DCP's state initialisation steps once, with a CPU rate for a tensor one
         D.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
-        set_capturable(self.optimizer, self.d.device if self.cfg.cuda_graph else None)
+        set_capturable(self.optimizer, self.d.device if self.graphed else None)
         self.step, self.loss_sum, self.loss_count = state["step"], state["loss_sum"], state["loss_count"]
         if state["world"] == self.d.world:
             ckpt.set_rng_state(state["rng"][self.d.rank])

@@ -25,7 +25,12 @@ def test_cuda_graph_refuses_what_it_does_not_support(data, tmp_path, capsys):
     for key in ("compile", "activation_checkpointing"):
         with pytest.raises(ValueError, match=f"cuda_graph cannot be combined with {key}=true"):
             make_config(None, ["data=d", "cuda_graph=true", "device=cuda", f"{key}=true"])
-    assert make_config(None, ["data=d", "cuda_graph=true"]).cuda_graph  # device=auto: checked by the trainer
+    assert make_config(None, ["data=d", "cuda_graph=true"]).cuda_graph is True  # device=auto: checked by the trainer
+    assert make_config(None, ["data=d"]).cuda_graph is None  # automatic: on for one GPU
+    assert make_config(None, ["data=d", "cuda_graph=false"]).cuda_graph is False
+    assert make_config(None, ["data=d", "cuda_graph=null"]).cuda_graph is None
+    with pytest.raises(ValueError, match="config key 'cuda_graph' expects bool"):
+        make_config(None, ["data=d", "cuda_graph=sometimes"])
     assert main(["train", "--cuda-graph", "--set", *base_overrides(data, str(tmp_path / "a"))]) == 2
     assert "cuda_graph needs a CUDA device, got device=cpu" in capsys.readouterr().err
     if not torch.cuda.is_available():  # device=auto resolves to the CPU
@@ -84,7 +89,6 @@ def test_captured_step_body_is_the_trainers_eager_step(data, tmp_path, micro, gr
 def test_trainers_graph_branch_feeds_the_eager_steps_batches(data, tmp_path, monkeypatch):
     """The trainer's cuda_graph branch (micro-batches stacked, the step's outputs copied before the next one, the
     norm logged) with the graph replaced by the body it captures: the eager run's losses and gradient norms."""
-    import dataclasses
 
     from hgrn2.train import trainer as trainer_module
 
@@ -97,7 +101,7 @@ def test_trainers_graph_branch_feeds_the_eager_steps_batches(data, tmp_path, mon
         cfg = make_config(None, base_overrides(data, str(tmp_path / f"g{graph}"), dropout=0.0, max_steps=6,
                                                micro_batch_size=2, save_every=0, eval_every=0))
         t = trainer_module.Trainer(cfg)
-        t.cfg = dataclasses.replace(cfg, cuda_graph=graph)  # past the CUDA check: the branch runs on the CPU
+        t.graphed = graph  # past the CUDA check: the branch runs on the CPU
         t.train()
         runs[graph] = (losses(cfg.out_dir), losses(cfg.out_dir, key="grad_norm"))
     assert len(runs[True][0]) == 6
