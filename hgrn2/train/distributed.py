@@ -68,9 +68,15 @@ def wrap(model: torch.nn.Module, how: str, d: Dist) -> torch.nn.Module:
         return DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
-    for block in blocks(model):
-        fully_shard(block)
+    units = blocks(model)
+    for i, block in enumerate(units):
+        # the last block's parameters are needed again at once by the backward: keep them gathered
+        fully_shard(block, reshard_after_forward=i < len(units) - 1)
     fully_shard(model)
+    for block, after in zip(units, units[1:]):
+        # issue the next block's all-gather while this one computes (FSDP2 only prefetches in the backward
+        # by itself), so that a fast GPU does not wait on the host to launch it
+        block.set_modules_to_forward_prefetch([after])
     return model
 
 
@@ -86,6 +92,9 @@ def no_sync(model: torch.nn.Module, sync: bool):
         return model.no_sync()
     if hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(sync)
+        # FSDP2: between the micro steps of one optimiser step, keep the parameters gathered after the backward
+        # (the next micro step's forward needs them), sharding them again after the last one
+        model.set_reshard_after_backward(sync)
     return contextlib.nullcontext()
 
 

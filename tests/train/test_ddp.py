@@ -58,6 +58,19 @@ def test_two_ranks_match_one_process_with_accumulation(reference, parallel):
         assert os.path.isfile(os.path.join(out, "final", "model.safetensors"))
 
 
+@pytest.mark.slow
+def test_fsdp_accumulating_on_two_ranks_matches_one_process(reference):
+    """Micro batch 2 × 2 ranks × accumulation 2: between micro steps FSDP2 keeps the parameters gathered after the
+    backward (`no_sync`), which must not change a step."""
+    tmp, data, ref, ref_val = reference
+    out = str(tmp / "fsdp_accum")
+    p = run_train(base_overrides(data, out, dropout=0.0, max_steps=STEPS, parallel="fsdp", micro_batch_size=2),
+                  nproc=2)
+    assert "2 rank(s) × micro batch 2 × accumulation 2" in p.stdout
+    _close(losses(out), ref)
+    _close(losses(out, "val", "val_loss"), ref_val)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
