@@ -24,6 +24,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "tests"): ("hgrn2.bench.tests", "run pytest (the GPU suite) and record the outcome per test file"),
     ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
     ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
+    ("bench", "train-parity"): ("hgrn2.bench.parity", "training loss curves of ours and fla's from the same weights"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),
     ("train",): ("hgrn2.train.cli", "train a language model (works under torchrun)"),
     ("plot",): ("hgrn2.train.plot", "draw loss curves from training logs"),
