@@ -64,6 +64,11 @@ SECTIONS = {
                  "(SDPA; `llama-static`: the static cache) at the same width, depth and MLP. ms/step is one decode "
                  "step inside `generate`, forward ms our one-token forward alone; the floor is reading every weight "
                  "once at the copy bandwidth measured in the same run."),
+    "train_parity": ("Training parity: ours and fla's HGRN2 from the same weights",
+                     "`hgrn2 bench train-parity`: both models start from fla's initialisation and train on the same "
+                     "batches of real text (AdamW, bf16 autocast, clipping 1.0); ours steps as `hgrn2 train` does by "
+                     "default on one GPU. The largest relative difference between the two loss curves, and the "
+                     "curves."),
     "accuracy": ("Accuracy against the fp64 reference",
                  "Relative L2 error of the output, the final state and every gradient against the fp64 step-by-step "
                  "reference, random cotangents."),
@@ -370,6 +375,19 @@ def tests_table(rec: dict) -> str:
                                       ("seconds", "seconds", ".1f"), ("failures", "failures", "")])
 
 
+def parity_table(rec: dict) -> str:
+    rows = [dict(r, first=r["losses"][0], last=r["losses"][-1], steps=len(r["losses"]), status="ok")
+            if "losses" in r else r for r in rec["rows"]]
+    table = format_table(rows, [("model", "model", ""), ("mode", "mode", ""), ("steps", "steps", "d"),
+                                ("first loss", "first", ".4f"), ("last loss", "last", ".4f"), ("status", "status", "")])
+    summary = rec.get("summary")
+    if summary:
+        table += (f"\n\nLargest relative difference between the curves: {summary['max_rel_diff']:.2e} (step "
+                  f"{summary['max_rel_diff_step']}); mean loss over the last 20 steps: ours "
+                  f"{summary['ours_last20']:.4f}, fla {summary['fla_last20']:.4f}.")
+    return table
+
+
 def generic_table(rec: dict) -> str:
     keys = [k for k, v in rec["rows"][0].items() if isinstance(v, (str, int, float, bool))] if rec["rows"] else []
     return format_table(rec["rows"], [(k, k, ".4g" if isinstance(rec["rows"][0][k], float) else "") for k in keys])
@@ -379,7 +397,7 @@ TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
-    "vision": vision_table, "generate": generate_table, "tests": tests_table}
+    "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table}
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:

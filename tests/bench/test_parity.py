@@ -44,3 +44,14 @@ def test_fla_weights_load_into_ours_by_name():
     ours = HGRN2ForCausalLM(config_from_fla(dict(model_type="hgrn2", **cfg)))
     ours.load_state_dict(fla.state_dict(), strict=True)
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), fla.state_dict().values()))
+
+
+def test_report_renders_the_curves_summary():
+    from hgrn2.bench.report import parity_table
+
+    rec = {"rows": [{"model": "hgrn2", "mode": "graph", "losses": [9.0, 5.0]},
+                    {"model": "fla", "mode": "eager", "status": "unavailable: fla's Triton kernels need a GPU"}],
+           "summary": {"max_rel_diff": 2.5e-3, "max_rel_diff_step": 2, "ours_last20": 7.0, "fla_last20": 7.01}}
+    table = parity_table(rec)
+    assert "| hgrn2 | graph | 2 | 9.0000 | 5.0000 | ok |" in table and "unavailable" in table
+    assert "Largest relative difference between the curves: 2.50e-03 (step 2)" in table
