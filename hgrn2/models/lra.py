@@ -290,7 +290,8 @@ class LRAEncoder(nn.Module):
         self.drop = nn.Dropout(cfg.embed_dropout)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = SeqNorm(cfg.norm, d)
-        use_lb = cfg.use_lower_bound and cfg.mixer != "attention"
+        # layer 0's bound is 0, so a single layer has none to learn (and DDP refuses parameters without gradients)
+        use_lb = cfg.use_lower_bound and cfg.mixer != "attention" and cfg.num_layers > 1
         self.lower_bounds = nn.Parameter(torch.zeros(cfg.num_layers, d)) if use_lb else None
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -126,7 +126,8 @@ class HGRN2ForImageClassification(nn.Module):
         c = self.config = config
         self.patch_embed = nn.Linear(c.in_channels * c.patch_size ** 2, c.hidden_size)
         self.layers = nn.ModuleList(VisionBlock(c, i) for i in range(c.num_layers))
-        self.lower_bounds = nn.Parameter(torch.ones(c.num_layers, c.hidden_size))
+        # layer 0's bound is 0, so a single layer has none to learn (and DDP refuses parameters without gradients)
+        self.lower_bounds = nn.Parameter(torch.ones(c.num_layers, c.hidden_size)) if c.num_layers > 1 else None
         self.head = nn.Linear(c.hidden_size, c.num_classes)
 
     def patchify(self, images: torch.Tensor) -> torch.Tensor:
@@ -147,9 +148,10 @@ class HGRN2ForImageClassification(nn.Module):
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """Mean-pooled patch features [B, hidden], before the head's norm."""
         x = self.patch_embed(self.patchify(images))
-        for i, (layer, beta) in enumerate(zip(self.layers, self.layer_lower_bounds().unbind(0))):
+        betas = self.layer_lower_bounds().unbind(0) if self.lower_bounds is not None else (None,)
+        for i, layer in enumerate(self.layers):
             # layer 0's bound is exactly 0: None spares its backward the small-bound recompute (bound_grad)
-            x = layer(x, None if i == 0 else beta)
+            x = layer(x, None if i == 0 else betas[i])
         return x.mean(1)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
