@@ -51,8 +51,8 @@ class TrainConfig:
     # bound it: one GPU, no compile or activation checkpointing; the first 3 steps (and 3 after a resume) run
     # eagerly before the capture. In the graph, dβ of heads with a lower bound under 2^-8 keeps the kernels' value
     # instead of its exact recompute (hgrn2/ops/triton/bound_grad.py), which needs the host. None (the default):
-    # on wherever it can be (one CUDA process, compile and activation checkpointing off), where it trains faster
-    # (BENCHMARKS.md, "Training throughput"); false: eager.
+    # on for HGRN2 models on one CUDA process with compile and activation checkpointing off, where it trains
+    # faster (BENCHMARKS.md, "Training throughput"); other token mixers and Llama stay eager unless set true.
     cuda_graph: bool | None = None
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2 fully_shard per block) when launched with torchrun
     device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu" (gloo when distributed)

@@ -189,3 +189,17 @@ def test_graphed_run_resumes_on_its_trajectory(data, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6)
+
+
+def test_automatic_cuda_graph_only_where_its_capture_is_tested():
+    from types import SimpleNamespace
+
+    from hgrn2.train.trainer import auto_cuda_graph
+
+    cfg = make_config(None, ["data=d"])
+    hgrn2, hgrn1 = SimpleNamespace(token_mixer="hgrn2"), SimpleNamespace(token_mixer="hgrn1")
+    assert auto_cuda_graph(cfg, True, hgrn2)
+    assert not auto_cuda_graph(cfg, False, hgrn2)  # CPU, or several ranks
+    assert not auto_cuda_graph(cfg, True, hgrn1) and not auto_cuda_graph(cfg, True, SimpleNamespace())  # llama
+    for key in ("compile", "activation_checkpointing"):
+        assert not auto_cuda_graph(make_config(None, ["data=d", f"{key}=true"]), True, hgrn2)
