@@ -29,6 +29,7 @@ from .norm import add_rms_norm, rms_norm
 from .swiglu import swiglu_linear
 
 MAX_GEMV_ROWS = 4  # = hgrn2.ops.triton.gemv.MAX_ROWS (not imported here: Triton may be absent)
+MAX_GEMV_WEIGHTS = 3  # the kernel's weight pointers (one launch for HGRU2's q/f/i)
 
 
 def _use_gemv(x: torch.Tensor, weights: tuple, biases: tuple, res: torch.Tensor | None = None,
@@ -37,19 +38,25 @@ def _use_gemv(x: torch.Tensor, weights: tuple, biases: tuple, res: torch.Tensor 
     weights that fit (`_weights_fit`); a residual like x and a norm weight [K], where given."""
     if not use_glue_kernels(x) or torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type):
         return False
-    if res is not None and (res.shape != x.shape or res.dtype != x.dtype):
+    if res is not None and (res.shape != x.shape or res.dtype != x.dtype or res.device != x.device):
         return False
-    if norm_weight is not None and (norm_weight.shape != x.shape[-1:] or not norm_weight.is_contiguous()):
+    if norm_weight is not None and (norm_weight.shape != x.shape[-1:] or not norm_weight.is_contiguous()
+                                    or norm_weight.device != x.device):
         return False
-    return 0 < x.numel() <= MAX_GEMV_ROWS * x.shape[-1] and _weights_fit(x.dtype, x.shape[-1], weights, biases)
+    return 0 < x.numel() <= MAX_GEMV_ROWS * x.shape[-1] and _weights_fit(x, x.shape[-1], weights, biases)
 
 
-def _weights_fit(dtype: torch.dtype, k: int, weights: tuple, biases: tuple) -> bool:
-    """Contiguous weights [N, k] of one shape in `dtype`; biases all present (in `dtype`) or all absent."""
+def _weights_fit(x: torch.Tensor, k: int, weights: tuple, biases: tuple) -> bool:
+    """One to `MAX_GEMV_WEIGHTS` contiguous weights [N, k] of one shape in x's dtype, on x's device; biases all
+    present (contiguous [N] in that dtype, on that device) or all absent. Anything else goes to the unfused path,
+    which raises the errors for bad input."""
     n = weights[0].shape[0]
-    if any(w.shape != (n, k) or w.dtype != dtype or not w.is_contiguous() for w in weights):
+    if len(weights) > MAX_GEMV_WEIGHTS or any(
+            w.shape != (n, k) or w.dtype != x.dtype or w.device != x.device or not w.is_contiguous() for w in weights):
         return False
-    return all(b is None for b in biases) or all(b is not None and b.dtype == dtype for b in biases)
+    return all(b is None for b in biases) or all(
+        b is not None and b.shape == (n,) and b.dtype == x.dtype and b.device == x.device and b.is_contiguous()
+        for b in biases)
 
 
 def _rows(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -95,7 +102,7 @@ def rms_norm_swiglu_mlp(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, 
     (or x); weights gate, up [I, D], down [D, I] and their biases (or None). In decoding, two kernels."""
     bg, bu, bd = biases
     if (_use_gemv(x, (gate, up), (bg, bu), res, norm_weight) and out_dtype in (None, x.dtype)
-            and _weights_fit(x.dtype, gate.shape[0], (down,), (bd,))):
+            and _weights_fit(x, gate.shape[0], (down,), (bd,))):
         from .triton.gemv import gemv_swiglu
 
         out = gemv_swiglu(_rows(x), gate, up, [b for b in (bg, bu) if b is not None], _rows(res), norm_weight,

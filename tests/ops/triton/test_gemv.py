@@ -150,3 +150,21 @@ def test_decode_logits_match_without_kernels(use_gemv, monkeypatch):
     monkeypatch.setattr(proj, "use_glue_kernels", lambda x: False)
     plain = step()
     assert rel_err(fast, plain) < 2e-2
+
+
+def test_dispatch_leaves_what_the_kernel_cannot_take(use_gemv):
+    """More weights than the kernel's three, a strided bias, a bias of the wrong length, weights on another device:
+    the unfused path (right values, or its error), never the kernel on pointers it would misread."""
+    x, ws, _ = tensors(2, 8, 16, 4, torch.float32, False)
+    with torch.no_grad():
+        for y, w in zip(proj.linears(x, ws), ws):  # four weights of one shape
+            assert torch.allclose(y, F.linear(x, w))
+        b = torch.randn(8, 3, device=DEV)[:, 1]  # a column: stride 3
+        y, = proj.linears(x, ws[:1], (b,))
+        assert torch.allclose(y, F.linear(x, ws[0], b))
+        with pytest.raises(ValueError, match="biases"):
+            proj.rms_norm_linears(x, torch.ones(16, device=DEV), 1e-5, ws[:1], (torch.randn(3, device=DEV),))
+    meta = ws[0].to("meta")
+    assert not proj._use_gemv(x, (meta,), (None,))
+    assert not proj._use_gemv(x, ws[:1], (None,), res=x.to("meta"))
+    assert not proj._use_gemv(x, ws[:1], (None,), norm_weight=torch.ones(16, device="meta"))
