@@ -142,6 +142,8 @@ class HGRN2ForImageClassification(nn.Module):
 
     def layer_lower_bounds(self) -> torch.Tensor:
         """β [L, hidden]: layer l gets Σ_{j<l} softmax(Γ, 0)_j (an exclusive cumulative sum; layer 0 gets 0)."""
+        if self.lower_bounds is None:  # one layer
+            return self.head.weight.new_zeros(1, self.config.hidden_size, dtype=torch.float32)
         p = self.lower_bounds.float().softmax(0)
         return p.cumsum(0) - p
 

@@ -69,6 +69,9 @@ def test_lower_bounds_exclusive_cumsum():
     assert torch.all(beta[0] == 0)
     torch.testing.assert_close(beta[3], p[:3].sum(0))
     assert torch.all(beta[1:] >= beta[:-1]) and torch.all(beta < 1)
+    one = HGRN2ForImageClassification(tiny_config(num_layers=1))  # a single layer: bound 0, no parameter for it
+    assert one.lower_bounds is None and torch.equal(one.layer_lower_bounds(), torch.zeros(1, 16))
+    assert one(torch.randn(2, 1, 8, 8)).shape == (2, 5)
 
 
 @pytest.mark.parametrize("backend", ["reference", "chunk"])

@@ -117,7 +117,7 @@ def _prune(configs, named_args, **kwargs):
     return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] / c.num_warps)]
 
 
-_tuned = triton.autotune(_configs(), key=["N", "K", "BLOCK_M", "SWIGLU", "HAS_BIAS", "PDL"],
+_tuned = triton.autotune(_configs(), key=["N", "K", "BLOCK_M", "SWIGLU", "HAS_BIAS", "NORM", "RES", "PDL"],
                          prune_configs_by={"early_config_prune": _prune})(
     triton.heuristics({"EVEN": lambda a: a["N"] % a["BLOCK_N"] == 0 and a["K"] % a["BLOCK_K"] == 0})(_gemv_kernel))
 
