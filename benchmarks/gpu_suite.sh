@@ -2,7 +2,8 @@
 # The GPU test suite and the benchmarks on any CUDA machine, from the repository root:
 #   OUT=/some/dir bash benchmarks/gpu_suite.sh [STEP ...]        (default steps: tests ops layer train)
 # Steps: tests (the op, layer and model tests, GPU ones included; TESTS=... to choose), ops, layer, fla-warmup,
-# train, profile, accuracy, convert-fla, memory, ddp (needs 2 GPUs). Each bench step writes its JSON to
+# train, generate, vision, parity (DATA=a `hgrn2 data prepare` directory of real text), profile, accuracy,
+# convert-fla, memory, ddp (needs 2 GPUs). Each bench step writes its JSON to
 # $OUT/results/<device>/<benchmark>.json and its log to $OUT/<step>.log; copy the JSONs into benchmarks/results/
 # and run `hgrn2 bench report` to update BENCHMARKS.md.
 # fla autotunes its kernels on first use (minutes on a cold cache): TRITON_CACHE_AUTOTUNING=1 keeps the results
@@ -33,7 +34,10 @@ step_cmd() {  # the command of one step; its output goes to $OUT/<step>.log
       timeout "$LIMIT" python3 -m hgrn2.cli bench train --models fla --shapes 8x2048,4x4096 --warmup 1 --steps 1 \
         --rounds 1 --out "$OUT/warmup" ;;
     layer | accuracy | convert-fla | memory) timeout "$LIMIT" python3 -m hgrn2.cli bench "$1" --out "$RESULTS" ;;
-    train) timeout "$LIMIT" python3 -m hgrn2.cli bench train --out "$RESULTS" ;;
+    train) timeout "$LIMIT" python3 -m hgrn2.cli bench train --models hgrn2,hgrn2+graph,fla,llama --out "$RESULTS" ;;
+    generate) timeout "$LIMIT" python3 -m hgrn2.cli bench generate --budget-s $((LIMIT - 160)) --out "$RESULTS" ;;
+    vision) timeout "$LIMIT" python3 -m hgrn2.cli bench vision --out "$RESULTS" ;;
+    parity) timeout "$LIMIT" python3 -m hgrn2.cli bench train-parity --data "${DATA:?DATA=dir}" --out "$RESULTS" ;;
     profile) timeout "$LIMIT" python3 -m hgrn2.cli bench profile --target layer --out "$RESULTS" &&
              timeout "$LIMIT" python3 -m hgrn2.cli bench profile --target train --out "$RESULTS" ;;
     ddp) timeout "$LIMIT" python3 benchmarks/gpu_ddp.py --out "$RESULTS"x2 ;;
