@@ -21,26 +21,31 @@ CUDA tensor that schedulers change in place between replays), and autocast must 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
 
 
 def train_step(compute_loss: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer,
-               batch: Sequence[torch.Tensor], accum: int = 1,
-               max_norm: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               batch: Sequence[torch.Tensor], accum: int = 1, max_norm: float | None = None,
+               sync: Callable[[bool], contextlib.AbstractContextManager] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimiser step over `accum` micro-batches of `batch`; returns the mean loss (float32, detached) and the
-    global gradient norm before clipping (None when `max_norm` is None). Queues its work without a host sync."""
+    global gradient norm before clipping (None when `max_norm` is None). Queues its work without a host sync.
+    `sync(last)`: the context of each micro-batch's backward (DDP/FSDP2's gradient sync on the last one only)."""
     optimizer.zero_grad(set_to_none=True)  # captured with no grads: the first backward writes, later ones add
     loss = torch.zeros((), device=batch[0].device)
-    for micro in zip(*(t.chunk(accum) for t in batch)):
-        part = compute_loss(*micro)
-        (part / accum).backward()
+    for a, micro in enumerate(zip(*(t.chunk(accum) for t in batch))):
+        with sync(a == accum - 1) if sync is not None else contextlib.nullcontext():
+            part = compute_loss(*micro)
+            (part / accum).backward()
         loss += part.detach().float() / accum
     norm = None
     if max_norm is not None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 returns a DTensor
     optimizer.step()
     return loss, norm
 

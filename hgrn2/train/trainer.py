@@ -24,7 +24,7 @@ from ..data.tokenizer import pretrained_tokenizer, special_token_ids
 from . import checkpoint as ckpt
 from . import distributed as D
 from .config import TrainConfig
-from .graphed import GraphedStep
+from .graphed import GraphedStep, train_step
 from .logger import RunLogger
 from .model_factory import build_model
 from .optim import build_optimizer, lr_at, set_capturable, set_lr
@@ -122,12 +122,12 @@ class Trainer:
             lr = lr_at(self.step, schedule=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                        max_steps=cfg.max_steps, min_lr=cfg.min_lr)
             set_lr(self.optimizer, lr)
+            x = torch.cat([next(batches).to(d.device, non_blocking=True) for _ in range(self.accum)])
             if graphed is not None:
-                x = torch.cat([next(batches).to(d.device, non_blocking=True) for _ in range(self.accum)])
                 loss, grad_norm = graphed(x)
                 loss = loss.clone()  # the next replay overwrites the graph's output
             else:
-                loss, grad_norm = self._eager_step(batches)
+                loss, grad_norm = self._eager_step(x)
             self.step += 1
             steps_since += 1
             self.pending.append(D.mean(loss, d))  # stays on the device: no host sync until the log step
@@ -159,18 +159,12 @@ class Trainer:
         self.log.close()
         return result
 
-    def _eager_step(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
-        loss = torch.zeros((), device=self.d.device)
-        for a in range(self.accum):
-            x = next(batches).to(self.d.device, non_blocking=True)
-            with D.no_sync(self.model, a == self.accum - 1):
-                micro = self._micro_loss(x)
-                (micro / self.accum).backward()
-            loss += micro.detach().float() / self.accum
-        grad_norm = self._clip()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss, grad_norm
+    def _eager_step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimiser step on x, the step's micro-batches stacked: `train_step`, what the graph captures."""
+        out = train_step(self._micro_loss, self.optimizer, [x], self.accum, self.cfg.grad_clip or math.inf,
+                         sync=lambda last: D.no_sync(self.model, last))
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients held through evaluation and checkpoints
+        return out
 
     def _stop(self, bar) -> dict:
         if bar is not None:
@@ -182,11 +176,6 @@ class Trainer:
 
     def _log_now(self) -> bool:
         return self.step % self.cfg.log_every == 0 or self.step == self.cfg.max_steps
-
-    def _clip(self) -> torch.Tensor:
-        """Global gradient norm before clipping (clipped to grad_clip when set; always measured for the log)."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or float("inf"))
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 returns a DTensor
 
     def _progress(self):
         if not (self.d.main and self.cfg.progress):

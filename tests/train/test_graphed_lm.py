@@ -68,10 +68,10 @@ def test_captured_step_body_is_the_trainers_eager_step(data, tmp_path, micro, gr
         batches = iter(train_loader(t.train_set, sampler))
         out = []
         for _ in range(3):
+            x = torch.cat([next(batches) for _ in range(t.accum)])
             if name == "eager":
-                out.append(t._eager_step(batches))
+                out.append(t._eager_step(x))
             else:
-                x = torch.cat([next(batches) for _ in range(t.accum)])
                 out.append(train_step(t._micro_loss, t.optimizer, [x], t.accum, grad_clip or float("inf")))
         runs.append((out, [p.detach().clone() for p in t.model.parameters()]))
     (eager, w_eager), (body, w_body) = runs
