@@ -7,7 +7,6 @@ import torch.nn as nn
 
 from ..ops.projection import linears, rms_norm_swiglu_mlp
 from ..ops.swiglu import swiglu_linear
-from .norm import RMSNorm
 
 
 def glu_intermediate_size(hidden_size: int, hidden_ratio: float | None = 4) -> int:
@@ -34,16 +33,19 @@ class GLU(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prenorm: tuple | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x [..., hidden] → [..., hidden]. prenorm: (norm, res, out_dtype) as in `HGRU2.forward`: x is then the
+        residual stream before the pre-norm RMSNorm `norm`, r = x + res (or x), the MLP reads norm(r, out_dtype)
+        (in decoding, norm, gate, up and SwiGLU as one kernel), and r is returned last."""
+        if prenorm is not None:
+            norm, res, out_dtype = prenorm
+            r, y = rms_norm_swiglu_mlp(x, norm.weight, norm.eps, self.gate_proj.weight, self.up_proj.weight,
+                                       self.down_proj.weight,
+                                       (self.gate_proj.bias, self.up_proj.bias, self.down_proj.bias),
+                                       res=res, out_dtype=out_dtype)
+            return y, r
         # gate and up as one autograd node; down_proj's weights through swiglu_linear, whose backward recomputes
         # silu(g) · u instead of keeping it
         g, u = linears(x, (self.gate_proj.weight, self.up_proj.weight), (self.gate_proj.bias, self.up_proj.bias))
         return swiglu_linear(g, u, self.down_proj.weight, self.down_proj.bias)
-
-    def after_norm(self, norm: RMSNorm, x: torch.Tensor, res: torch.Tensor | None = None,
-                   out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pre-norm residual step and this MLP: (r, self(norm(r, out_dtype))) with r = x + res (or x). The same
-        arithmetic as the two calls; in decoding the norm, gate, up and SwiGLU are one kernel."""
-        return rms_norm_swiglu_mlp(x, norm.weight, norm.eps, self.gate_proj.weight, self.up_proj.weight,
-                                   self.down_proj.weight, (self.gate_proj.bias, self.up_proj.bias, self.down_proj.bias),
-                                   res=res, out_dtype=out_dtype)

@@ -78,7 +78,7 @@ class HGRN2Block(nn.Module):
             y, state = self.attn(h, **kw)
         if self.mlp is None:
             return x, y, state
-        x, out = self.mlp.after_norm(self.mlp_norm, x, y, dt)
+        out, x = self.mlp(x, prenorm=(self.mlp_norm, y, dt))
         return x, out, state
 
 

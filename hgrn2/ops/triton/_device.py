@@ -12,9 +12,10 @@ makes hundreds of such calls, at a size where the CPU that launches the kernels 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from ._interpret import INTERPRET
 
 
 def on_tensor_device(fn):
@@ -43,7 +44,7 @@ def launch_pdl(x: torch.Tensor) -> bool:
     """Whether a decode kernel on x's device launches with programmatic dependent launch (sm_90 and later, not in
     the interpreter): it may then start while the kernel before it drains, and waits (`gdc_wait`) before its first
     read, which hides most of the gap between the short kernels of a decode step."""
-    return PDL and x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" and _hopper_or_later(x.device.index)
+    return PDL and x.is_cuda and not INTERPRET and _hopper_or_later(x.device.index)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import capturing
 from ..chunk import hgrn2_chunk
 from ..flip import run_scan
 from ._common import ACTS
@@ -25,7 +26,7 @@ _ACT_NAMES = {code: name for name, code in ACTS.items()}
 
 def _tracing(x: torch.Tensor) -> bool:
     """Whether torch.compile traces or a CUDA graph is captured: neither can record a choice made on the host."""
-    return torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
+    return torch.compiler.is_compiling() or capturing(x)
 
 
 class LowBoundHeads:

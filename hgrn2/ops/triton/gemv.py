@@ -11,13 +11,12 @@ without split-K.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ._device import cdiv, launch_pdl, next_pow2, triton_op
+from ._interpret import INTERPRET
 
 MAX_ROWS = 4  # beyond this the rows' accumulators crowd out the weight tile; cuBLAS's GEMM takes over
 
@@ -133,7 +132,7 @@ def _launch(x, ws, bs, ys, swiglu: bool, res=None, gamma=None, eps: float = 0.0,
     pdl = launch_pdl(x)
     meta = dict(HAS_BIAS=has_bias, SWIGLU=swiglu, NORM=gamma is not None, RES=res is not None, BLOCK_M=next_pow2(M),
                 PDL=pdl)
-    if os.environ.get("TRITON_INTERPRET") == "1":  # autotuning's timing loop means nothing in the interpreter
+    if INTERPRET:  # autotuning's timing loop means nothing in the interpreter
         block_n, block_k = 8, 64
         grid = (cdiv(N, block_n), 1 if swiglu else len(ws))
         even = N % block_n == 0 and K % block_k == 0
