@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from hgrn2.bench.common import add_output_argument, command_of, environment, fla_available, write_result
+from hgrn2.train.graphed import GraphedStep, train_step
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +112,8 @@ def build_pair(args, vocab: int, device: torch.device):
 
 
 def train_curve(model, batches: list[torch.Tensor], args, device: torch.device, graph: bool) -> list[float]:
-    """Each step's training loss: AdamW with a linear warm-up, clipping at 1.0, bf16 autocast on CUDA."""
+    """Each step's training loss: AdamW with a linear warm-up, clipping at 1.0, bf16 autocast on CUDA; the step is
+    `hgrn2.train.graphed.train_step`, replayed as a CUDA graph with `graph`."""
     model.train()
     cuda = device.type == "cuda"
     lr0 = torch.tensor(0.0, device=device) if graph else 0.0
@@ -123,27 +125,20 @@ def train_curve(model, batches: list[torch.Tensor], args, device: torch.device, 
         with autocast:
             return model(input_ids=x, labels=x).loss
 
-    step = None
     if graph:
-        from hgrn2.train.graphed import GraphedStep
-
         step = GraphedStep(compute_loss, opt, max_norm=1.0)
+    else:
+        def step(x):
+            return train_step(compute_loss, opt, [x], max_norm=1.0)
+
     losses = []
     for s, x in enumerate(batches):
         lr = args.lr * min(1.0, (s + 1) / max(1, args.warmup))
-        x = x.to(device, non_blocking=True)
         if graph:
-            opt.param_groups[0]["lr"].fill_(lr)
-            loss = step(x)[0].clone()
+            opt.param_groups[0]["lr"].fill_(lr)  # in place: the captured step reads this tensor
         else:
             opt.param_groups[0]["lr"] = lr
-            opt.zero_grad(set_to_none=True)
-            loss = compute_loss(x)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            loss = loss.detach()
-        losses.append(loss)
+        losses.append(step(x.to(device, non_blocking=True))[0].clone())  # a replay overwrites the graph's output
     return [float(v) for v in torch.stack(losses).float().cpu()]
 
 
