@@ -31,7 +31,7 @@ from ..layers.glu import GLU
 from ..layers.hgru1 import HGRU1Complex
 from ..layers.hgru2 import HGRU2
 from ..ops import hgrn1, hgrn2
-from ..ops.gates import lower_bounds_from_logits
+from ..ops.gates import layer_bounds, lower_bounds_from_logits
 from ..ops.projection import linears
 
 MIXERS = ("hgrn2", "hgrn1", "attention")
@@ -302,11 +302,11 @@ class LRAEncoder(nn.Module):
         if self.cfg.positional:
             x = x + self.positions[:T].to(x.dtype)
         x = self.drop(x)
-        betas = lower_bounds_from_logits(self.lower_bounds).unbind(0) if self.lower_bounds is not None else None
+        betas = layer_bounds(lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None,
+                             len(self.layers))
         mixer_mask = attention_mask if self.cfg.mask_padding else None
-        for i, layer in enumerate(self.layers):
-            # layer 0's bound is exactly 0: None spares its backward the small-bound recompute (bound_grad)
-            x = layer(x, None if betas is None or i == 0 else betas[i], mixer_mask)
+        for layer, beta in zip(self.layers, betas):
+            x = layer(x, beta, mixer_mask)
         x = self.norm(x)
         return pool(x, attention_mask, self.cfg.pooling)
 

@@ -32,7 +32,7 @@ from ..layers.conv import ShortConv
 from ..layers.norm import LayerNorm, RMSNorm
 from ..ops.checks import reads_on_host
 from ..ops.cross_entropy import linear_cross_entropy
-from ..ops.gates import lower_bounds_from_logits
+from ..ops.gates import layer_bounds, lower_bounds_from_logits
 from .cache import HGRN2Cache, HGRN2StaticCache, MixerState
 from .configuration_hgrn2 import HGRN2Config
 
@@ -178,14 +178,13 @@ class HGRN2Model(HGRN2PreTrainedModel):
             if bool(attention_mask.all()):  # one check here instead of one per layer
                 attention_mask = None
         gckpt = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        # unbind, not betas[i]: its backward stacks the rows in one kernel, where indexing takes a zero-filled
-        # [L, hidden] tensor, a copy and an add per layer
-        betas = lower_bounds_from_logits(self.lower_bounds).unbind(0) if self.lower_bounds is not None else None
+        betas = layer_bounds(lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None,
+                             len(self.layers))
         hidden_states, branch = [], None
         for i, layer in enumerate(self.layers):
             if output_hidden_states:
                 hidden_states.append(x if branch is None else x + branch)
-            beta = betas[i] if betas is not None and i > 0 else None  # layer 0's bound is exactly 0
+            beta = betas[i]
             state = past_key_values[i] if past_key_values is not None else None
             if gckpt:
                 x, branch, new_state = self._gradient_checkpointing_func(layer.__call__, x, branch, beta, state,

@@ -29,6 +29,7 @@ import torch.nn as nn
 from .. import ops
 from ..layers.glu import GLU
 from ..layers.hgru2 import HGRU2
+from ..ops.gates import layer_bounds
 from ..ops.projection import linears
 
 
@@ -150,10 +151,9 @@ class HGRN2ForImageClassification(nn.Module):
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """Mean-pooled patch features [B, hidden], before the head's norm."""
         x = self.patch_embed(self.patchify(images))
-        betas = self.layer_lower_bounds().unbind(0) if self.lower_bounds is not None else (None,)
-        for i, layer in enumerate(self.layers):
-            # layer 0's bound is exactly 0: None spares its backward the small-bound recompute (bound_grad)
-            x = layer(x, None if i == 0 else betas[i])
+        betas = layer_bounds(self.layer_lower_bounds() if self.lower_bounds is not None else None, len(self.layers))
+        for layer, beta in zip(self.layers, betas):
+            x = layer(x, beta)
         return x.mean(1)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -105,3 +105,13 @@ def lower_bounds_from_logits(gamma: torch.Tensor) -> torch.Tensor:
     p = gamma.to(torch.promote_types(gamma.dtype, torch.float32)).softmax(dim=0)
     c = p.cumsum(dim=0)
     return c - c[0]
+
+
+def layer_bounds(betas: torch.Tensor | None, num_layers: int) -> list[torch.Tensor | None]:
+    """The bound each layer hands its mixer from β [L, D] (or None: no bounds): None for layer 0, whose bound is
+    exactly 0 (as a bound that needs a gradient it would take the Triton backward's small-bound recompute for
+    nothing), the rows of β for the others (`unbind`: its backward stacks the rows in one kernel, where indexing
+    would take a zero-filled [L, D] tensor, a copy and an add per layer)."""
+    if betas is None:
+        return [None] * num_layers
+    return [None, *betas.unbind(0)[1:]]
