@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"--{flag.replace('_', '-')}: expected a positive int, got {getattr(args, flag)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graph = device.type == "cuda" and not args.eager
-    vocab = read_meta(args.data)["vocab_size"]
+    meta = read_meta(args.data)
+    vocab = meta["vocab_size"]
     batches = sample_batches(PackedDataset(args.data, "train", args.seq_len), args.steps, args.batch, args.seed)
     fla_model, ours = build_pair(args, vocab, device)
     rows = [dict(model="hgrn2", mode="graph" if graph else "eager",
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     summary = compare(rows)
     figure = plot(rows, args)
     path = write_result(args.out, "train_parity", environment(device), rows, command_of(args), quick=args.quick,
-                        figure=figure, summary=summary,
+                        figure=figure, summary=summary, data=data_summary(meta),
                         settings={k: getattr(args, k) for k in ("steps", "batch", "seq_len", "hidden", "layers",
                                                                  "intermediate", "lr", "warmup", "seed")})
     for r in rows:
@@ -78,6 +79,18 @@ def run(args: argparse.Namespace) -> int:
               f"last 20 steps' mean loss: ours {summary['ours_last20']:.4f}, fla {summary['fla_last20']:.4f}")
     print(f"wrote {path}")
     return 0
+
+
+def data_summary(meta: dict) -> dict:
+    """What the curves trained on, from the data's meta.json: its training split and where it came from (the
+    distinct source names, a `hgrn2 data corpus` file name starting with its package)."""
+    train = meta["splits"]["train"]
+    sources = meta.get("sources")  # per split from `hgrn2 data prepare`; a description string from other writers
+    files = sources.get("train", []) if isinstance(sources, dict) else []
+    names = sorted({Path(p).name.split("__")[0] for p in files}) or ([sources] if isinstance(sources, str) else [])
+    source = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return {"vocab_size": meta["vocab_size"], "train_tokens": train["tokens"], "documents": train.get("documents"),
+            "source": source or "unnamed"}
 
 
 def sample_batches(dataset, steps: int, batch: int, seed: int) -> list[torch.Tensor]:

@@ -380,6 +380,15 @@ def parity_table(rec: dict) -> str:
             if "losses" in r else r for r in rec["rows"]]
     table = format_table(rows, [("model", "model", ""), ("mode", "mode", ""), ("steps", "steps", "d"),
                                 ("first loss", "first", ".4f"), ("last loss", "last", ".4f"), ("status", "status", "")])
+    s, data = rec.get("settings"), rec.get("data")
+    if s:
+        setup = (f"{s['layers']} layers, d {s['hidden']}, MLP {s['intermediate']}; {s['steps']} steps of "
+                 f"{s['batch']} × {s['seq_len']} tokens, lr {s['lr']:g} after {s['warmup']} warm-up steps, seed "
+                 f"{s['seed']}")
+        if data:
+            setup += (f"; data: {data['train_tokens']:,} training tokens in {data['documents']:,} documents, "
+                      f"vocabulary {data['vocab_size']:,} ({data['source']})")
+        table = f"{setup}.\n\n{table}"
     summary = rec.get("summary")
     if summary:
         table += (f"\n\nLargest relative difference between the curves: {summary['max_rel_diff']:.2e} (step "

@@ -20,6 +20,9 @@ def test_train_parity_quick(tmp_path, capsys):
     assert record["quick"] and (tmp_path / "out" / "train_parity.png").is_file()
     assert len(rows["hgrn2"]["losses"]) == 8 and all(math.isfinite(v) for v in rows["hgrn2"]["losses"])
     assert rows["hgrn2"]["losses"][-1] < rows["hgrn2"]["losses"][0]  # it learns
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    assert record["data"]["train_tokens"] == meta["splits"]["train"]["tokens"] > 0
+    assert record["data"]["vocab_size"] == meta["vocab_size"] and record["settings"]["steps"] == 8
     if not torch.cuda.is_available():
         assert rows["fla"]["status"] == "unavailable: fla's Triton kernels need a GPU" and record["summary"] is None
 
@@ -55,3 +58,19 @@ def test_report_renders_the_curves_summary():
     table = parity_table(rec)
     assert "| hgrn2 | graph | 2 | 9.0000 | 5.0000 | ok |" in table and "unavailable" in table
     assert "Largest relative difference between the curves: 2.50e-03 (step 2)" in table
+    rec |= {"settings": dict(steps=2, batch=8, seq_len=2048, hidden=1024, layers=24, intermediate=2816, lr=3e-4,
+                             warmup=20, seed=0),
+            "data": dict(vocab_size=8192, train_tokens=7733035, documents=4062, source="linux-doc-6.1, python3.11")}
+    assert table in parity_table(rec) and ("2 steps of 8 × 2048 tokens" in parity_table(rec))
+    assert "7,733,035 training tokens in 4,062 documents, vocabulary 8,192 (linux-doc-6.1, python3.11)" in \
+        parity_table(rec)
+
+
+def test_data_summary_names_the_corpus_packages():
+    from hgrn2.bench.parity import data_summary
+
+    meta = {"vocab_size": 10, "splits": {"train": {"tokens": 5, "documents": 2}},
+            "sources": {"train": ["/c/train/linux-doc-6.1__a.rst.txt", "/c/train/python3.11__b.html.txt",
+                                  "/c/train/python3.11__c.html.txt"]}}
+    assert data_summary(meta) == {"vocab_size": 10, "train_tokens": 5, "documents": 2,
+                                  "source": "linux-doc-6.1, python3.11"}
