@@ -97,6 +97,16 @@ def test_lower_bounds_used_from_layer_1():
     assert seen[0] is None and torch.allclose(seen[1], beta[1] - beta[0])
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_every_trainable_parameter_gets_a_gradient(layers):
+    """With one layer no output depends on the bound logits Γ (layer 0 is unbounded): they ask for no gradient, as
+    DDP refuses a trainable parameter that none reaches; the state dict keeps them (fla's checkpoints hold them)."""
+    m = randomised(tiny(num_hidden_layers=layers)).train()
+    m(torch.randint(0, 128, (2, 5)), labels=torch.randint(0, 128, (2, 5))).loss.backward()
+    assert m.model.lower_bounds.requires_grad == (layers > 1) and "model.lower_bounds" in m.state_dict()
+    assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
+
+
 def test_loss_matches_cross_entropy_and_logits_to_keep():
     m = randomised(tiny())
     ids = torch.randint(0, 128, (2, 9))

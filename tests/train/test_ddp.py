@@ -81,3 +81,15 @@ def test_two_gpus_match_one_gpu_with_accumulation(tmp_path, parallel):
     run_train(base_overrides(data, one, dropout=0.0, max_steps=STEPS, device="cuda"))
     run_train(base_overrides(data, two, dropout=0.0, max_steps=STEPS, device="cuda", parallel=parallel), nproc=2)
     _close(losses(two), losses(one), tol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_one_layer_model_trains_on_two_ranks(tmp_path, parallel):
+    """A one-layer model holds bound logits no output depends on; DDP must not wait for their gradient."""
+    data = make_corpus(tmp_path / "data")
+    overrides = [o for o in base_overrides(data, str(tmp_path / "out"), dropout=0.0, max_steps=2, save_every=0,
+                                           eval_every=0, parallel=parallel) if not o.startswith(("model=", "arch="))]
+    p = run_train(overrides + ["arch=hgrn2", "model={hidden_size: 32, num_hidden_layers: 1, expand_ratio: 16}"],
+                  nproc=2)
+    assert "2 rank(s)" in p.stdout and set(losses(str(tmp_path / "out"))) == {1, 2}
