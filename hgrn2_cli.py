@@ -5,6 +5,6 @@ from __future__ import annotations
 
 
 def main() -> int:
-    from hgrn2.cli import main as run
+    from hgrn2.cli import console
 
-    return run()
+    return console()

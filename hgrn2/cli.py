@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 
@@ -79,5 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def console(argv: list[str] | None = None) -> int:
+    """`main` for a terminal: an error in what was asked for (ValueError, OSError: a bad argument, a missing file, a
+    full disk) prints as its one-line message instead of a traceback, which HGRN2_TRACEBACK=1 shows."""
+    try:
+        return main(argv)
+    except (ValueError, OSError) as e:
+        if os.environ.get("HGRN2_TRACEBACK") == "1":
+            raise
+        print(f"hgrn2: error: {e}  (HGRN2_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

@@ -1,13 +1,15 @@
-"""The `hgrn2` command's own behaviour: fast help, clear errors for unknown commands, the version, and the typed
-entry points of every command module."""
+"""The `hgrn2` command's own behaviour: fast help, clear errors for unknown commands and bad arguments, the
+version, and the typed entry points of every command module."""
 
 import ast
 import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from hgrn2 import __version__
-from hgrn2.cli import COMMANDS, main
+from hgrn2.cli import COMMANDS, console, main
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -32,6 +34,20 @@ def test_unknown_command_says_what_was_wrong(capsys):
     assert capsys.readouterr().err.startswith("hgrn2: 'hgrn2 bench' needs one of: ")
     assert main(["bench", "nope"]) == 2
     assert capsys.readouterr().err.startswith("hgrn2: unknown command 'hgrn2 bench nope'")
+
+
+def test_a_bad_argument_is_one_line_on_the_console(tmp_path, capsys, monkeypatch):
+    """The console entry point prints an input error (ValueError, OSError) as its message alone; main() raises it
+    (as tests and scripts want), and so does the console with HGRN2_TRACEBACK=1."""
+    monkeypatch.delenv("HGRN2_TRACEBACK", raising=False)
+    for argv in (["lra", "listops", "--epochs", "0"], ["bench", "train-parity", "--data", str(tmp_path)]):
+        assert console(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hgrn2: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "`--epochs`" not in err and "meta.json" in err
+    monkeypatch.setenv("HGRN2_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="`--epochs`: expected at least 1, got 0"):
+        console(["lra", "listops", "--epochs", "0"])
 
 
 def test_version_is_the_package_version():

@@ -118,6 +118,9 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     for key in TRAIN_KEYS:
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
+    for key, low in (("epochs", 1), ("batch_size", 1), ("lr", None), ("warmup_steps", 0), ("schedule_steps", 1),
+                     ("weight_decay", 0)):
+        _check_at_least(key, train[key], low)
     if train.get("precision") not in PRECISIONS:
         raise ValueError(f"`--precision`: expected one of {PRECISIONS}, got {train.get('precision')!r}")
     unknown = sorted(set(model_opts) - set(LRAModelConfig.__dataclass_fields__))
@@ -353,6 +356,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_record_argument(p)
 
 
+def _check_at_least(flag: str, value, low: float | None) -> None:
+    """value ≥ low (low None: value > 0), else an error naming --flag."""
+    if value is not None and not (value > 0 if low is None else value >= low):
+        want = "a positive number" if low is None else f"at least {low}"
+        raise ValueError(f"`--{flag.replace('_', '-')}`: expected {want}, got {value}")
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    for flag, low in (("examples", 3), ("images", 3), ("workers", 1), ("max_minutes", None), ("max_steps", 1),
+                      ("ckpt_every", 0), ("log_every", 1)):
+        _check_at_least(flag, getattr(args, flag), low)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.report:
         print(report(args.out))
@@ -364,8 +380,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.tasks:
         raise SystemExit("hgrn2 lra: error: give at least one task (or --report)")
+    _check_limits(args)
     for task in args.tasks:
-        lra_tasks.check_task(task)
+        for mixer in args.models:
+            build(task, mixer, args)  # every setting checked before any data is generated
     d = distributed.init(args.device)
     summary = []
     try:

@@ -108,6 +108,14 @@ def test_bad_arguments(tmp_path):
     assert "hgrn2 (here)" not in report(tmp_path / "nothing")
 
 
+@pytest.mark.parametrize("flag, value", [("--epochs", "0"), ("--lr", "0"), ("--batch-size", "-2"),
+                                         ("--examples", "2"), ("--max-minutes", "0"), ("--log-every", "0")])
+def test_settings_are_checked_before_any_data_is_generated(tmp_path, flag, value):
+    with pytest.raises(ValueError, match=f"`{flag}`: expected"):
+        main(["lra", "listops", flag, value, "--data-dir", str(tmp_path / "cache"), "--out", str(tmp_path)])
+    assert not (tmp_path / "cache").exists()
+
+
 def test_overrides_reach_the_config():
     import argparse
 
