@@ -86,8 +86,10 @@ def data_summary(meta: dict) -> dict:
     distinct source names, a `hgrn2 data corpus` file name starting with its package)."""
     train = meta["splits"]["train"]
     sources = meta.get("sources")  # per split from `hgrn2 data prepare`; a description string from other writers
-    files = sources.get("train", []) if isinstance(sources, dict) else []
-    names = sorted({Path(p).name.split("__")[0] for p in files}) or ([sources] if isinstance(sources, str) else [])
+    train_sources = sources.get("train") if isinstance(sources, dict) else sources
+    # files (`hgrn2 data prepare` of local files) or one description (a data set's name, `write_corpus`)
+    names = ([train_sources] if isinstance(train_sources, str)
+             else sorted({Path(p).name.split("__")[0] for p in train_sources or []}))
     source = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return {"vocab_size": meta["vocab_size"], "train_tokens": train["tokens"], "documents": train.get("documents"),
             "source": source or "unnamed"}

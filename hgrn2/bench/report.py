@@ -386,8 +386,9 @@ def parity_table(rec: dict) -> str:
                  f"{s['batch']} × {s['seq_len']} tokens, lr {s['lr']:g} after {s['warmup']} warm-up steps, seed "
                  f"{s['seed']}")
         if data:
-            setup += (f"; data: {data['train_tokens']:,} training tokens in {data['documents']:,} documents, "
-                      f"vocabulary {data['vocab_size']:,} ({data['source']})")
+            docs = "" if data["documents"] is None else f" in {data['documents']:,} documents"  # `write_corpus`
+            setup += (f"; data: {data['train_tokens']:,} training tokens{docs}, vocabulary {data['vocab_size']:,} "
+                      f"({data['source']})")
         table = f"{setup}.\n\n{table}"
     summary = rec.get("summary")
     if summary:

@@ -23,6 +23,11 @@ def test_train_parity_quick(tmp_path, capsys):
     meta = json.loads((tmp_path / "data" / "meta.json").read_text())
     assert record["data"]["train_tokens"] == meta["splits"]["train"]["tokens"] > 0
     assert record["data"]["vocab_size"] == meta["vocab_size"] and record["settings"]["steps"] == 8
+    from hgrn2.bench.report import parity_table
+
+    # a corpus written by `write_corpus` counts no documents
+    assert f"data: {meta['splits']['train']['tokens']:,} training tokens, vocabulary 96 (write_corpus)" in \
+        parity_table(record)
     if not torch.cuda.is_available():
         assert rows["fla"]["status"] == "unavailable: fla's Triton kernels need a GPU" and record["summary"] is None
 
@@ -74,3 +79,5 @@ def test_data_summary_names_the_corpus_packages():
                                   "/c/train/python3.11__c.html.txt"]}}
     assert data_summary(meta) == {"vocab_size": 10, "train_tokens": 5, "documents": 2,
                                   "source": "linux-doc-6.1, python3.11"}
+    meta["sources"] = {"train": "hub:wikitext/wikitext-2-raw-v1:train", "val": "every 200th document"}
+    assert data_summary(meta)["source"] == "hub:wikitext/wikitext-2-raw-v1:train"
