@@ -109,10 +109,12 @@ def test_bad_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("flag, value", [("--epochs", "0"), ("--lr", "0"), ("--batch-size", "-2"),
-                                         ("--examples", "2"), ("--max-minutes", "0"), ("--log-every", "0")])
+                                         ("--examples", "2"), ("--max-minutes", "0"), ("--log-every", "0"),
+                                         ("--seed", "-1"), ("--data-seed", "-1")])
 def test_settings_are_checked_before_any_data_is_generated(tmp_path, flag, value):
-    with pytest.raises(ValueError, match=f"`{flag}`: expected"):
-        main(["lra", "listops", flag, value, "--data-dir", str(tmp_path / "cache"), "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match=f"`{flag}`: expected"):  # a few examples: a missed check fails quickly
+        main(["lra", "listops", "--examples", "30", flag, value, "--data-dir", str(tmp_path / "cache"), "--out",
+              str(tmp_path)])
     assert not (tmp_path / "cache").exists()
 
 
