@@ -135,9 +135,12 @@ class HGRN2Model(HGRN2PreTrainedModel):
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
         L = config.num_hidden_layers
         bounded = config.use_lower_bound and getattr(get_token_mixer(config.token_mixer), "uses_lower_bound", True)
-        # one layer: layer 0 is unbounded, so no output depends on Γ; it stays (fla's checkpoints hold it) but asks
-        # for no gradient, which DDP would wait for
-        self.lower_bounds = nn.Parameter(torch.zeros(L, config.hidden_size), requires_grad=L > 1) if bounded else None
+        if bounded and L == 1:
+            # layer 0 is unbounded, so no output depends on Γ: kept (fla's checkpoints hold it) as a buffer, which
+            # no loader makes trainable (DDP would wait for a trainable parameter's gradient)
+            self.register_buffer("lower_bounds", torch.zeros(L, config.hidden_size))
+        else:
+            self.lower_bounds = nn.Parameter(torch.zeros(L, config.hidden_size)) if bounded else None
         self.layers = nn.ModuleList([HGRN2Block(config, i) for i in range(L)])
         self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.gradient_checkpointing = False

@@ -107,6 +107,24 @@ def test_every_trainable_parameter_gets_a_gradient(layers):
     assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
 
 
+def test_one_layer_bound_logits_stay_untrainable_when_loaded(tmp_path):
+    """`from_pretrained` (the trainer's init_from) makes every loaded parameter trainable: a one-layer model's Γ
+    comes back with its values and still asks for no gradient."""
+    from transformers import AutoModelForCausalLM
+
+    from hgrn2.train.model_factory import build_model
+
+    m = tiny(num_hidden_layers=1)
+    saved = HGRN2ForCausalLM(m)
+    with torch.no_grad():
+        saved.model.lower_bounds.copy_(torch.randn_like(saved.model.lower_bounds))
+    saved.save_pretrained(tmp_path)
+    for loaded in (AutoModelForCausalLM.from_pretrained(tmp_path), build_model("hgrn2", {}, 128, str(tmp_path))):
+        assert torch.equal(loaded.model.lower_bounds, saved.model.lower_bounds)
+        loaded(torch.randint(0, 128, (2, 5)), labels=torch.randint(0, 128, (2, 5))).loss.backward()
+        assert all(p.grad is not None for p in loaded.parameters() if p.requires_grad)
+
+
 def test_loss_matches_cross_entropy_and_logits_to_keep():
     m = randomised(tiny())
     ids = torch.randint(0, 128, (2, 9))
