@@ -158,6 +158,38 @@ def test_every_tuned_tile_gives_the_same_norms(monkeypatch, D):
         assert rel_err(dres, resd.grad) < 1e-5 and rel_err(dw, wd.grad) < 1e-5
 
 
+@pytest.mark.skipif(DEV == "cuda", reason="the GPU runs the tuned launch for real")
+def test_tuned_launch_in_the_interpreter(monkeypatch):
+    """The GPU's launch (the autotuner, its pruning by BLOCK_D, the grid from the chosen tile height, a backward
+    rerun per benchmarked config), with the timing replaced by a seeded random one: RMSNorm with the residual add,
+    and LayerNorm, against the fp64 reference."""
+    import random
+
+    from hgrn2.ops.triton import norm
+
+    monkeypatch.setattr(norm, "INTERPRET", False)
+    rng = random.Random(0)
+    for tuned in (norm._fwd_tuned, norm._bwd_tuned):
+        monkeypatch.setattr(tuned, "cache", {})
+        monkeypatch.setitem(tuned.__dict__, "do_bench", lambda call, quantiles: call() or [rng.random()] * 3)
+    for N, D in ((300, 40), (3, 5000)):
+        x, res, dy = (torch.randn(N, D) for _ in range(3))
+        w, b = torch.randn(D), torch.randn(D)
+        xd, resd, wd, bd = (t.double().requires_grad_() for t in (x, res, w, b))
+        r = xd + resd
+        want = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6) * wd
+        want.backward(dy.double())
+        r, y, rstd = norm.add_rms_norm_fwd(x, res, w, 1e-6, x.dtype)
+        dx, dres, dw = norm.add_rms_norm_bwd(dy, torch.zeros_like(dy), r, w, rstd, x.dtype, res.dtype)
+        assert max(rel_err(y, want), rel_err(dx, xd.grad), rel_err(dres, resd.grad), rel_err(dw, wd.grad)) < 1e-5
+        want = F.layer_norm(xd, (D,), wd, bd, 1e-6)
+        xd.grad = wd.grad = None
+        want.backward(dy.double())
+        y, mean, rstd = norm.layer_norm_fwd(x, w, b, 1e-6)
+        dx, dw, db = norm.layer_norm_bwd(dy, x, w, mean, rstd, True)
+        assert max(rel_err(y, want), rel_err(dx, xd.grad), rel_err(dw, wd.grad), rel_err(db, bd.grad)) < 1e-5
+
+
 def test_norm_bwd_more_rows_than_programs():
     """Several row tiles per backward program, the last one partly empty: RMSNorm and LayerNorm."""
     from hgrn2.ops.triton._common import sm_count
