@@ -118,6 +118,13 @@ def test_settings_are_checked_before_any_data_is_generated(tmp_path, flag, value
     assert not (tmp_path / "cache").exists()
 
 
+def test_too_few_images_for_a_validation_split_are_refused_before_generating_them(tmp_path):
+    with pytest.raises(ValueError, match="`--images`: expected at least 10, got 9"):
+        main(["lra", "pathfinder", "--images", "9", "--workers", "1", "--data-dir", str(tmp_path / "cache"),
+              "--out", str(tmp_path)])
+    assert not (tmp_path / "cache").exists()
+
+
 def test_overrides_reach_the_config():
     import argparse
 
