@@ -6,8 +6,7 @@ in the forward and a dozen in the backward; a training step of the 374M benchmar
 LayerNorm backward reduces dw and db in a kernel that is slow for narrow rows (MQAR's d = 128, where it took a
 quarter of the training step). Here each direction reads and writes every element once: the
 forward stores y and the per-row statistics, the backward reads x, dy and the statistics and writes dx and
-per-program partial sums of dw, db (summed by torch). A program takes a tile of whole rows, 1024-4096 elements
-(or one wider row): the tile's height and its warps are tuned on the GPU per row width.
+per-program partial sums of dw, db (summed by torch). Rows narrower than 1024 go several to a program.
 
 Arithmetic in float32 whatever the input dtype: x̂ = x·rstd with rstd = 1/sqrt(mean(x²) + eps) (RMSNorm), or
 x̂ = (x − mean)·rstd with the biased variance (LayerNorm); y = x̂·w + b; dx = rstd·(g − x̂·mean(g·x̂) − mean(g))
@@ -22,18 +21,15 @@ import triton.language as tl
 
 from ._common import sm_count
 from ._device import cdiv, next_pow2, triton_op
-from ._interpret import INTERPRET
 
 MAX_D = 16384  # a row per program in registers at most; wider rows take the composite
-MAX_TILE = 4096  # elements in the largest tuned tile: a backward program's rows hold whole tiles of any height
 
 
 @triton.jit
-def _norm_fwd_kernel(x, res, r, w, b, y, mean, rstd, eps, N, D, LARGE, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+def _norm_fwd_kernel(x, res, r, w, b, y, mean, rstd, eps, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr):
     """Rows [p·BLOCK_N, (p+1)·BLOCK_N): y = x̂·w + b with x̂ = (x − mean)·rstd (CENTER: LayerNorm) or x·rstd.
-    HAS_RES: the input is x + res, stored to r (rounded to r's dtype first: the norm sees what r holds). LARGE
-    (N ≥ 4096) only keys the tuning."""
+    HAS_RES: the input is x + res, stored to r (rounded to r's dtype first: the norm sees what r holds)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < N)[:, None] & (cols < D)[None, :]
@@ -58,13 +54,13 @@ def _norm_fwd_kernel(x, res, r, w, b, y, mean, rstd, eps, N, D, LARGE, BLOCK_N: 
 
 
 @triton.jit
-def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dr, dres, dw_part, db_part, N, D, ROWS, LARGE,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr,
-                     HAS_B: tl.constexpr, HAS_RES: tl.constexpr):
-    """Program p handles rows [p·ROWS, (p+1)·ROWS) (ROWS a multiple of BLOCK_N), BLOCK_N at a time, and writes
-    its shares of dw and db to row p of the partial sums: dx = rstd·(g − x̂·mean(g·x̂) − mean(g)) with g = dy·w
-    (no mean(g) term for RMSNorm). HAS_RES (x was r = x + res): dx also takes dr, r's gradient from its other
-    uses, and is stored twice, in x's dtype and as dres in res's. LARGE (N ≥ 4096) only keys the tuning."""
+def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dr, dres, dw_part, db_part, N, D, TILES, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                     HAS_RES: tl.constexpr):
+    """Program p handles row tiles [p·TILES, (p+1)·TILES) and writes its shares of dw and db to row p of the
+    partial sums: dx = rstd·(g − x̂·mean(g·x̂) − mean(g)) with g = dy·w (no mean(g) term for RMSNorm).
+    HAS_RES (x was r = x + res): dx also takes dr, r's gradient from its other uses, and is stored twice, in
+    x's dtype and as dres in res's."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -72,8 +68,8 @@ def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dr, dres, dw_part, db_part, N, D,
         wr = tl.load(w + cols, mask=cmask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for r0 in range(0, ROWS, BLOCK_N):
-        rows = pid.to(tl.int64) * ROWS + r0 + tl.arange(0, BLOCK_N)
+    for t in range(TILES):
+        rows = (pid.to(tl.int64) * TILES + t) * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
         mask = rmask[:, None] & cmask[None, :]
         offs = rows[:, None] * D + cols[None, :]
@@ -106,42 +102,17 @@ def _norm_bwd_kernel(dy, x, w, mean, rstd, dx, dr, dres, dw_part, db_part, N, D,
 
 
 def _launch_shape(D: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_D, warps) in the interpreter, where tuning means nothing: rows of up to 1024 elements go
-    several to a program (narrow rows alone would leave each program a few hundred bytes to move)."""
+    """(BLOCK_N, BLOCK_D, warps): rows of up to 1024 elements go several to a program (narrow rows alone
+    would leave each program a few hundred bytes to move). A fixed rule, not autotuning: the tile sets the order
+    of each sum, and a shape picked by timing could differ in a resumed run, which must repeat every bit."""
     block = next_pow2(D)
     rows = max(1, 1024 // block)
     return rows, block, min(16, max(1, rows * block // 256))
 
 
-def _configs() -> list[triton.Config]:
-    # BLOCK_N rows a tile and the warps that share it; _prune keeps tiles of 1024, 2048 or 4096 elements
-    return [triton.Config({"BLOCK_N": 1 << k}, num_warps=w) for k in range(13) for w in (4, 8, 16)]
-
-
-def _prune(configs, named_args, **kwargs):
-    # tiles of whole rows with 1024-4096 elements (one row if wider), 4-32 elements a thread (the backward spills
-    # beyond)
-    block = kwargs["BLOCK_D"]
-    kept = [c for c in configs if 4 <= c.kwargs["BLOCK_N"] * block // (32 * c.num_warps) <= 32
-            and (1024 <= c.kwargs["BLOCK_N"] * block <= MAX_TILE or (c.kwargs["BLOCK_N"] == 1 and block > MAX_TILE))]
-    return kept or [min(configs, key=lambda c: (c.kwargs["BLOCK_N"], c.num_warps))]
-
-
-def _tuned(kernel):
-    """The kernel autotuned per row width, flags and dtypes, and whether N is large."""
-    return triton.autotune(_configs(), key=["D", "LARGE", "CENTER", "HAS_W", "HAS_B", "HAS_RES"],
-                           prune_configs_by={"early_config_prune": _prune})(kernel)
-
-
-_fwd_tuned, _bwd_tuned = _tuned(_norm_fwd_kernel), _tuned(_norm_bwd_kernel)
-
-
-def _bwd_rows(N: int, block: int, device: torch.device) -> tuple[int, int]:
-    """(rows a backward program, programs): enough programs to fill the GPU several times over, few enough that
-    dw's partial sums stay small, each a whole number of tiles of any tuned height."""
-    group = max(1, MAX_TILE // block)
-    rows = group * cdiv(cdiv(N, 8 * sm_count(device)), group)
-    return rows, cdiv(N, rows)
+def _bwd_programs(x: torch.Tensor, tiles: int) -> int:
+    # enough programs to fill the GPU several times over, few enough that dw's partial sums stay small
+    return max(1, min(tiles, 8 * sm_count(x.device)))
 
 
 def _norm_fwd(x, weight, bias, eps, out_dtype, center, res=None, r=None):
@@ -150,14 +121,10 @@ def _norm_fwd(x, weight, bias, eps, out_dtype, center, res=None, r=None):
     mean = torch.empty(N if center else 0, device=x.device, dtype=torch.float32)
     rstd = torch.empty(N, device=x.device, dtype=torch.float32)
     if N:
-        args = (x, res, r, weight, bias, y, mean, rstd, eps, N, D, int(N >= 4096))
-        flags = dict(BLOCK_D=next_pow2(D), CENTER=center, HAS_W=weight is not None, HAS_B=bias is not None,
-                     HAS_RES=res is not None)
-        if INTERPRET:
-            rows, _, warps = _launch_shape(D)
-            _norm_fwd_kernel[(cdiv(N, rows),)](*args, BLOCK_N=rows, **flags, num_warps=warps)
-        else:
-            _fwd_tuned[lambda c: (cdiv(N, c["BLOCK_N"]),)](*args, **flags)
+        rows, block, warps = _launch_shape(D)
+        _norm_fwd_kernel[(cdiv(N, rows),)](
+            x, res, r, weight, bias, y, mean, rstd, eps, N, D, BLOCK_N=rows, BLOCK_D=block, CENTER=center,
+            HAS_W=weight is not None, HAS_B=bias is not None, HAS_RES=res is not None, num_warps=warps)
     return y, mean, rstd
 
 
@@ -167,19 +134,17 @@ def _norm_bwd(dy, x, weight, mean, rstd, center, has_bias, dr=None, dres=None, d
     to dres."""
     N, D = x.shape
     dx = torch.empty_like(x) if dx is None else dx
-    block = next_pow2(D)
-    rows, programs = _bwd_rows(N, block, x.device) if N else (0, 0)
+    rows, block, warps = _launch_shape(D)
+    tiles = cdiv(N, rows)
+    programs = _bwd_programs(x, tiles) if N else 0
     # every program writes its row of each partial sum there is (a missing one sums to zeros)
     dw_part = torch.empty(programs if weight is not None else 0, D, device=x.device, dtype=torch.float32)
     db_part = torch.empty(programs if has_bias else 0, D, device=x.device, dtype=torch.float32)
     if N:
-        args = (dy, x, weight, mean, rstd, dx, dr, dres, dw_part, db_part, N, D, rows, int(N >= 4096))
-        flags = dict(BLOCK_D=block, CENTER=center, HAS_W=weight is not None, HAS_B=has_bias, HAS_RES=dr is not None)
-        if INTERPRET:
-            tile, _, warps = _launch_shape(D)
-            _norm_bwd_kernel[(programs,)](*args, BLOCK_N=tile, **flags, num_warps=warps)
-        else:
-            _bwd_tuned[(programs,)](*args, **flags)
+        _norm_bwd_kernel[(programs,)](
+            dy, x, weight, mean, rstd, dx, dr, dres, dw_part, db_part, N, D, cdiv(tiles, programs),
+            BLOCK_N=rows, BLOCK_D=block, CENTER=center, HAS_W=weight is not None, HAS_B=has_bias,
+            HAS_RES=dr is not None, num_warps=warps)
     dw = dw_part.sum(0) if weight is not None else dw_part.new_empty(0)
     return dx, dw, db_part.sum(0) if has_bias else db_part.new_empty(0)
 

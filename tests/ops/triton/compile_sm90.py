@@ -308,18 +308,15 @@ def glue_variants():
                dict(logits=f"*{dt}", labels="*i64", lse="*fp32", coef="*fp32", V="i32"),
                dict(BLOCK_V=cross_entropy.BLOCK_V), 8)
         for kind, D in (("rms", 1024), ("rms", 5632), ("layer", 128), ("layer", 1024), ("add+rms", 1024)):
-            untuned, block, untuned_warps = norm._launch_shape(D)
-            largest = max(norm._prune(norm._configs(), {}, BLOCK_D=block), key=lambda c: c.kwargs["BLOCK_N"])
-            for rows, warps in {(untuned, untuned_warps), (largest.kwargs["BLOCK_N"], largest.num_warps)}:
-                flags = dict(BLOCK_N=rows, BLOCK_D=block, CENTER=kind == "layer", HAS_W=True, HAS_B=kind == "layer",
-                             HAS_RES=kind == "add+rms")
-                yield (f"{kind} norm fwd {dt} D={D} rows={rows}", norm._norm_fwd_kernel,
-                       dict(x=f"*{dt}", res="*bf16", r=f"*{dt}", w="*fp32", b="*fp32", y="*bf16", mean="*fp32",
-                            rstd="*fp32", eps="fp32", N="i32", D="i32", LARGE="i32"), flags, warps)
-                yield (f"{kind} norm bwd {dt} D={D} rows={rows}", norm._norm_bwd_kernel,
-                       dict(dy="*bf16", x=f"*{dt}", w="*fp32", mean="*fp32", rstd="*fp32", dx=f"*{dt}",
-                            dr=f"*{dt}", dres="*bf16", dw_part="*fp32", db_part="*fp32", N="i32", D="i32",
-                            ROWS="i32", LARGE="i32"), flags, warps)
+            rows, block, warps = norm._launch_shape(D)
+            flags = dict(BLOCK_N=rows, BLOCK_D=block, CENTER=kind == "layer", HAS_W=True, HAS_B=kind == "layer",
+                         HAS_RES=kind == "add+rms")
+            yield (f"{kind} norm fwd {dt} D={D}", norm._norm_fwd_kernel,
+                   dict(x=f"*{dt}", res="*bf16", r=f"*{dt}", w="*fp32", b="*fp32", y="*bf16", mean="*fp32",
+                        rstd="*fp32", eps="fp32", N="i32", D="i32"), flags, warps)
+            yield (f"{kind} norm bwd {dt} D={D}", norm._norm_bwd_kernel,
+                   dict(dy="*bf16", x=f"*{dt}", w="*fp32", mean="*fp32", rstd="*fp32", dx=f"*{dt}", dr=f"*{dt}",
+                        dres="*bf16", dw_part="*fp32", db_part="*fp32", N="i32", D="i32", TILES="i32"), flags, warps)
         yield (f"swiglu fwd {dt}", swiglu._swiglu_fwd_kernel, dict(g=f"*{dt}", u=f"*{dt}", p=f"*{dt}", n="i64"),
                dict(BLOCK=swiglu.BLOCK), 8)
         yield (f"swiglu bwd {dt}", swiglu._swiglu_bwd_kernel,
