@@ -155,8 +155,6 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
         raise ValueError(f"`--data` / `--examples` / `--images`: task {task!r} has no {' or '.join(empty)} examples")
     train_split = data["train"]
     batch = tr["batch_size"]
-    if batch % d.world:
-        raise ValueError(f"`--batch-size`: {batch} is not divisible by the {d.world} processes")
     per_rank = batch // d.world
     steps_per_epoch = len(train_split.labels) // batch
     if steps_per_epoch == 0:
@@ -382,12 +380,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.tasks:
         raise SystemExit("hgrn2 lra: error: give at least one task (or --report)")
     _check_limits(args)
-    for task in args.tasks:
-        for mixer in args.models:
-            build(task, mixer, args)  # every setting checked before any data is generated
+    # every setting is checked before any data is generated
+    batches = sorted({build(task, mixer, args)[1]["batch_size"] for task in args.tasks for mixer in args.models})
     d = distributed.init(args.device)
     summary = []
     try:
+        for batch in batches:
+            if batch % d.world:
+                raise ValueError(f"`--batch-size`: {batch} is not divisible by the {d.world} processes")
         for task in args.tasks:
             for mixer in args.models:
                 r = train_run(task, mixer, args, d)
