@@ -110,11 +110,12 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     """The model config and training settings of (task, mixer): the preset, then command-line overrides."""
     info = lra_tasks.check_task(task)
     preset = load_preset(task, args.config)
-    model_opts = dict(preset["model"])
+    own = _per_model(preset, task).get(mixer, {})
+    model_opts = {**preset["model"], **own.get("model", {})}
     if mixer == "attention":
         model_opts["positional"] = True  # attention alone is blind to order (the HGRN presets' "id" encoder)
     model_opts.update(args.model_options or {})
-    train = dict(preset["train"])
+    train = {**preset["train"], **own.get("train", {})}
     for key in TRAIN_KEYS:
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
@@ -129,6 +130,16 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     cfg = LRAModelConfig(mixer=mixer, num_classes=info.num_classes, vocab_size=info.vocab_size,
                          max_len=info.max_len, dual=info.dual, **model_opts)
     return cfg, train
+
+
+def _per_model(preset: dict, task: str) -> dict:
+    """The preset's `per_model` section: {mixer: {"model": {...}, "train": {...}}} overriding the shared settings."""
+    per_model = preset.get("per_model") or {}
+    for mixer, own in per_model.items():
+        if mixer not in MIXERS or not isinstance(own, dict) or set(own) - {"model", "train"}:
+            raise ValueError(f"`--config`: {task}.yaml per_model.{mixer}: expected a mixer of {MIXERS} holding "
+                             f"'model' and/or 'train', got {own!r}")
+    return per_model
 
 
 def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:

@@ -31,16 +31,37 @@ def test_a_few_steps_reduce_the_loss(mixer):
     assert losses[-1] < 0.5 * losses[0]
 
 
+def _preset_args(**overrides):
+    import argparse
+
+    from hgrn2.train.lra import CONFIG_DIR, TRAIN_KEYS
+    return argparse.Namespace(**{"config": str(CONFIG_DIR), "model_options": None, **dict.fromkeys(TRAIN_KEYS),
+                                 **overrides})
+
+
 def test_presets_follow_the_authors_launch_script():
-    listops = load_preset("listops")
-    assert listops["model"]["hidden_size"] == 32 and listops["model"]["num_layers"] == 6
-    assert listops["train"] == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
-                                "schedule_steps": 50000, "epochs": 50, "precision": "fp32"}
-    # the LRA code's mixers never see the lengths; Lightning trained every task in 32-bit
+    # ListOps: HGRN2 from its own launch script (OpenNLPLab/HGRN2 run_lra.py), HGRN1 from HGRN1's (script_lra.py)
+    cfg, train = build("listops", "hgrn2", _preset_args())
+    assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio) == (64, 5, 4)
+    assert train == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.0, "warmup_steps": 5000,
+                     "schedule_steps": 50000, "epochs": 50, "precision": "bf16"}
+    for mixer in ("hgrn1", "attention"):
+        cfg, train = build("listops", mixer, _preset_args())
+        assert (cfg.hidden_size, cfg.num_layers) == (32, 6)
+        assert train == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
+                         "schedule_steps": 50000, "epochs": 50, "precision": "fp32"}
+    assert build("listops", "hgrn2", _preset_args(weight_decay=0.1))[1]["weight_decay"] == 0.1
+    # the LRA code's mixers never see the lengths; HGRN1's Lightning trainer ran in 32-bit
     for task in ("listops", "text", "retrieval"):
         assert load_preset(task)["model"]["mask_padding"] is False
-    for task in ("listops", "text", "retrieval", "image", "pathfinder", "pathx", "fashion_mnist"):
+    for task in ("text", "retrieval", "image", "pathfinder", "pathx", "fashion_mnist"):
         assert load_preset(task)["train"]["precision"] == "fp32"
+
+
+def test_a_malformed_per_model_section_is_refused(tmp_path):
+    (tmp_path / "listops.yaml").write_text("model: {}\ntrain: {}\nper_model: {hgrn3: {model: {}}}\n")
+    with pytest.raises(ValueError, match="per_model.hgrn3"):
+        build("listops", "hgrn2", _preset_args(config=str(tmp_path)))
     assert load_preset("pathfinder")["model"]["directions"] == "2d"
     assert load_preset("retrieval")["model"]["glu_expand"] == 2
 
