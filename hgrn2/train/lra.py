@@ -43,7 +43,8 @@ PAPER_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 PAPER = {"HGRN1 (paper)": (59.95, 88.14, 94.23, 88.69, 92.92, 97.50),
          "HGRN2 (paper)": (60.52, 88.97, 95.07, 89.33, 93.95, 98.12)}
 PRECISIONS = ("fp32", "bf16")
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay", "precision")
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay", "precision",
+              "grad_clip")
 
 
 def load_preset(task: str, config_dir: str | Path = CONFIG_DIR) -> dict:
@@ -122,6 +123,7 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     for key, low in (("epochs", 1), ("batch_size", 1), ("lr", None), ("warmup_steps", 0), ("schedule_steps", 1),
                      ("weight_decay", 0)):
         _check_at_least(key, train[key], low)
+    _check_at_least("grad_clip", train.get("grad_clip"), 0)
     if train.get("precision") not in PRECISIONS:
         raise ValueError(f"`--precision`: expected one of {PRECISIONS}, got {train.get('precision')!r}")
     unknown = sorted(set(model_opts) - set(LRAModelConfig.__dataclass_fields__))
@@ -235,6 +237,8 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             loss = F.cross_entropy(logits, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if tr.get("grad_clip"):  # Lightning's gradient_clip_val: the global norm of every gradient
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
             opt.step()
             step += 1
             bar.update(1)
@@ -350,6 +354,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, help="override the preset's warmup steps")
     p.add_argument("--schedule-steps", type=int, help="override the preset's cosine length in steps")
     p.add_argument("--weight-decay", type=float, help="override the preset's weight decay")
+    p.add_argument("--grad-clip", type=float, help="override the preset's gradient clipping (global norm; 0: none)")
     p.add_argument("--precision", choices=PRECISIONS, help="override the preset's precision (bf16: autocast on CUDA; "
                    "CPU runs stay fp32)")
     p.add_argument("--model-options", type=json.loads, help='JSON overrides of the model preset, e.g. '

@@ -54,8 +54,39 @@ def test_presets_follow_the_authors_launch_script():
     # the LRA code's mixers never see the lengths; HGRN1's Lightning trainer ran in 32-bit
     for task in ("listops", "text", "retrieval"):
         assert load_preset(task)["model"]["mask_padding"] is False
-    for task in ("text", "retrieval", "image", "pathfinder", "pathx", "fashion_mnist"):
-        assert load_preset(task)["train"]["precision"] == "fp32"
+    # the other tasks: HGRN2 from run_lra.py (bf16, mean pooling), HGRN1 as its own launch script had them
+    want = {"text": ((128, 4, 8, "layer", "mean", False), (64, 40, 0.0)),
+            "retrieval": ((256, 2, 2, "batch", "mean", True), (128, 20, 1.0)),
+            "image": ((512, 6, 2, "batch", "mean", True), (64, 75, 0.0)),
+            "pathfinder": ((128, 6, 2, "batch", "mean", False), (128, 100, 0.0)),
+            "pathx": ((32, 6, 1, "batch", "mean", True), (256, 200, 1.0))}
+    hgrn1 = {"text": ((128, 4, 2, "batch", "mean", True), (32, 32)), "retrieval": ((64, 2, 2, "batch", "mean", True),
+             (64, 20)), "image": ((512, 6, 2, "batch", "mean", True), (50, 100)),
+             "pathfinder": ((128, 6, 2, "batch", "last", False), (128, 200)),
+             "pathx": ((64, 6, 2, "batch", "last", False), (16, 100))}
+    for task, (model, train) in want.items():
+        cfg, tr = build(task, "hgrn2", _preset_args())
+        assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio, cfg.norm, cfg.pooling, cfg.positional) == model
+        assert (tr["batch_size"], tr["epochs"], tr["grad_clip"], tr["precision"]) == (*train, "bf16")
+        cfg, tr = build(task, "hgrn1", _preset_args())
+        assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio, cfg.norm, cfg.pooling, cfg.positional) == \
+            hgrn1[task][0]
+        assert (tr["batch_size"], tr["epochs"], tr["precision"], tr.get("grad_clip") or 0.0) == (*hgrn1[task][1],
+                                                                                               "fp32", 0.0)
+    assert load_preset("fashion_mnist")["train"]["precision"] == "fp32"
+
+
+def test_grad_clip_clips_every_step(tmp_path, monkeypatch):
+    seen = []
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, c: seen.append(c) or clip(params, c))
+    _cli(tmp_path / "clip", "--max-steps", "3", "--grad-clip", "0.25")
+    assert seen == [0.25] * 3
+    seen.clear()
+    _cli(tmp_path / "none", "--max-steps", "2")  # the fashion_mnist preset clips nothing
+    assert seen == []
+    with pytest.raises(ValueError, match="`--grad-clip`: expected at least 0, got -1"):
+        _cli(tmp_path / "bad", "--grad-clip", "-1")
 
 
 def test_a_malformed_per_model_section_is_refused(tmp_path):
