@@ -121,9 +121,8 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
     for key, low in (("epochs", 1), ("batch_size", 1), ("lr", None), ("warmup_steps", 0), ("schedule_steps", 1),
-                     ("weight_decay", 0)):
-        _check_at_least(key, train[key], low)
-    _check_at_least("grad_clip", train.get("grad_clip"), 0)
+                     ("weight_decay", 0), ("grad_clip", 0)):
+        _check_at_least(key, train.get(key), low)
     if train.get("precision") not in PRECISIONS:
         raise ValueError(f"`--precision`: expected one of {PRECISIONS}, got {train.get('precision')!r}")
     unknown = sorted(set(model_opts) - set(LRAModelConfig.__dataclass_fields__))
