@@ -56,5 +56,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"hgrn2 train: error: {e}", file=sys.stderr)
         return 1
     finally:
+        del trainer  # before the process group goes (D.shutdown)
         D.shutdown()
     return 0

@@ -5,6 +5,7 @@ Single-node and multi-node runs differ only in torchrun's arguments (rendezvous)
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -43,9 +44,12 @@ def init(want: str = "auto") -> Dist:
 
 
 def shutdown() -> None:
+    """Leave the process group. Callers drop their wrapped models first: DDP and FSDP2 keep the group in reference
+    cycles, and if the interpreter's teardown frees it, gloo's destructors abort the process or hang."""
     if dist.is_initialized():
         # every rank reaches the teardown before any tears down: gloo aborts a rank whose peer has already gone
         dist.barrier()
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -494,8 +494,9 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         trainer.train()
     finally:
+        del trainer  # before the process group goes (D.shutdown)
         D.shutdown()
-    if trainer.d.main and args.record is not None:
+    if d.main and args.record is not None:
         return run_report(argparse.Namespace(**{**vars(args), "run": cfg.out_dir}))
     return 0
 
@@ -600,5 +601,6 @@ def run_eval(args: argparse.Namespace) -> int:
         _write_json(os.path.join(args.run, "eval_ema.json" if args.ema else "eval.json"), result)
         print(f"{args.run} (epoch {state['epoch']}{', EMA' if args.ema else ''}): top-1 {metrics['acc1']:.2f}%, "
               f"top-5 {metrics['acc5']:.2f}%, loss {metrics['val_loss']:.4f} on {metrics['val_images']} images")
+    del model  # before the process group goes (D.shutdown)
     D.shutdown()
     return 0

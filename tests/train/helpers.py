@@ -5,6 +5,7 @@ The tiny model is the real HGRN2 when `hgrn2.models` is importable, else transfo
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -61,8 +62,16 @@ def env() -> dict:
 
 
 def run_train(overrides, nproc: int = 1, timeout: int = 120) -> subprocess.CompletedProcess:
-    p = subprocess.run(train_cmd(overrides, nproc), cwd=ROOT, env=env(), capture_output=True, text=True,
-                       timeout=timeout)
+    # its own session, so that a timeout stops torchrun's ranks too rather than leaving them to load later tests
+    with subprocess.Popen(train_cmd(overrides, nproc), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(f"timed out after {timeout} s\n{out[-3000:]}{err[-3000:]}") from None
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p
 
