@@ -197,16 +197,11 @@ def test_overrides_reach_the_config():
 
 @pytest.mark.slow
 def test_torchrun_two_ranks(tmp_path):
-    import subprocess
-    import sys
+    from tests.train.helpers import run_command, torchrun
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
-           "-m", "hgrn2.cli", "lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path),
-           "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--ckpt-every", "0",
-           "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1})]
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).parents[2])
-    assert p.returncode == 0, p.stderr[-2000:]
+    run_command([*torchrun(2), "-m", "hgrn2.cli", "lra", "fashion_mnist", "--data", str(FASHION), "--out",
+                 str(tmp_path), "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--ckpt-every", "0",
+                 "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1})], timeout=600)
     result = json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())
     assert result["world_size"] == 2 and result["steps"] == 5 and len(result["history"]) == 1
     # both ranks' evaluation shards are counted: accuracies are multiples of 1/12 (the fixture's test split)
