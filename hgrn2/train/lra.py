@@ -116,7 +116,7 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     if mixer == "attention":
         model_opts["positional"] = True  # attention alone is blind to order (the HGRN presets' "id" encoder)
     model_opts.update(args.model_options or {})
-    train = {**preset["train"], **own.get("train", {})}
+    train = {"grad_clip": 0.0, **preset["train"], **own.get("train", {})}
     for key in TRAIN_KEYS:
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
@@ -261,7 +261,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             loss = F.cross_entropy(logits, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if tr.get("grad_clip"):  # Lightning's gradient_clip_val: the global norm of every gradient
+            if tr["grad_clip"]:  # Lightning's gradient_clip_val: the global norm of every gradient
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
             opt.step()
             step += 1
