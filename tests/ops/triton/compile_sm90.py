@@ -6,8 +6,8 @@ fused-chunk-grid, chunk-parallel, chunk-parallel-default, glue. Triton
 versions differ in what they reject (3.6, on the GPU machines, refuses a `return` inside a branch on a runtime
 value; 3.9 takes it): to check against another version, `pip install --target /tmp/t36 --no-deps
 triton==3.6.0` and put /tmp/t36 first on PYTHONPATH.
-Exits non-zero and prints the compiler error if any variant fails. All groups but the -default ones
-also print registers and spills (bundled `ptxas -v` on the PTX) and compile times.
+Exits non-zero and prints the compiler error if any variant fails. The fused-chunk, fused-chunk-grid,
+chunk-parallel and glue groups also print registers and spills (bundled `ptxas -v` on the PTX) and compile times.
 """
 
 import itertools

@@ -1,7 +1,7 @@
 """The interpreter accepts code Triton's compiler rejects (loop-carried type changes, returns inside runtime
 branches, layouts): compile each kernel family's default variants for sm_90, without a GPU. With a GPU every
 kernel test compiles and runs them for real. `python tests/ops/triton/compile_sm90.py GROUP` runs a group by hand
-(and the full groups print registers and spills for every variant)."""
+(fused-chunk, fused-chunk-grid, chunk-parallel and glue print registers and spills for every variant)."""
 
 import os
 import pathlib
