@@ -59,10 +59,6 @@ class VisionConfig:
             raise ValueError(f"`expand_ratio`: expected a divisor of hidden_size={self.hidden_size}, "
                              f"got {self.expand_ratio}")
 
-    @property
-    def num_patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
-
     def to_dict(self) -> dict:
         return asdict(self)
 

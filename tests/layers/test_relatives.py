@@ -37,12 +37,6 @@ def inputs(B=2, T=13, dtype=torch.float64):
     return torch.randn(B, T, D, dtype=dtype), torch.rand(D, dtype=dtype) * 0.9
 
 
-def cat_states(states):
-    if isinstance(states[0], tuple):  # attention's (k, v, valid): batch is dim 0 of each
-        return tuple(torch.cat(parts, 0) for parts in zip(*states))
-    return torch.cat(states, 0)
-
-
 def assert_close(a, b, tol=1e-10):
     if isinstance(a, tuple):
         for x, y in zip(a, b):
