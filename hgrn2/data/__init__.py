@@ -1,1 +1,2 @@
-"""Data: synthetic tasks (MQAR) and text corpora (assembly, prepare, packed loading). Import the submodules directly."""
+"""Data: text corpora (assembly, prepare, packed loading), MQAR, LRA and the idx files of Fashion-MNIST. Import the
+submodules directly."""

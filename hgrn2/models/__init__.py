@@ -1,4 +1,5 @@
-"""transformers classes for HGRN2 (config, models, recurrent cache, presets, fla conversion).
+"""transformers classes for HGRN2 (config, models, recurrent cache, presets, fla conversion); the experiment models
+(`lra`, `vision`, `zoology`) are submodules, imported directly.
 
 Importing this module (or just `import hgrn2`) registers the classes with AutoConfig / AutoModel /
 AutoModelForCausalLM / AutoModelForSequenceClassification under model_type "hgrn2_lm".

@@ -1,7 +1,7 @@
 """`hgrn2 train`: train a causal LM on a prepared corpus; alone or under torchrun (DDP / FSDP2), single or multi-node.
 
     hgrn2 train --config wikitext103 --set data=data/wt103 out_dir=runs/wt103
-    hgrn2 train --config wikitext103 --set data=data/wt103 --cuda-graph   # each step one CUDA graph (one GPU)
+    hgrn2 train --config wikitext103 --set data=data/wt103 --cuda-graph   # require each step as one CUDA graph
     torchrun --nproc_per_node=8 -m hgrn2.cli train --config hgrn2-1b --set data=data/pile parallel=fsdp
 """
 

@@ -1,4 +1,4 @@
-"""`hgrn2 vision train|eval`: image classification with the HGRN2 vision models, the authors' DeiT-style recipe.
+"""`hgrn2 vision train|eval|report`: image classification with the HGRN2 vision models, the authors' DeiT-style recipe.
 
     hgrn2 vision train --config deit_tiny --set data=/data/imagenet out_dir=runs/deit_tiny
     torchrun --nproc_per_node=8 -m hgrn2.cli vision train --config deit_tiny --set data=/data/imagenet

@@ -179,7 +179,7 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
         dh_t = tl.load(dh + s_off, mask=s_mask, other=0.0)
         # intra-chunk terms of dq, dk and their share of d log f's sum, q ⊙ dq − k ⊙ dk: its pairs cancel (the
         # sum over the chunk is 0), so the share is formed from the rounded dot operands that carry each pair
-        # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common._diag_grads`)
+        # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common.diag_grads`)
         if FALLBACK:
             a = tl.where(mtk, a, 0.0)
             c, r, b_last = chunk_decay(a, BT, BK)
