@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hgrn2.bench.common import REQUIRED_KEYS, RESULTS_DIR, VISION_CURVE_COLUMNS, format_table
+from hgrn2.bench.common import REQUIRED_KEYS, RESULTS_DIR, VISION_CURVE_COLUMNS, format_table, lra_run_label
 
 HEADER = """# Benchmarks
 
@@ -51,7 +51,9 @@ SECTIONS = {
     "lra": ("Long Range Arena",
             "`hgrn2 lra --report --record` over the runs of `hgrn2 lra TASK...` (the authors' per-task presets): "
             "test accuracy (%) at the epoch of the best validation accuracy, as LRA reports, beside the HGRN2 paper's "
-            "table; * marks a run that has not finished its epochs. The curves are validation accuracy per epoch."),
+            "table; * marks a run that has not finished its epochs. \"hgrn2, hgrn1's settings\" is HGRN2 trained with "
+            "HGRN1's presets, as the paper describes its LRA runs (`--settings-of hgrn1`); plain \"hgrn2\" uses the "
+            "presets of HGRN2's own launch script. The curves are validation accuracy per epoch."),
     "vision": ("Image classification: training throughput against DeiT-Tiny",
                "`hgrn2 bench vision`: forward + backward + AdamW on random 224×224 images under bf16 autocast, the "
                "DeiT-Tiny-sized HGRN2 (`hgrn2.models.vision` preset `deit_tiny`, bidirectional scans on the Triton "
@@ -276,10 +278,10 @@ def lra_table(rec: dict) -> str:
     rows, paper = rec["rows"], rec["paper"]
     tasks = list(dict.fromkeys([*next(iter(paper.values())), *(r["task"] for r in rows)]))
     matrix = [{"model": label, **{t: f"{v:.2f}" for t, v in values.items()}} for label, values in paper.items()]
-    for model in dict.fromkeys(r["model"] for r in rows):
-        matrix.append({"model": f"{model} (here)", **{r["task"]: _lra_cell(r) for r in rows if r["model"] == model}})
+    for run in dict.fromkeys(_lra_label(r) for r in rows):
+        matrix.append({"model": f"{run} (here)", **{r["task"]: _lra_cell(r) for r in rows if _lra_label(r) == run}})
     table = format_table(matrix, [("model", "model", "")] + [(LRA_NAMES.get(t, t), t, "") for t in tasks])
-    details = format_table([dict(r, test=r["test_acc"] and 100 * r["test_acc"],
+    details = format_table([dict(r, model=_lra_label(r), test=r["test_acc"] and 100 * r["test_acc"],
                                  val=r["best_val_acc"] and 100 * r["best_val_acc"],
                                  epochs_str=f"{r['epochs_done']} / {r['epochs']}") for r in rows],
                            [("task", "task", ""), ("model", "model", ""), ("params", "parameters", ",d"),
@@ -287,6 +289,10 @@ def lra_table(rec: dict) -> str:
                             ("steps", "steps", "d"), ("s / epoch", "time_per_epoch_s", ".1f"),
                             ("GPUs", "world_size", "d")])
     return f"{table}\n\n{details}"
+
+
+def _lra_label(r: dict) -> str:
+    return lra_run_label(r["model"], r.get("settings", r["model"]))
 
 
 def _lra_cell(r: dict) -> str | None:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import yaml
 from tqdm.auto import tqdm
 
-from ..bench.common import add_record_argument, command_of, environment, runs_environment, write_result
+from ..bench.common import add_record_argument, command_of, environment, lra_run_label, runs_environment, write_result
 from ..data.lra import images
 from ..data.lra import tasks as lra_tasks
 from ..data.lra.readers import Split
@@ -119,7 +119,7 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     overrides."""
     info = lra_tasks.check_task(task)
     preset = load_preset(task, args.config)
-    own = _per_model(preset, task).get(mixer, {})
+    own = _per_model(preset, task).get(settings_of(mixer, args), {})
     model_opts = {**preset["model"], **own.get("model", {})}
     if mixer == "attention":
         model_opts["positional"] = True  # attention alone is blind to order (the HGRN presets' "id" encoder)
@@ -131,7 +131,7 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
             raise ValueError(f"`--model-options`: in_channels {model_opts['in_channels']}, but the image task has "
                              f"{channels} (`--grayscale` / `--no-grayscale`)")
         model_opts["in_channels"] = channels
-    train = {**preset["train"], **own.get("train", {})}
+    train = {"grad_clip": 0.0, **preset["train"], **own.get("train", {})}
     for key in TRAIN_KEYS:
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
@@ -163,6 +163,15 @@ def _data_options(task: str, preset: dict, own: dict, args: argparse.Namespace) 
     return data
 
 
+def settings_of(mixer: str, args: argparse.Namespace) -> str:
+    """Whose preset settings `mixer` trains with: its own, or --settings-of's for every model."""
+    return getattr(args, "settings_of", None) or mixer
+
+
+def run_name(task: str, mixer: str, settings: str) -> str:
+    return f"{task}-{mixer}" if settings == mixer else f"{task}-{mixer}-as-{settings}"
+
+
 def _per_model(preset: dict, task: str) -> dict:
     """The preset's `per_model` section: {mixer: {"model": {...}, "train": {...}}} overriding the shared settings."""
     per_model = preset.get("per_model") or {}
@@ -171,6 +180,17 @@ def _per_model(preset: dict, task: str) -> dict:
             raise ValueError(f"`--config`: {task}.yaml per_model.{mixer}: expected a mixer of {MIXERS} holding "
                              f"'model', 'train' and/or 'data', got {own!r}")
     return per_model
+
+
+def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
+    """A run resumes only with the settings it started with (more epochs allowed): else its curve mixes two runs."""
+    if saved is None:  # written before checkpoints kept their settings
+        return
+    changed = {f"{part}.{k}": (saved[part].get(k), v) for part in now if part in saved for k, v in now[part].items()
+               if saved[part].get(k) != v}
+    if changed:
+        raise ValueError(f"`--out`: {run_dir} holds a run with other settings {changed} (saved, now); give another "
+                         f"--out, or delete {run_dir} to start over")
 
 
 def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -182,7 +202,8 @@ def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) 
 def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist) -> dict:
     """Train one (task, mixer) run to its epochs (or a time / step limit) and return its result record."""
     cfg, tr, data_opts = build(task, mixer, args)
-    run_dir = Path(args.out) / f"{task}-{mixer}"
+    settings = settings_of(mixer, args)
+    run_dir = Path(args.out) / run_name(task, mixer, settings)
     pixels = cfg.vocab_size is None
     examples = args.images if task in ("pathfinder", "pathx") else args.examples
     load = dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
@@ -216,7 +237,10 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
     epoch_sums = torch.zeros(3, dtype=torch.float64, device=d.device)
     state = checkpoint.load_latest(str(run_dir / "ckpt"))
+    settings_now = {"config": cfg.to_dict(), "train": {k: v for k, v in tr.items() if k != "epochs"},
+                    "data": data_opts}
     if state is not None:
+        _check_same_settings(run_dir, state.get("settings"), settings_now)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, epoch, start_it, history = state["step"], state["epoch"], state["iteration"], state["history"]
@@ -229,15 +253,17 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
         if d.main:
             checkpoint.save(str(run_dir / "ckpt"), step, {
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
-                "iteration": it, "history": history, "rng": rngs, "epoch_sums": epoch_sums.tolist()}, keep_last=2)
+                "iteration": it, "history": history, "rng": rngs, "epoch_sums": epoch_sums.tolist(),
+                "settings": settings_now}, keep_last=2)
         distributed.barrier(d)
 
     def record(stopped: str | None) -> dict:
         best = max(history, key=lambda h: h["val_acc"], default=None)
         times = [h["epoch_time"] for h in history if h.get("complete")]
-        result = {"task": task, "model": mixer, "parameters": params, "config": cfg.to_dict(), "train": tr,
-                  "data": data_opts, "environment": env, "world_size": d.world, "steps": step,
-                  "steps_per_epoch": steps_per_epoch, "epochs_done": epoch, "history": history,
+        result = {"task": task, "model": mixer, "settings_of": settings, "parameters": params,
+                  "config": cfg.to_dict(), "train": tr, "data": data_opts,
+                  "environment": env, "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch,
+                  "epochs_done": epoch, "history": history,
                   "time_per_epoch_s": float(np.mean(times)) if times else None,
                   "best_val_acc": best and best["val_acc"], "test_acc_at_best_val": best and best["test_acc"],
                   "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
@@ -268,7 +294,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             loss = F.cross_entropy(logits, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if tr.get("grad_clip"):  # Lightning's gradient_clip_val: the global norm of every gradient
+            if tr["grad_clip"]:  # Lightning's gradient_clip_val: the global norm of every gradient
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
             opt.step()
             step += 1
@@ -325,16 +351,14 @@ def report(out: str | Path) -> str:
     rows = [f"| model | {' | '.join(names)} | Avg |", "|---" * (len(names) + 2) + "|"]
     for label, values in PAPER.items():
         rows.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {np.mean(values):.2f} |")
-    for mixer in MIXERS:
-        got = {r["task"]: r for r in results if r["model"] == mixer}
-        if not got:
-            continue
+    for mixer, settings in dict.fromkeys((r["model"], r.get("settings_of", r["model"])) for r in results):
+        got = {r["task"]: r for r in results if (r["model"], r.get("settings_of", r["model"])) == (mixer, settings)}
         cells = []
         for task in PAPER_ORDER:
             r = got.get(task)
             acc = r and r["test_acc_at_best_val"]
             cells.append("–" if acc is None else f"{100 * acc:.2f}" + ("" if r["stopped"] is None else "*"))
-        rows.append(f"| {mixer} (here) | " + " | ".join(cells) + " | |")
+        rows.append(f"| {lra_run_label(mixer, settings)} (here) | " + " | ".join(cells) + " | |")
     rows.append("\n(*: stopped early by a time or step limit; – : no run)")
     return "\n".join(rows)
 
@@ -356,7 +380,8 @@ def plot(out: str | Path) -> Path | None:
     for ax, task in zip(axes[0], task_list):
         for r in results:
             if r["task"] == task and r["history"]:
-                ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]], label=r["model"])
+                ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]],
+                        label=lra_run_label(r["model"], r.get("settings_of", r["model"])))
         ax.set(title=task, xlabel="epoch", ylabel="val accuracy")
         if ax.lines:  # no finished epoch yet: an empty panel
             ax.legend()
@@ -370,6 +395,10 @@ def plot(out: str | Path) -> Path | None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("tasks", nargs="*", help=f"tasks: {', '.join(lra_tasks.TASKS)}")
     p.add_argument("--models", nargs="+", default=["hgrn2"], choices=MIXERS, help="encoders to train (default hgrn2)")
+    p.add_argument("--settings-of", choices=MIXERS,
+                   help="train every model with this model's preset settings, e.g. hgrn1: HGRN2 as the paper "
+                        "describes it (\"HGRN1's configuration\") rather than as the authors' launch scripts train it; "
+                        "runs go to TASK-MODEL-as-SETTINGS (default: each model its own)")
     p.add_argument("--out", default="runs/lra", help="output folder (one subfolder per task and model)")
     p.add_argument("--data", help="folder holding the public data (text, retrieval, image; for listops, pathfinder "
                    "and pathx: LRA's released files instead of generated ones)")
@@ -468,7 +497,8 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
     if not results:
         raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
     order = {t: k for k, t in enumerate((*PAPER_ORDER, *lra_tasks.TASKS))}
-    rows = [{"task": r["task"], "model": r["model"], "parameters": r["parameters"],
+    rows = [{"task": r["task"], "model": r["model"], "settings": r.get("settings_of", r["model"]),
+             "parameters": r["parameters"],
              "test_acc": r["test_acc_at_best_val"], "best_val_acc": r["best_val_acc"],
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],
              "time_per_epoch_s": r["time_per_epoch_s"], "stopped": r["stopped"], "world_size": r["world_size"]}

@@ -49,10 +49,7 @@ def base_overrides(data, out_dir, dropout=0.1, **kw) -> list[str]:
 
 
 def train_cmd(overrides, nproc: int = 1) -> list[str]:
-    launcher = [sys.executable, "-m", "hgrn2.cli"]
-    if nproc > 1:  # torchrun, as users launch it; --standalone picks a free port
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                    "-m", "hgrn2.cli"]
+    launcher = [*(torchrun(nproc) if nproc > 1 else [sys.executable]), "-m", "hgrn2.cli"]
     return launcher + ["train", "--set", *overrides]
 
 
@@ -62,18 +59,27 @@ def env() -> dict:
 
 
 def run_train(overrides, nproc: int = 1, timeout: int = 120) -> subprocess.CompletedProcess:
-    # its own session, so that a timeout stops torchrun's ranks too rather than leaving them to load later tests
-    with subprocess.Popen(train_cmd(overrides, nproc), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+    return run_command(train_cmd(overrides, nproc), timeout)
+
+
+def run_command(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """Run to success, else fail with the output's end. In its own session, so that a timeout stops torchrun's
+    ranks too rather than leaving them to load later tests."""
+    with subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
             raise AssertionError(f"timed out after {timeout} s\n{out[-3000:]}{err[-3000:]}") from None
-    p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return p
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def torchrun(nproc: int) -> list[str]:
+    """The launcher as users call it; --standalone picks a free port."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
 
 
 def losses(out_dir, kind="train", key="loss") -> dict:

@@ -46,12 +46,12 @@ def test_presets_follow_the_authors_launch_script():
     cfg, train, _ = build("listops", "hgrn2", _preset_args())
     assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio) == (64, 5, 4)
     assert train == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.0, "warmup_steps": 5000,
-                     "schedule_steps": 50000, "epochs": 50, "precision": "bf16"}
+                     "schedule_steps": 50000, "epochs": 50, "precision": "bf16", "grad_clip": 0.0}
     for mixer in ("hgrn1", "attention"):
         cfg, train, _ = build("listops", mixer, _preset_args())
         assert (cfg.hidden_size, cfg.num_layers) == (32, 6)
         assert train == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
-                         "schedule_steps": 50000, "epochs": 50, "precision": "fp32"}
+                         "schedule_steps": 50000, "epochs": 50, "precision": "fp32", "grad_clip": 0.0}
     assert build("listops", "hgrn2", _preset_args(weight_decay=0.1))[1]["weight_decay"] == 0.1
     # the LRA code's mixers never see the lengths; HGRN1's Lightning trainer ran in 32-bit
     for task in ("listops", "text", "retrieval"):
@@ -163,6 +163,8 @@ def test_augmented_image_runs_resume_exactly(tmp_path, monkeypatch):
     for name, value in states["whole"].items():
         assert torch.equal(value, states["parts"][name]), name
     assert any(not torch.equal(v, states["plain"][k]) for k, v in states["whole"].items())
+    with pytest.raises(ValueError, match="data.augment"):  # a run resumes only with the data it started with
+        _image_cli(tmp_path / "whole", "--no-augment", "--epochs", "3")
 
 
 def test_a_malformed_per_model_section_is_refused(tmp_path):
@@ -273,16 +275,11 @@ def test_overrides_reach_the_config():
 
 @pytest.mark.slow
 def test_torchrun_two_ranks(tmp_path):
-    import subprocess
-    import sys
+    from tests.train.helpers import run_command, torchrun
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
-           "-m", "hgrn2.cli", "lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path),
-           "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--ckpt-every", "0",
-           "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1})]
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).parents[2])
-    assert p.returncode == 0, p.stderr[-2000:]
+    run_command([*torchrun(2), "-m", "hgrn2.cli", "lra", "fashion_mnist", "--data", str(FASHION), "--out",
+                 str(tmp_path), "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--ckpt-every", "0",
+                 "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1})], timeout=600)
     result = json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())
     assert result["world_size"] == 2 and result["steps"] == 5 and len(result["history"]) == 1
     # both ranks' evaluation shards are counted: accuracies are multiples of 1/12 (the fixture's test split)
@@ -309,3 +306,48 @@ def test_record_in_the_environment_of_the_runs(tmp_path):
     assert (rec_dir / rec["figure"]).read_bytes() == (out / "curves.png").read_bytes()
     with pytest.raises(ValueError, match="no finished epoch"):
         main(["lra", "--report", "--out", str(tmp_path / "empty"), "--record", str(rec_dir)])
+
+
+def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
+    # "using HGRN1's configuration": HGRN2's mixer with HGRN1's preset settings; these are the settings the recorded
+    # ListOps and Pathfinder runs wrote into their result.json (ListOps' without grad_clip, which then meant none)
+    common = {"mixer": "hgrn2", "in_channels": 1, "glu_expand": 1, "norm": "batch", "dropout": 0.0, "dual": False,
+              "use_lower_bound": True, "num_heads": 8}
+    recorded = {
+        "listops": ({**common, "num_classes": 10, "vocab_size": 17, "hidden_size": 32, "num_layers": 6,
+                     "expand_ratio": 2, "directions": "bi", "embed_dropout": 0.1, "pooling": "mean",
+                     "positional": True, "max_len": 2048, "mask_padding": False},
+                    {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
+                     "schedule_steps": 50000, "epochs": 50, "precision": "fp32", "grad_clip": 0.0}),
+        "pathfinder": ({**common, "num_classes": 2, "vocab_size": None, "hidden_size": 128, "num_layers": 6,
+                        "expand_ratio": 2, "directions": "2d", "embed_dropout": 0.0, "pooling": "last",
+                        "positional": False, "max_len": 1024, "mask_padding": True},
+                       {"batch_size": 128, "lr": 2e-3, "weight_decay": 0.0, "warmup_steps": 50000,
+                        "schedule_steps": 500000, "epochs": 200, "precision": "fp32", "grad_clip": 0.0})}
+    for task, (config, train) in recorded.items():
+        cfg, got, _ = build(task, "hgrn2", _preset_args(settings_of="hgrn1"))
+        assert (cfg.to_dict(), got) == (config, train), task
+    # attention keeps its position table whoever's settings it takes
+    assert build("pathfinder", "attention", _preset_args(settings_of="hgrn2"))[0].positional is True
+
+
+def test_settings_of_names_its_runs_apart(tmp_path, capsys):
+    _cli(tmp_path, "--max-steps", "5")
+    _cli(tmp_path, "--max-steps", "5", "--settings-of", "hgrn1")
+    own = json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())
+    other = json.loads((tmp_path / "fashion_mnist-hgrn2-as-hgrn1" / "result.json").read_text())
+    assert (own["settings_of"], other["settings_of"]) == ("hgrn2", "hgrn1") and other["model"] == "hgrn2"
+    capsys.readouterr()
+    assert main(["lra", "--report", "--out", str(tmp_path), "--record", str(tmp_path / "rec")]) == 0
+    printed = capsys.readouterr().out
+    assert "| hgrn2 (here) |" in printed and "| hgrn2, hgrn1's settings (here) |" in printed
+    rows = json.loads((tmp_path / "rec" / "lra.json").read_text())["rows"]
+    assert sorted(r["settings"] for r in rows) == ["hgrn1", "hgrn2"]
+
+
+def test_a_run_resumes_only_with_its_own_settings(tmp_path):
+    _cli(tmp_path, "--max-steps", "3")
+    with pytest.raises(ValueError, match=r"`--out`: .* other settings \{'train.lr': \(0.003, 0.001\)\}"):
+        _cli(tmp_path, "--lr", "1e-3")
+    _cli(tmp_path, "--epochs", "3")  # more epochs continue the same run
+    assert json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())["epochs_done"] == 3

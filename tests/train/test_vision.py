@@ -5,8 +5,6 @@ import gzip
 import json
 import os
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import torch
 from hgrn2.cli import main
 from hgrn2.train import distributed as D
 from hgrn2.train.vision import VisionTrainer, epoch_lr, evaluate, make_config
+from tests.train.helpers import run_command, torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_MODEL = "model_args={patch_size: 4, hidden_size: 16, num_layers: 2, expand_ratio: 8, glu_size: 24}"
@@ -163,12 +162,9 @@ def test_image_folder_pipeline_with_timm_augmentation(tmp_path):
 @pytest.mark.slow
 def test_torchrun_two_ranks(fixture_dir, tmp_path):
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531", "-m",
-           "hgrn2.cli", "vision", "train", "--config", "fashion_mnist", "--set", f"data={fixture_dir}",
-           f"out_dir={out}", TINY_MODEL, "batch_size=32", "epochs=1", "progress=false", "device=cpu"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_command([*torchrun(2), "-m", "hgrn2.cli", "vision", "train", "--config", "fashion_mnist", "--set",
+                 f"data={fixture_dir}", f"out_dir={out}", TINY_MODEL, "batch_size=32", "epochs=1", "progress=false",
+                 "device=cpu"], timeout=600)
     result = json.loads((out / "results.json").read_text())
     assert result["val_images"] == 32 and result["steps"] == 96 // 32
 
