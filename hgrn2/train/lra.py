@@ -58,18 +58,19 @@ def load_preset(task: str, config_dir: str | Path = CONFIG_DIR) -> dict:
         return yaml.safe_load(f)
 
 
-def batch_tensors(split: Split, idx: np.ndarray, pixels: bool, device: torch.device,
+def batch_tensors(split: Split, idx: np.ndarray, pixels: tuple[float, float] | None, device: torch.device,
                   crop_flip: np.ndarray | None = None):
     """(inputs, mask or None, labels) for the examples `idx`, trimmed to the batch's longest sequence.
 
-    Pixels become floats [B, T, C] (`images.to_float`), first cropped and flipped by crop_flip[idx] where given
+    `pixels`: a pixel task's grey (mean, std) (`TaskInfo.grey_norm`), None for tokens. Pixels become floats
+    [B, T, C] (`images.to_float`), first cropped and flipped by crop_flip[idx] where given
     (`images.crop_flip_params` of the split); token pairs (retrieval) become [2, B, T]."""
     labels = _to_device(torch.from_numpy(split.labels[idx]), device)
-    if pixels:
+    if pixels is not None:
         x = split.inputs[idx]
         if crop_flip is not None:
             x = images.random_crop_flip(x, crop_flip[idx])
-        return _to_device(torch.from_numpy(images.to_float(x)), device), None, labels
+        return _to_device(torch.from_numpy(images.to_float(x, pixels)), device), None, labels
     lengths = split.lengths[idx]
     T = int(lengths.max())
     x = torch.from_numpy(split.inputs[idx][..., :T])
@@ -93,7 +94,8 @@ def _sums(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torc
 
 
 @torch.no_grad()
-def evaluate(model, split: Split, pixels: bool, batch_size: int, d: distributed.Dist, amp: bool) -> dict:
+def evaluate(model, split: Split, pixels: tuple[float, float] | None, batch_size: int, d: distributed.Dist,
+             amp: bool) -> dict:
     """Accuracy and mean loss over a split, sharded over ranks."""
     model.eval()
     idx = np.arange(d.rank, len(split.labels), d.world)
@@ -204,7 +206,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     cfg, tr, data_opts = build(task, mixer, args)
     settings = settings_of(mixer, args)
     run_dir = Path(args.out) / run_name(task, mixer, settings)
-    pixels = cfg.vocab_size is None
+    pixels = lra_tasks.TASKS[task].grey_norm if cfg.vocab_size is None else None  # a pixel task's grey (mean, std)
     examples = args.images if task in ("pathfinder", "pathx") else args.examples
     load = dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
                 level=args.level, workers=args.workers, grayscale=data_opts["grayscale"])

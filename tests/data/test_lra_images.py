@@ -71,6 +71,11 @@ def test_colour_cifar_keeps_the_three_channels():
 def test_pixels_to_model_inputs():
     grey = np.array([[0, 255, 51]], np.uint8)
     assert np.allclose(images.to_float(grey), [[[-1.0], [1.0], [-0.6]]])
+    # grey CIFAR-10: the LRA code's Normalize(mean=122.6 / 255, std=61 / 255)
+    from hgrn2.data.lra.tasks import TASKS
+
+    assert np.allclose(images.to_float(grey, TASKS["image"].grey_norm)[0, :, 0], (grey[0] - 122.6) / 61.0)
+    assert TASKS["pathfinder"].grey_norm == TASKS["pathx"].grey_norm == (0.5, 0.5)
     colour = np.array([[[0, 128, 255]]], np.uint8)
     want = (np.array([0, 128, 255]) / 255 - [0.4914, 0.4822, 0.4465]) / [0.247, 0.243, 0.261]
     got = images.to_float(colour)

@@ -124,11 +124,11 @@ def test_training_batches_alone_are_cropped_and_flipped():
     split = readers.read_image(FIX, grayscale=False)["train"]
     idx = np.array([4, 1, 7])
     params = images.crop_flip_params(len(split.labels), seed=1, epoch=0)
-    x, mask, y = batch_tensors(split, idx, True, torch.device("cpu"), params)
+    x, mask, y = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"), params)
     want = images.to_float(images.random_crop_flip(split.inputs[idx], params[idx]))
     assert mask is None and torch.equal(x, torch.from_numpy(want)) and x.shape == (3, 1024, 3)
     assert torch.equal(y, torch.from_numpy(split.labels[idx]))
-    plain, _, y_plain = batch_tensors(split, idx, True, torch.device("cpu"))
+    plain, _, y_plain = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"))
     assert torch.equal(plain, torch.from_numpy(images.to_float(split.inputs[idx]))) and torch.equal(y_plain, y)
     assert not torch.equal(plain, x)
 

@@ -18,11 +18,13 @@ CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
 CIFAR_STD = np.array([0.247, 0.243, 0.261], np.float32)
 
 
-def to_float(x: np.ndarray) -> np.ndarray:
-    """float32 [B, T, C] model inputs of uint8 pixels: grey [B, T] to [−1, 1] (C = 1); colour [B, T, 3] normalised
-    per channel as the LRA code's colour CIFAR-10 (ToTensor, then Normalize(CIFAR_MEAN, CIFAR_STD))."""
+def to_float(x: np.ndarray, grey_norm: tuple[float, float] = (0.5, 0.5)) -> np.ndarray:
+    """float32 [B, T, C] model inputs of uint8 pixels, as the LRA code's ToTensor then Normalize: grey [B, T] with
+    `grey_norm`'s (mean, std) of pixels / 255 (C = 1; the default maps to [−1, 1]); colour [B, T, 3] per channel
+    with CIFAR_MEAN and CIFAR_STD."""
     if x.ndim == 2:
-        return (x.astype(np.float32) / 127.5 - 1.0)[..., None]
+        mean, std = grey_norm
+        return ((x.astype(np.float32) / 255.0 - mean) / std)[..., None]
     return (x.astype(np.float32) / 255.0 - CIFAR_MEAN) / CIFAR_STD
 
 

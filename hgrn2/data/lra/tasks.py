@@ -24,13 +24,15 @@ class TaskInfo:
     max_len: int
     dual: bool = False
     generated: bool = False
+    # grey pixels' (mean, std) of pixels / 255 in the LRA code's Normalize: CIFAR-10's own statistics, else 0.5
+    grey_norm: tuple[float, float] = (0.5, 0.5)
 
 
 TASKS: dict[str, TaskInfo] = {
     "listops": TaskInfo(10, len(listops.VOCAB), 2048, generated=True),
     "text": TaskInfo(2, readers.BYTE_VOCAB, 4096),
     "retrieval": TaskInfo(2, readers.BYTE_VOCAB, 4000, dual=True),
-    "image": TaskInfo(10, None, 1024),
+    "image": TaskInfo(10, None, 1024, grey_norm=(122.6 / 255, 61.0 / 255)),
     "pathfinder": TaskInfo(2, None, 1024, generated=True),
     "pathx": TaskInfo(2, None, 16384, generated=True),
     "fashion_mnist": TaskInfo(10, None, 784),
