@@ -8,8 +8,10 @@ Doraemonzzz/hgru-pytorch and hgru2-pytorch):
 
 Token mixers scan in both directions with shared projections and sum the directions' outputs before the output
 norm (`BiHgru1d`, `BiHgru2_1d`), or in four directions over the image grid (`Hgru2d`, `Hgru2_2d_parallel`: along
-rows and columns, forward and reverse). Lower bounds are HGRN's cumax over layers. Retrieval is a dual encoder: one
-encoder reads both documents and the head sees [a, b, a − b, a·b] (LRA's NLI-style `RetrievalHead`).
+rows and columns, forward and reverse); HGRN2's "2d_series" (`Hgru2_2d_series`) runs the whole mixer along the
+columns both ways, then again, with the same weights, along the rows of its output. Lower bounds are HGRN's cumax
+over layers. Retrieval is a dual encoder: one encoder reads both documents and the head sees [a, b, a − b, a·b]
+(LRA's NLI-style `RetrievalHead`).
 
 Padding: pooling always averages over the real tokens only (the LRA decoder's `use_lengths`). With `mask_padding`
 the mixers also skip padded positions; without it they read the padding like any token, as the authors' code does
@@ -35,7 +37,7 @@ from ..ops.gates import layer_bounds, lower_bounds_from_logits
 from ..ops.projection import linears
 
 MIXERS = ("hgrn2", "hgrn1", "attention")
-DIRECTIONS = ("causal", "bi", "2d")
+DIRECTIONS = ("causal", "bi", "2d", "2d_series")
 NORMS = ("batch", "layer")
 POOLINGS = ("mean", "last")
 
@@ -73,6 +75,8 @@ class LRAModelConfig:
                                      ("norm", self.norm, NORMS), ("pooling", self.pooling, POOLINGS)):
             if value not in choices:
                 raise ValueError(f"`{name}`: expected one of {choices}, got {value!r}")
+        if self.directions == "2d_series" and self.mixer == "hgrn1":
+            raise ValueError("`directions`: '2d_series' is HGRN2's (hgru2-pytorch Hgru2_2d_series); hgrn1 scans '2d'")
         for name in ("num_classes", "hidden_size", "num_layers", "expand_ratio", "in_channels", "max_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -96,10 +100,10 @@ def scan_directions(run: Callable[..., torch.Tensor], tensors: tuple[torch.Tenso
     `reverse`, so every direction goes through one call on the directions stacked along the batch (one launch of
     each kernel instead of one per direction).
     """
+    if directions not in ("causal", "bi", "2d"):
+        raise ValueError(f"`directions`: expected 'causal', 'bi' or '2d', got {directions!r}")
     B, T = tensors[0].shape[:2]
-    side = math.isqrt(T)
-    if directions == "2d" and side * side != T:
-        raise ValueError(f"`directions`: '2d' needs a square number of positions, got {T}")
+    side = _grid_side(T, directions)
     views = [_direction_views(t, directions, side) for t in tensors]
     reverse = [k % 2 == 1 for k in range(len(views[0]))]
     if batched and len(reverse) > 1:
@@ -110,9 +114,22 @@ def scan_directions(run: Callable[..., torch.Tensor], tensors: tuple[torch.Tenso
         return ys[0]
     if directions == "bi":
         return ys[0] + ys[1].flip(1)
-    rows = (ys[0] + ys[1].flip(1)).reshape(B, T, *ys[0].shape[2:])
-    cols = (ys[2] + ys[3].flip(1)).reshape(B, side, side, *ys[0].shape[2:]).transpose(1, 2)
-    return rows + cols.reshape(B, T, *ys[0].shape[2:])
+    rest = ys[0].shape[2:]
+    rows = (ys[0] + ys[1].flip(1)).reshape(B, T, *rest)
+    return rows + _transpose_grid((ys[2] + ys[3].flip(1)).reshape(B, T, *rest), side)
+
+
+def _grid_side(T: int, directions: str) -> int:
+    side = math.isqrt(T)
+    if directions.startswith("2d") and side * side != T:
+        raise ValueError(f"`directions`: {directions!r} needs a square number of positions, got {T}")
+    return side
+
+
+def _transpose_grid(t: torch.Tensor, side: int) -> torch.Tensor:
+    """`t` [B, side², ...] in row-major grid order → column-major (its own inverse)."""
+    B, rest = t.shape[0], t.shape[2:]
+    return t.reshape(B, side, side, *rest).transpose(1, 2).reshape(t.shape)
 
 
 def _direction_views(t: torch.Tensor, directions: str, side: int) -> list[torch.Tensor]:
@@ -124,7 +141,7 @@ def _direction_views(t: torch.Tensor, directions: str, side: int) -> list[torch.
         return [t, t.flip(1)]
     B, rest = t.shape[0], t.shape[2:]
     rows = t.reshape(B * side, side, *rest)
-    cols = t.reshape(B, side, side, *rest).transpose(1, 2).reshape(B * side, side, *rest)
+    cols = _transpose_grid(t, side).reshape(B * side, side, *rest)
     return [rows, rows.flip(1), cols, cols.flip(1)]
 
 
@@ -152,7 +169,8 @@ def hgrn2_elementwise(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_b
 
 
 class BiHGRU2(HGRU2):
-    """HGRU2 (paper parameterisation) scanning in several directions with shared projections (`BiHgru2_1d`)."""
+    """HGRU2 (paper parameterisation) scanning in several directions with shared projections (`BiHgru2_1d`), or
+    composed along columns then rows ("2d_series")."""
 
     def __init__(self, hidden_size: int, *, directions: str = "bi", **options: Any) -> None:
         options = {"expand_ratio": 2, "o_act": "sigmoid", "i_act": "silu", "scale": 1.0, "norm": "layernorm",
@@ -162,6 +180,19 @@ class BiHGRU2(HGRU2):
 
     def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.directions != "2d_series":
+            return self._mix(x, lower_bound, attention_mask, self.directions)
+        B, T, D = x.shape
+        side = _grid_side(T, self.directions)
+        mask = None if attention_mask is None else _transpose_grid(attention_mask, side).reshape(B * side, side)
+        cols = self._mix(_transpose_grid(x, side).reshape(B * side, side, D), lower_bound, mask, "bi")
+        rows = _transpose_grid(cols.reshape(B, T, D), side).reshape(B * side, side, D)
+        mask = None if attention_mask is None else attention_mask.reshape(B * side, side)
+        return self._mix(rows, lower_bound, mask, "bi").reshape(B, T, D)
+
+    def _mix(self, x: torch.Tensor, lower_bound: torch.Tensor | None, attention_mask: torch.Tensor | None,
+             directions: str) -> torch.Tensor:
+        """Projections, the scans of `directions` summed, output norm and projection: x [B, T, D] → [B, T, D]."""
         B, T, D = x.shape
         H, K = self.num_heads, self.head_dim
         projs = (self.q_proj, self.f_proj, self.i_proj)
@@ -178,7 +209,7 @@ class BiHGRU2(HGRU2):
                 return hgrn2_elementwise(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)
             return hgrn2(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)[0]
 
-        y = scan_directions(run, (q, f, i), self.directions, batched=True)
+        y = scan_directions(run, (q, f, i), directions, batched=True)
         return self.o_proj(self.g_norm(y.reshape(B, T, D)))
 
 

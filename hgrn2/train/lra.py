@@ -30,6 +30,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from ..bench.common import add_record_argument, command_of, environment, lra_run_label, runs_environment, write_result
+from ..data.lra import images
 from ..data.lra import tasks as lra_tasks
 from ..data.lra.readers import Split
 from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
@@ -45,6 +46,8 @@ PAPER = {"HGRN1 (paper)": (59.95, 88.14, 94.23, 88.69, 92.92, 97.50),
 PRECISIONS = ("fp32", "bf16")
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay", "precision",
               "grad_clip")
+# a preset's `data` section and its defaults (LRA's image task: grey, unaugmented); only the image task changes them
+DATA_DEFAULTS = {"grayscale": True, "augment": False}
 
 
 def load_preset(task: str, config_dir: str | Path = CONFIG_DIR) -> dict:
@@ -55,14 +58,19 @@ def load_preset(task: str, config_dir: str | Path = CONFIG_DIR) -> dict:
         return yaml.safe_load(f)
 
 
-def batch_tensors(split: Split, idx: np.ndarray, pixels: bool, device: torch.device):
+def batch_tensors(split: Split, idx: np.ndarray, pixels: tuple[float, float] | None, device: torch.device,
+                  crop_flip: np.ndarray | None = None):
     """(inputs, mask or None, labels) for the examples `idx`, trimmed to the batch's longest sequence.
 
-    Pixels become floats in [−1, 1] with a channel dim [B, T, 1]; token pairs (retrieval) become [2, B, T]."""
+    `pixels`: a pixel task's grey (mean, std) (`TaskInfo.grey_norm`), None for tokens. Pixels become floats
+    [B, T, C] (`images.to_float`), first cropped and flipped by crop_flip[idx] where given
+    (`images.crop_flip_params` of the split); token pairs (retrieval) become [2, B, T]."""
     labels = _to_device(torch.from_numpy(split.labels[idx]), device)
-    if pixels:
-        x = torch.from_numpy(split.inputs[idx].astype(np.float32) / 127.5 - 1.0)[..., None]
-        return _to_device(x, device), None, labels
+    if pixels is not None:
+        x = split.inputs[idx]
+        if crop_flip is not None:
+            x = images.random_crop_flip(x, crop_flip[idx])
+        return _to_device(torch.from_numpy(images.to_float(x, pixels)), device), None, labels
     lengths = split.lengths[idx]
     T = int(lengths.max())
     x = torch.from_numpy(split.inputs[idx][..., :T])
@@ -86,7 +94,8 @@ def _sums(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torc
 
 
 @torch.no_grad()
-def evaluate(model, split: Split, pixels: bool, batch_size: int, d: distributed.Dist, amp: bool) -> dict:
+def evaluate(model, split: Split, pixels: tuple[float, float] | None, batch_size: int, d: distributed.Dist,
+             amp: bool) -> dict:
     """Accuracy and mean loss over a split, sharded over ranks."""
     model.eval()
     idx = np.arange(d.rank, len(split.labels), d.world)
@@ -107,8 +116,9 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConfig, dict]:
-    """The model config and training settings of (task, mixer): the preset, then command-line overrides."""
+def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConfig, dict, dict]:
+    """The model config, training settings and data options of (task, mixer): the preset, then command-line
+    overrides."""
     info = lra_tasks.check_task(task)
     preset = load_preset(task, args.config)
     own = _per_model(preset, task).get(settings_of(mixer, args), {})
@@ -116,6 +126,13 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     if mixer == "attention":
         model_opts["positional"] = True  # attention alone is blind to order (the HGRN presets' "id" encoder)
     model_opts.update(args.model_options or {})
+    data = _data_options(task, preset, own, args)
+    if task == "image":
+        channels = 1 if data["grayscale"] else 3
+        if model_opts.get("in_channels", channels) != channels:
+            raise ValueError(f"`--model-options`: in_channels {model_opts['in_channels']}, but the image task has "
+                             f"{channels} (`--grayscale` / `--no-grayscale`)")
+        model_opts["in_channels"] = channels
     train = {"grad_clip": 0.0, **preset["train"], **own.get("train", {})}
     for key in TRAIN_KEYS:
         if getattr(args, key, None) is not None:
@@ -130,7 +147,22 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
         raise ValueError(f"`--model-options`: unknown keys {unknown}; see hgrn2.models.lra.LRAModelConfig")
     cfg = LRAModelConfig(mixer=mixer, num_classes=info.num_classes, vocab_size=info.vocab_size,
                          max_len=info.max_len, dual=info.dual, **model_opts)
-    return cfg, train
+    return cfg, train, data
+
+
+def _data_options(task: str, preset: dict, own: dict, args: argparse.Namespace) -> dict:
+    """{grayscale, augment}: the defaults, the preset's `data`, its mixer's, then --[no-]grayscale / --[no-]augment."""
+    data = {**DATA_DEFAULTS, **(preset.get("data") or {}), **own.get("data", {})}
+    bad = {k: v for k, v in data.items() if k not in DATA_DEFAULTS or not isinstance(v, bool)}
+    if bad:
+        raise ValueError(f"`--config`: {task}.yaml data: expected true/false for {sorted(DATA_DEFAULTS)}, got {bad}")
+    for key in DATA_DEFAULTS:
+        if getattr(args, key, None) is not None:
+            data[key] = getattr(args, key)
+    if task != "image" and data != DATA_DEFAULTS:
+        flag = "--no-grayscale" if not data["grayscale"] else "--augment"
+        raise ValueError(f"`{flag}`: only the image task (CIFAR-10) has colour and augmentation, not {task!r}")
+    return data
 
 
 def settings_of(mixer: str, args: argparse.Namespace) -> str:
@@ -146,9 +178,9 @@ def _per_model(preset: dict, task: str) -> dict:
     """The preset's `per_model` section: {mixer: {"model": {...}, "train": {...}}} overriding the shared settings."""
     per_model = preset.get("per_model") or {}
     for mixer, own in per_model.items():
-        if mixer not in MIXERS or not isinstance(own, dict) or set(own) - {"model", "train"}:
+        if mixer not in MIXERS or not isinstance(own, dict) or set(own) - {"model", "train", "data"}:
             raise ValueError(f"`--config`: {task}.yaml per_model.{mixer}: expected a mixer of {MIXERS} holding "
-                             f"'model' and/or 'train', got {own!r}")
+                             f"'model', 'train' and/or 'data', got {own!r}")
     return per_model
 
 
@@ -156,7 +188,7 @@ def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
     """A run resumes only with the settings it started with (more epochs allowed): else its curve mixes two runs."""
     if saved is None:  # written before checkpoints kept their settings
         return
-    changed = {f"{part}.{k}": (saved[part].get(k), v) for part in ("config", "train") for k, v in now[part].items()
+    changed = {f"{part}.{k}": (saved[part].get(k), v) for part in now if part in saved for k, v in now[part].items()
                if saved[part].get(k) != v}
     if changed:
         raise ValueError(f"`--out`: {run_dir} holds a run with other settings {changed} (saved, now); give another "
@@ -171,13 +203,13 @@ def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) 
 
 def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist) -> dict:
     """Train one (task, mixer) run to its epochs (or a time / step limit) and return its result record."""
-    cfg, tr = build(task, mixer, args)
+    cfg, tr, data_opts = build(task, mixer, args)
     settings = settings_of(mixer, args)
     run_dir = Path(args.out) / run_name(task, mixer, settings)
-    pixels = cfg.vocab_size is None
+    pixels = lra_tasks.TASKS[task].grey_norm if cfg.vocab_size is None else None  # a pixel task's grey (mean, std)
     examples = args.images if task in ("pathfinder", "pathx") else args.examples
     load = dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
-                level=args.level, workers=args.workers)
+                level=args.level, workers=args.workers, grayscale=data_opts["grayscale"])
     if d.main:  # generated data sets are written once, by rank 0
         data = lra_tasks.load(task, **load)
     distributed.barrier(d)
@@ -207,7 +239,8 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
     epoch_sums = torch.zeros(3, dtype=torch.float64, device=d.device)
     state = checkpoint.load_latest(str(run_dir / "ckpt"))
-    settings_now = {"config": cfg.to_dict(), "train": {k: v for k, v in tr.items() if k != "epochs"}}
+    settings_now = {"config": cfg.to_dict(), "train": {k: v for k, v in tr.items() if k != "epochs"},
+                    "data": data_opts}
     if state is not None:
         _check_same_settings(run_dir, state.get("settings"), settings_now)
         model.load_state_dict(state["model"])
@@ -230,7 +263,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
         best = max(history, key=lambda h: h["val_acc"], default=None)
         times = [h["epoch_time"] for h in history if h.get("complete")]
         result = {"task": task, "model": mixer, "settings_of": settings, "parameters": params,
-                  "config": cfg.to_dict(), "train": tr,
+                  "config": cfg.to_dict(), "train": tr, "data": data_opts,
                   "environment": env, "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch,
                   "epochs_done": epoch, "history": history,
                   "time_per_epoch_s": float(np.mean(times)) if times else None,
@@ -250,9 +283,11 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     while epoch < tr["epochs"] and stopped is None:
         t_epoch = time.time()
         order = np.random.default_rng([args.seed, epoch]).permutation(len(train_split.labels))
+        crop_flip = (images.crop_flip_params(len(train_split.labels), args.seed, epoch) if data_opts["augment"]
+                     else None)
         for it in range(start_it, steps_per_epoch):
             idx = order[it * batch + d.rank * per_rank: it * batch + (d.rank + 1) * per_rank]
-            x, mask, y = batch_tensors(train_split, idx, pixels, d.device)
+            x, mask, y = batch_tensors(train_split, idx, pixels, d.device, crop_flip)
             lr = lr_at(step, schedule="cosine", lr=tr["lr"], warmup_steps=tr["warmup_steps"],
                        max_steps=tr["schedule_steps"])
             set_lr(opt, lr)
@@ -384,6 +419,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-clip", type=float, help="override the preset's gradient clipping (global norm; 0: none)")
     p.add_argument("--precision", choices=PRECISIONS, help="override the preset's precision (bf16: autocast on CUDA; "
                    "CPU runs stay fp32)")
+    p.add_argument("--grayscale", action=argparse.BooleanOptionalAction, help="image: CIFAR-10 in grey, LRA's task "
+                   "(--no-grayscale: colour, 3 channels per pixel); default: the preset's")
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction, help="image: random crops of the "
+                   "4-pixel symmetric padding and horizontal flips of the training images, seeded per epoch and "
+                   "example; default: the preset's")
     p.add_argument("--model-options", type=json.loads, help='JSON overrides of the model preset, e.g. '
                    '\'{"hidden_size": 16, "num_layers": 1}\'')
     p.add_argument("--max-minutes", type=float, help="stop each run after this many minutes (checkpointed)")

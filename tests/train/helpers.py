@@ -58,7 +58,7 @@ def env() -> dict:
     return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
 
 
-def run_train(overrides, nproc: int = 1, timeout: int = 120) -> subprocess.CompletedProcess:
+def run_train(overrides, nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
     return run_command(train_cmd(overrides, nproc), timeout)
 
 

@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +11,8 @@ from hgrn2.models.lra import MIXERS, LRAClassifier, LRAModelConfig
 from hgrn2.train import checkpoint
 from hgrn2.train.lra import build, build_lra_optimizer, load_preset, report
 
-FASHION = Path(__file__).resolve().parents[1] / "fixtures" / "lra" / "fashion-mnist"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lra"
+FASHION = FIX / "fashion-mnist"
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -41,12 +43,12 @@ def _preset_args(**overrides):
 
 def test_presets_follow_the_authors_launch_script():
     # ListOps: HGRN2 from its own launch script (OpenNLPLab/HGRN2 run_lra.py), HGRN1 from HGRN1's (script_lra.py)
-    cfg, train = build("listops", "hgrn2", _preset_args())
+    cfg, train, _ = build("listops", "hgrn2", _preset_args())
     assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio) == (64, 5, 4)
     assert train == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.0, "warmup_steps": 5000,
                      "schedule_steps": 50000, "epochs": 50, "precision": "bf16", "grad_clip": 0.0}
     for mixer in ("hgrn1", "attention"):
-        cfg, train = build("listops", mixer, _preset_args())
+        cfg, train, _ = build("listops", mixer, _preset_args())
         assert (cfg.hidden_size, cfg.num_layers) == (32, 6)
         assert train == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
                          "schedule_steps": 50000, "epochs": 50, "precision": "fp32", "grad_clip": 0.0}
@@ -65,10 +67,10 @@ def test_presets_follow_the_authors_launch_script():
              "pathfinder": ((128, 6, 2, "batch", "last", False), (128, 200)),
              "pathx": ((64, 6, 2, "batch", "last", False), (16, 100))}
     for task, (model, train) in want.items():
-        cfg, tr = build(task, "hgrn2", _preset_args())
+        cfg, tr, _ = build(task, "hgrn2", _preset_args())
         assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio, cfg.norm, cfg.pooling, cfg.positional) == model
         assert (tr["batch_size"], tr["epochs"], tr["grad_clip"], tr["precision"]) == (*train, "bf16")
-        cfg, tr = build(task, "hgrn1", _preset_args())
+        cfg, tr, _ = build(task, "hgrn1", _preset_args())
         assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio, cfg.norm, cfg.pooling, cfg.positional) == \
             hgrn1[task][0]
         assert (tr["batch_size"], tr["epochs"], tr["precision"], tr.get("grad_clip") or 0.0) == (*hgrn1[task][1],
@@ -87,6 +89,82 @@ def test_grad_clip_clips_every_step(tmp_path, monkeypatch):
     assert seen == []
     with pytest.raises(ValueError, match="`--grad-clip`: expected at least 0, got -1"):
         _cli(tmp_path / "bad", "--grad-clip", "-1")
+
+
+def test_image_preset_reads_colour_cifar_with_augmentation():
+    # both launch scripts (HGRN2's srcipt_lra_image.sh, HGRN1's train_lra_image.sh) set grayscale=false augment=true
+    for mixer in MIXERS:
+        cfg, _, data = build("image", mixer, _preset_args())
+        assert data == {"grayscale": False, "augment": True} and cfg.in_channels == 3
+    cfg, _, data = build("image", "hgrn2", _preset_args(grayscale=True, augment=False))  # LRA's own Image task
+    assert data == {"grayscale": True, "augment": False} and cfg.in_channels == 1
+    assert build("pathx", "hgrn2", _preset_args())[0].directions == "2d_series"  # run_lra.py use_series
+    assert build("pathx", "hgrn1", _preset_args())[0].directions == "2d"
+    for flag, overrides in (("--augment", {"augment": True}), ("--no-grayscale", {"grayscale": False})):
+        with pytest.raises(ValueError, match=f"`{flag}`: only the image task"):
+            build("fashion_mnist", "hgrn2", _preset_args(**overrides))
+    with pytest.raises(ValueError, match="in_channels 1, but the image task has 3"):
+        build("image", "hgrn2", _preset_args(model_options={"in_channels": 1}))
+
+
+def test_a_preset_data_section_per_model_and_its_errors(tmp_path):
+    (tmp_path / "image.yaml").write_text("model: {}\ntrain: {precision: fp32}\ndata: {augment: true}\n"
+                                         "per_model: {hgrn1: {data: {grayscale: false}}}\n")
+    assert build("image", "hgrn2", _preset_args(config=str(tmp_path)))[2] == {"grayscale": True, "augment": True}
+    assert build("image", "hgrn1", _preset_args(config=str(tmp_path)))[2] == {"grayscale": False, "augment": True}
+    (tmp_path / "image.yaml").write_text("model: {}\ntrain: {}\ndata: {augment: 1, colour: true}\n")
+    with pytest.raises(ValueError, match="image.yaml data: expected true/false"):
+        build("image", "hgrn2", _preset_args(config=str(tmp_path)))
+
+
+def test_training_batches_alone_are_cropped_and_flipped():
+    from hgrn2.data.lra import images, readers
+    from hgrn2.train.lra import batch_tensors
+
+    split = readers.read_image(FIX, grayscale=False)["train"]
+    idx = np.array([4, 1, 7])
+    params = images.crop_flip_params(len(split.labels), seed=1, epoch=0)
+    x, mask, y = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"), params)
+    want = images.to_float(images.random_crop_flip(split.inputs[idx], params[idx]))
+    assert mask is None and torch.equal(x, torch.from_numpy(want)) and x.shape == (3, 1024, 3)
+    assert torch.equal(y, torch.from_numpy(split.labels[idx]))
+    plain, _, y_plain = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"))
+    assert torch.equal(plain, torch.from_numpy(images.to_float(split.inputs[idx]))) and torch.equal(y_plain, y)
+    assert not torch.equal(plain, x)
+
+
+def _image_cli(out: Path, *extra: str) -> None:
+    args = ["lra", "image", "--data", str(FIX), "--out", str(out), "--epochs", "2", "--batch-size", "2",
+            "--warmup-steps", "2", "--schedule-steps", "8", "--device", "cpu", "--log-every", "2", "--ckpt-every",
+            "0", "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1}), *extra]
+    assert main(args) == 0
+
+
+def test_augmented_image_runs_resume_exactly(tmp_path, monkeypatch):
+    from hgrn2.data.lra import images
+
+    seen = []
+    crop_flip = images.random_crop_flip
+    monkeypatch.setattr(images, "random_crop_flip", lambda x, p: seen.append(len(x)) or crop_flip(x, p))
+    _image_cli(tmp_path / "whole")
+    # the 8 training images, 2 epochs of 4 steps; validation (2) and test (2) are read as they are
+    assert seen == [2] * 8
+    _image_cli(tmp_path / "parts", "--max-steps", "3")
+    _image_cli(tmp_path / "parts", "--max-steps", "6")
+    _image_cli(tmp_path / "parts")
+    _image_cli(tmp_path / "plain", "--no-augment")
+    states = {}
+    for name in ("whole", "parts", "plain"):
+        run = tmp_path / name / "image-hgrn2"
+        states[name] = checkpoint.load_latest(str(run / "ckpt"))["model"]
+        result = json.loads((run / "result.json").read_text())
+        assert result["config"]["in_channels"] == 3 and result["steps"] == 8
+    assert result["data"] == {"grayscale": False, "augment": False}
+    for name, value in states["whole"].items():
+        assert torch.equal(value, states["parts"][name]), name
+    assert any(not torch.equal(v, states["plain"][k]) for k, v in states["whole"].items())
+    with pytest.raises(ValueError, match="data.augment"):  # a run resumes only with the data it started with
+        _image_cli(tmp_path / "whole", "--no-augment", "--epochs", "3")
 
 
 def test_a_malformed_per_model_section_is_refused(tmp_path):
@@ -183,7 +261,7 @@ def test_overrides_reach_the_config():
     from hgrn2.train.lra import CONFIG_DIR
     args = argparse.Namespace(config=str(CONFIG_DIR), model_options={"hidden_size": 8}, epochs=3, batch_size=None,
                               lr=None, warmup_steps=None, schedule_steps=None, weight_decay=None, precision="bf16")
-    cfg, train = build("pathx", "hgrn1", args)
+    cfg, train, _ = build("pathx", "hgrn1", args)
     assert cfg.hidden_size == 8 and cfg.max_len == 16384 and cfg.vocab_size is None and cfg.mixer == "hgrn1"
     assert train["epochs"] == 3 and train["lr"] == 7.5e-4 and train["precision"] == "bf16"
     args.precision = "fp16"
@@ -247,7 +325,7 @@ def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
                        {"batch_size": 128, "lr": 2e-3, "weight_decay": 0.0, "warmup_steps": 50000,
                         "schedule_steps": 500000, "epochs": 200, "precision": "fp32", "grad_clip": 0.0})}
     for task, (config, train) in recorded.items():
-        cfg, got = build(task, "hgrn2", _preset_args(settings_of="hgrn1"))
+        cfg, got, _ = build(task, "hgrn2", _preset_args(settings_of="hgrn1"))
         assert (cfg.to_dict(), got) == (config, train), task
     # attention keeps its position table whoever's settings it takes
     assert build("pathfinder", "attention", _preset_args(settings_of="hgrn2"))[0].positional is True

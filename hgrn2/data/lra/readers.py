@@ -1,7 +1,7 @@
 """Readers for the LRA data sets that come from public files at a local path (nothing is downloaded).
 
 Text (IMDB reviews as bytes, 4,096 per review), Retrieval (AAN citation pairs as bytes, 4,000 per document) and
-Image (CIFAR-10 in grey, 1,024 pixels), plus Fashion-MNIST (Debian `dataset-fashion-mnist`) as an offline
+Image (CIFAR-10 in grey or colour, 1,024 pixels), plus Fashion-MNIST (Debian `dataset-fashion-mnist`) as an offline
 pixel-sequence stand-in. Each reader returns {split: Split}; truncation to the task's length is LRA's definition of
 the task (`max_len`), and the number of truncated examples is recorded in `Split.truncated`.
 """
@@ -24,7 +24,8 @@ BYTE_VOCAB = 256 + BYTE_OFFSET
 
 @dataclass
 class Split:
-    """inputs int64 [N, T] (or [N, 2, T] for pairs), lengths [N] (or [N, 2]), labels [N]; pixels are uint8."""
+    """inputs int64 [N, T] (or [N, 2, T] for pairs), lengths [N] (or [N, 2]), labels [N]; pixels are uint8 [N, T]
+    (or [N, T, 3] in colour)."""
 
     inputs: np.ndarray
     lengths: np.ndarray
@@ -131,9 +132,9 @@ def grey(rgb: np.ndarray) -> np.ndarray:
     return np.rint(rgb.astype(np.float64) @ np.array([0.299, 0.587, 0.114])).astype(np.uint8)
 
 
-def read_image(root: str | Path, val_fraction: float = 0.1, seed: int = 42) -> dict[str, Split]:
-    """CIFAR-10 in grey as 1,024-pixel sequences (row-major), uint8; validation: 10% of train (the LRA code's
-    `val_split`)."""
+def read_image(root: str | Path, val_fraction: float = 0.1, seed: int = 42, grayscale: bool = True) -> dict[str, Split]:
+    """CIFAR-10 as 1,024-pixel sequences (row-major), uint8: grey [N, 1024], or colour [N, 1024, 3] (RGB, the LRA
+    code's `grayscale=False`); validation: 10% of train (the LRA code's `val_split`)."""
     root = Path(root)
     found = None
     for base, ext in ((root / "cifar-10-batches-py", ""), (root / "cifar-10-batches-bin", ".bin"), (root, ""),
@@ -147,7 +148,8 @@ def read_image(root: str | Path, val_fraction: float = 0.1, seed: int = 42) -> d
     out = {}
     for split, files in CIFAR_FILES.items():
         parts = [_cifar_batch(base / (name + ext)) for name in files]
-        x = grey(np.concatenate([p[0] for p in parts])).reshape(-1, 1024)
+        rgb = np.concatenate([p[0] for p in parts])
+        x = grey(rgb).reshape(-1, 1024) if grayscale else rgb.reshape(-1, 1024, 3)
         out[split] = Split(x, np.full(len(x), 1024, np.int64), np.concatenate([p[1] for p in parts]))
     return _with_val(out, val_fraction, seed)
 

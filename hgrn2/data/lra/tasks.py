@@ -24,13 +24,15 @@ class TaskInfo:
     max_len: int
     dual: bool = False
     generated: bool = False
+    # grey pixels' (mean, std) of pixels / 255 in the LRA code's Normalize: CIFAR-10's own statistics, else 0.5
+    grey_norm: tuple[float, float] = (0.5, 0.5)
 
 
 TASKS: dict[str, TaskInfo] = {
     "listops": TaskInfo(10, len(listops.VOCAB), 2048, generated=True),
     "text": TaskInfo(2, readers.BYTE_VOCAB, 4096),
     "retrieval": TaskInfo(2, readers.BYTE_VOCAB, 4000, dual=True),
-    "image": TaskInfo(10, None, 1024),
+    "image": TaskInfo(10, None, 1024, grey_norm=(122.6 / 255, 61.0 / 255)),
     "pathfinder": TaskInfo(2, None, 1024, generated=True),
     "pathx": TaskInfo(2, None, 16384, generated=True),
     "fashion_mnist": TaskInfo(10, None, 784),
@@ -50,9 +52,13 @@ def check_task(task: str) -> TaskInfo:
 
 
 def load(task: str, *, data_root: str | None = None, data_dir: str | Path | None = None, seed: int = 0,
-         examples: int | None = None, level: str = "hard", workers: int | None = None) -> dict[str, Split]:
-    """Splits of `task`. Generated tasks: `examples` in total (ListOps: 96K/2K/2K when None), `seed`, `level`."""
+         examples: int | None = None, level: str = "hard", workers: int | None = None,
+         grayscale: bool = True) -> dict[str, Split]:
+    """Splits of `task`. Generated tasks: `examples` in total (ListOps: 96K/2K/2K when None), `seed`, `level`;
+    image: in grey (LRA's task) or colour."""
     check_task(task)
+    if not grayscale and task != "image":
+        raise ValueError(f"`--no-grayscale`: only the image task (CIFAR-10) has colour, not {task!r}")
     data_dir = Path(data_dir) if data_dir else default_data_dir()
     if task == "listops":
         return _listops(data_root, data_dir, seed, examples, workers)
@@ -64,8 +70,9 @@ def load(task: str, *, data_root: str | None = None, data_dir: str | Path | None
         return readers.read_fashion_mnist(data_root or readers.FASHION_MNIST_DIR)
     if data_root is None:
         raise ValueError(f"`--data`: task {task!r} reads public files from a local folder; pass its path")
-    read = {"text": readers.read_text, "retrieval": readers.read_retrieval, "image": readers.read_image}[task]
-    return read(data_root)
+    if task == "image":
+        return readers.read_image(data_root, grayscale=grayscale)
+    return {"text": readers.read_text, "retrieval": readers.read_retrieval}[task](data_root)
 
 
 def _listops(root, data_dir: Path, seed: int, examples: int | None, workers) -> dict[str, Split]:
