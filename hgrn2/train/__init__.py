@@ -1,2 +1,2 @@
 """Training: language models (config, trainer, optimisers, checkpoints, distributed, CUDA-graph steps) and the
-experiment commands (MQAR, ablations, LRA, images) over `sweep.py`."""
+experiment commands (MQAR and the ablations over `sweep.py`, LRA, images)."""
