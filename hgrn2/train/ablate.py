@@ -335,10 +335,9 @@ def _data_dir(args, scale: dict, out: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     recipes = list(cfg["recipes"]) if args.recipes == ["all"] else args.recipes
-    if args.scale not in cfg["scales"]:
-        raise ValueError(f"--scale: expected one of {sorted(cfg['scales'])}, got {args.scale!r}")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps: expected a positive number, got {args.steps}")
+    build_runs(recipes, args.scale, "", cfg)  # a bad recipe or scale fails here, before a corpus is assembled
     out = Path(args.out)
     data = _data_dir(args, cfg["scales"][args.scale], out)
     if args.prepare_only:

@@ -53,6 +53,12 @@ def test_bad_input():
         cli_main(["ablate", "pese", "--scale", "paper", "--out", "unused"])
 
 
+def test_bad_recipe_fails_before_the_corpus_is_assembled(tmp_path):
+    with pytest.raises(ValueError, match="recipe"):
+        cli_main(["ablate", "depth", "--scale", "smoke", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 def _ablate(corpus, out, *extra):
     return cli_main(["ablate", *extra, "--scale", "smoke", "--data", corpus, "--device", "cpu", "--out", str(out)])
 
