@@ -54,7 +54,8 @@ def load_tokenizer(path: str):
 
     names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     if not os.path.isdir(path) or not any(os.path.isfile(os.path.join(path, n)) for n in names):
-        raise EvalError(f"--tokenizer: no tokenizer files ({', '.join(names)}) in {path!r}")
+        raise EvalError(f"--tokenizer: no tokenizer files ({', '.join(names)}) in {path!r} (without --tokenizer: "
+                        "the model's directory)")
     configured = os.path.isfile(os.path.join(path, "tokenizer_config.json"))
     tok = pretrained_tokenizer(path, None if configured else eos_id(load_raw(path)))
     if tok.pad_token is None:
