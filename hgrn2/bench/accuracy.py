@@ -65,7 +65,7 @@ def implementations(names: list[str], cuda: bool) -> dict:
         elif name in ("triton", "chunk"):
             out[name] = functools.partial(hgrn2, backend=name)
         else:
-            raise SystemExit(f"--impls: unknown implementation {name!r}; choose from triton, chunk, fla")
+            raise ValueError(f"--impls: unknown implementation {name!r}; choose from triton, chunk, fla")
     return out
 
 

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     # conversion error in the fp32 comparison: fla runs with IEEE fp32 dots, as ours do
     os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device: cuda is not available (fla's kernels need a GPU or TRITON_INTERPRET=1)")
+        raise ValueError("--device: cuda is not available (fla's kernels need a GPU or TRITON_INTERPRET=1)")
     if args.device == "cpu":  # fla's kernels in Triton's interpreter: make it round bf16 as a GPU does
         import hgrn2.ops.triton  # noqa: F401
     # a correctness check: fla's autotuner (minutes of compiling and timing configs on a cold cache, and it

@@ -72,11 +72,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
-        raise SystemExit(f"--batches: expected a comma list of positive ints, got {args.batches!r}") from None
+        raise ValueError(f"--batches: expected a comma list of positive ints, got {args.batches!r}") from None
     if any(b < 1 for b in batches):
-        raise SystemExit(f"--batches: expected positive batch sizes, got {args.batches!r}")
+        raise ValueError(f"--batches: expected positive batch sizes, got {args.batches!r}")
     if args.prompt < 1 or args.new < 2:
-        raise SystemExit(f"--prompt / --new: expected ≥ 1 prompt and ≥ 2 new tokens, got {args.prompt}, {args.new}")
+        raise ValueError(f"--prompt / --new: expected ≥ 1 prompt and ≥ 2 new tokens, got {args.prompt}, {args.new}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda":
         print("no GPU: fla (Triton only), peak memory and the CUDA-graph replay are skipped; timings are CPU smoke")
@@ -106,7 +106,7 @@ def _choices(flag: str, value: str, allowed) -> list[str]:
     picked = [v.strip() for v in value.split(",") if v.strip()]
     bad = [v for v in picked if v not in allowed]
     if bad or not picked:
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {value!r}")
+        raise ValueError(f"{flag}: expected a comma list of {', '.join(allowed)}, got {value!r}")
     return picked
 
 

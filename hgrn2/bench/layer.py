@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         B, T = (int(v) for v in args.shape.split("x"))
     except ValueError:
-        raise SystemExit(f"--shape: expected BATCHxSEQ, got {args.shape!r}") from None
+        raise ValueError(f"--shape: expected BATCHxSEQ, got {args.shape!r}") from None
     dtype = torch.bfloat16 if cuda else torch.float32
     backend = args.backend or ("triton" if cuda else "chunk")
     with_fla = fla_available() and cuda

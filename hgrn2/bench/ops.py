@@ -425,7 +425,7 @@ def notes(rows) -> str:
 def run(args: argparse.Namespace) -> int:
     skip = set(filter(None, args.skip.split(",")))
     if skip - SKIPPABLE:
-        raise SystemExit(f"--skip: unknown row kinds {sorted(skip - SKIPPABLE)}; choose from {sorted(SKIPPABLE)}")
+        raise ValueError(f"--skip: unknown row kinds {sorted(skip - SKIPPABLE)}; choose from {sorted(SKIPPABLE)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     quick, cuda = args.quick, device.type == "cuda"
     timer = Timer(device, quick)

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         args.warmup, args.lr = 2, 3e-3
     for flag in ("steps", "batch", "seq_len", "hidden", "layers", "intermediate"):
         if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')}: expected a positive int, got {getattr(args, flag)}")
+            raise ValueError(f"--{flag.replace('_', '-')}: expected a positive int, got {getattr(args, flag)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graph = device.type == "cuda" and not args.eager
     meta = read_meta(args.data)
@@ -98,7 +98,7 @@ def data_summary(meta: dict) -> dict:
 def sample_batches(dataset, steps: int, batch: int, seed: int) -> list[torch.Tensor]:
     """steps × [batch, seq_len] windows in a seeded order, cycling through the split when it is shorter."""
     if len(dataset) == 0:
-        raise SystemExit("--data: the train split holds no window of --seq-len tokens")
+        raise ValueError("--data: the train split holds no window of --seq-len tokens")
     g = torch.Generator().manual_seed(seed)
     need = steps * batch
     order = torch.cat([torch.randperm(len(dataset), generator=g) for _ in range(math.ceil(need / len(dataset)))])

@@ -206,7 +206,7 @@ def _shape(args) -> tuple[int, int]:
     try:
         B, T = (int(v) for v in shape.split("x"))
     except ValueError:
-        raise SystemExit(f"--shape: expected BATCHxSEQ, got {shape!r}") from None
+        raise ValueError(f"--shape: expected BATCHxSEQ, got {shape!r}") from None
     return B, T
 
 

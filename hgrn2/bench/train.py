@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         args.hidden, args.layers, args.expand, args.intermediate, args.vocab = 64, 2, 16, 128, 256
         args.shapes, args.warmup, args.steps, args.rounds = "2x64", 1, 2, 2
     if args.rounds < 1:
-        raise SystemExit(f"--rounds: expected at least 1, got {args.rounds}")
+        raise ValueError(f"--rounds: expected at least 1, got {args.rounds}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -79,15 +79,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def model_mode(name: str, args, device) -> str:
-    """"eager", "compile" or "graph" for a --models entry (`base` or `base+mode`); a bad entry is a SystemExit."""
+    """"eager", "compile" or "graph" for a --models entry (`base` or `base+mode`); a bad entry is a ValueError."""
     base, _, mode = name.partition("+")
     if base not in BUILDERS:
-        raise SystemExit(f"--models: unknown model {base!r} in {name!r}; choose from {sorted(BUILDERS)}")
+        raise ValueError(f"--models: unknown model {base!r} in {name!r}; choose from {sorted(BUILDERS)}")
     if mode not in ("", "compile", "graph") or (mode == "graph" and base != "hgrn2"):
-        raise SystemExit(f"--models: {name!r}: a model takes +compile, and only hgrn2 takes +graph")
+        raise ValueError(f"--models: {name!r}: a model takes +compile, and only hgrn2 takes +graph")
     mode = mode or ("graph" if args.cuda_graph and base == "hgrn2" else "compile" if args.compile else "eager")
     if mode == "graph" and device.type != "cuda":
-        raise SystemExit(f"--cuda-graph / {base}+graph: needs a CUDA device, got {device.type}")
+        raise ValueError(f"--cuda-graph / {base}+graph: needs a CUDA device, got {device.type}")
     return mode
 
 

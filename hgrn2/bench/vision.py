@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         args.image_size, args.batch_size, args.warmup, args.steps, args.rounds = 28, 2, 1, 1, 2
     for key in ("batch_size", "image_size", "steps", "rounds"):
         if getattr(args, key) < 1:
-            raise SystemExit(f"--{key.replace('_', '-')}: expected at least 1, got {getattr(args, key)}")
+            raise ValueError(f"--{key.replace('_', '-')}: expected at least 1, got {getattr(args, key)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     rows, steps = {}, {}

@@ -49,7 +49,7 @@ def test_bench_generate_budget_skips_rows(tmp_path):
 @pytest.mark.parametrize("flag, value", [("--models", "gpt"), ("--sizes", "7b"), ("--batches", "0"),
                                          ("--batches", "x")])
 def test_bench_generate_bad_arguments(flag, value, tmp_path):
-    with pytest.raises(SystemExit, match=flag):
+    with pytest.raises(ValueError, match=flag):
         main(["bench", "generate", flag, value, "--out", str(tmp_path)])
 
 

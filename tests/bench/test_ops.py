@@ -29,5 +29,5 @@ def test_unknown_skip_kind_is_named():
 
     from hgrn2.cli import main
 
-    with pytest.raises(SystemExit, match=r"--skip: unknown row kinds \['layer'\]"):
+    with pytest.raises(ValueError, match=r"--skip: unknown row kinds \['layer'\]"):
         main(["bench", "ops", "--quick", "--skip", "layer"])

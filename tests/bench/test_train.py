@@ -56,7 +56,7 @@ def test_bench_train_moves_model_and_optimizer_state_between_rounds():
 def test_bench_train_rejects_zero_rounds():
     from hgrn2.cli import main
 
-    with pytest.raises(SystemExit, match="--rounds: expected at least 1, got 0"):
+    with pytest.raises(ValueError, match="--rounds: expected at least 1, got 0"):
         main(["bench", "train", "--models", "hgrn2", "--rounds", "0"])
 
 
@@ -83,14 +83,14 @@ def test_bench_train_model_modes(tmp_path):
     both = argparse.Namespace(compile=True, cuda_graph=True)
     assert [model_mode(n, both, cuda) for n in ("hgrn2", "fla", "llama", "hgrn2+compile")] == [
         "graph", "compile", "compile", "compile"]
-    with pytest.raises(SystemExit, match=r"--models: 'llama\+graph': a model takes \+compile, and only hgrn2"):
+    with pytest.raises(ValueError, match=r"--models: 'llama\+graph': a model takes \+compile, and only hgrn2"):
         model_mode("llama+graph", flags, cuda)
-    with pytest.raises(SystemExit, match="--models: unknown model 'gpt' in 'gpt'"):
+    with pytest.raises(ValueError, match="--models: unknown model 'gpt' in 'gpt'"):
         model_mode("gpt", flags, cuda)
-    with pytest.raises(SystemExit, match=r"--cuda-graph / hgrn2\+graph: needs a CUDA device, got cpu"):
+    with pytest.raises(ValueError, match=r"--cuda-graph / hgrn2\+graph: needs a CUDA device, got cpu"):
         model_mode("hgrn2+graph", flags, cpu)
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="needs a CUDA device"):
+        with pytest.raises(ValueError, match="needs a CUDA device"):
             main(["bench", "train", "--quick", "--cuda-graph", "--models", "hgrn2", "--out", str(tmp_path)])
 
 
