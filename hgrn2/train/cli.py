@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override config keys, e.g. lr=3e-4 model.num_hidden_layers=12")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="require each step to be replayed as one CUDA graph (--set cuda_graph=true; by default it "
-                             "is wherever it can be: one GPU, no compile; --set cuda_graph=false for eager steps; see "
-                             "`cuda_graph` in hgrn2/train/config.py)")
+                             "is for HGRN2's token mixer wherever it can be: one GPU, no compile; --set "
+                             "cuda_graph=false for eager steps; see `cuda_graph` in hgrn2/train/config.py)")
     parser.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
