@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from hgrn2.data.files import write_json
+
 RESULTS_DIR = Path("benchmarks") / "results"
 REQUIRED_KEYS = ("benchmark", "command", "device", "versions", "commit", "date", "rows")
 PACKAGES = {"torch": "torch", "triton": "triton", "fla": "flash-linear-attention", "transformers": "transformers"}
@@ -157,10 +159,7 @@ def write_result(out_dir: str | Path | None, benchmark: str, env: dict, rows: li
         os.replace(f"{png}.tmp", png)
         extra["figure"] = png.name
     record = {"benchmark": benchmark, "command": command, **env, "rows": rows, "quick": quick, **extra}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_json(path, record, default=str)
 
 
 ENV_FILE = "environment.json"

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
 from collections.abc import Iterator
 
 import numpy as np
+
+from .files import write_json
 
 FORMAT = "hgrn2-tokens-v1"
 BUILDERS = {".txt": "text", ".text": "text", ".raw": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -136,7 +137,7 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
         "splits": {name: {"file": f"{name}.bin", **c} for name, c in counts.items()},
         "sources": {"train": train_src["desc"], "val": val_src["desc"] if val_src else f"every {every}th document"},
     }
-    _atomic_json(os.path.join(out, "meta.json"), meta)
+    write_json(os.path.join(out, "meta.json"), meta)
     return meta
 
 
@@ -266,14 +267,6 @@ class _Writer:
             os.remove(self.path + ".tmp")
 
 
-def _atomic_json(path: str, obj) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-
-
 def write_corpus(out: str, splits: dict, vocab_size: int, eos_id: int | None = None) -> dict:
     """Write already-tokenised splits ({"train": ids, "val": ids}, 1-D integer arrays) in the prepared format
     (synthetic data, tests, or corpora tokenised elsewhere). Returns the metadata."""
@@ -288,7 +281,7 @@ def write_corpus(out: str, splits: dict, vocab_size: int, eos_id: int | None = N
         counts[name] = {"file": f"{name}.bin", "tokens": int(ids.size), "documents": None}
     meta = {"format": FORMAT, "dtype": np.dtype(dtype).name, "vocab_size": vocab_size, "eos_id": eos_id,
             "tokenizer": None, "splits": counts, "sources": "write_corpus"}
-    _atomic_json(os.path.join(out, "meta.json"), meta)
+    write_json(os.path.join(out, "meta.json"), meta)
     return meta
 
 

@@ -160,16 +160,6 @@ def model_label(path: str) -> str:
     return os.path.join(*os.path.normpath(os.path.abspath(path)).split(os.sep)[-2:])
 
 
-def write_json(path: str, obj) -> None:
-    """Write JSON atomically (a temporary file renamed into place)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-
-
 def evaluate_or_report(command: str, evaluate, args):
     """`evaluate(args)`, or None after one line on stderr naming what the user got wrong."""
     try:

@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from hgrn2.data.files import write_json
+
 from .common import (
     EvalError,
     add_device_arguments,
@@ -36,7 +38,6 @@ from .common import (
     is_recurrent,
     load_model,
     load_tokenizer,
-    write_json,
 )
 from .ppl import score_carried
 

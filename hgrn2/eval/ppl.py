@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from hgrn2.bench.common import add_record_argument
+from hgrn2.data.files import write_json
 
 from .common import (
     EvalError,
@@ -39,7 +40,6 @@ from .common import (
     load_tokenizer,
     model_label,
     save_figure,
-    write_json,
     write_record,
 )
 

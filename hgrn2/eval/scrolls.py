@@ -21,6 +21,8 @@ import re
 import string
 from collections import Counter
 
+from hgrn2.data.files import write_json
+
 from .common import (
     EvalError,
     ResultLog,
@@ -31,7 +33,6 @@ from .common import (
     greedy_generate,
     load_model,
     load_tokenizer,
-    write_json,
 )
 
 TASKS = {"gov_report": "rouge", "summ_screen_fd": "rouge", "qmsum": "rouge", "qasper": "f1", "narrative_qa": "f1",

@@ -37,7 +37,8 @@ import torch
 import yaml
 
 from hgrn2.bench.common import add_record_argument, command_of, environment, runs_environment, write_result
-from hgrn2.train.sweep import best_device, read_result, sweep, write_json
+from hgrn2.data.files import write_json
+from hgrn2.train.sweep import best_device, read_result, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "ablate.yaml"
 SOURCES = ("debian-docs", "python-docs")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from ..bench.common import add_record_argument, command_of, environment, lra_run_label, runs_environment, write_result
+from ..data.files import write_json
 from ..data.lra import images
 from ..data.lra import tasks as lra_tasks
 from ..data.lra.readers import Split
@@ -108,12 +108,6 @@ def evaluate(model, split: Split, pixels: tuple[float, float] | None, batch_size
     model.train()
     loss, correct, n = distributed.total(stats, d).tolist()
     return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConfig, dict, dict]:
@@ -271,7 +265,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
                   "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
                   "stopped": stopped}
         if d.main:
-            _write_json(run_dir / "result.json", result)
+            write_json(run_dir / "result.json", result)
         return result
 
     t_start, first_step, env = time.time(), step, environment(d.device, d.world)

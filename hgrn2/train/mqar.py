@@ -43,10 +43,11 @@ from tqdm.auto import tqdm
 
 from hgrn2.bench.common import add_record_argument, command_of, environment, write_result
 from hgrn2.data import mqar
+from hgrn2.data.files import write_json
 from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train import checkpoint
 from hgrn2.train.graphed import GraphedStep
-from hgrn2.train.sweep import best_device, finished_results, sweep, write_json
+from hgrn2.train.sweep import best_device, finished_results, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -31,15 +30,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from hgrn2.data.files import write_json
+
 REPORT_SECONDS = 0.5  # a worker sends its step count at most this often
-
-
-def write_json(path: Path, obj) -> None:
-    """Write atomically: a temporary file in the same folder, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-        json.dump(obj, f, indent=1)
-    os.replace(f.name, path)
 
 
 def read_result(path: Path) -> dict | None:
@@ -193,5 +186,5 @@ def sweep(specs: list, out: Path, device: str, train_fn: Callable, *, concurrent
     return [done[s.run_id] for s in specs if s.run_id in done], errors
 
 
-__all__ = ["sweep", "run_and_save", "StepCounter", "write_json", "read_result", "finished_results", "best_device",
+__all__ = ["sweep", "run_and_save", "StepCounter", "read_result", "finished_results", "best_device",
            "devices"]

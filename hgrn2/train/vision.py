@@ -49,6 +49,7 @@ from ..bench.common import (
     runs_environment,
     write_result,
 )
+from ..data.files import write_json
 from ..data.idx import read_fashion_mnist_split
 from ..models.vision import HGRN2ForImageClassification, VisionConfig, num_parameters, preset
 from . import checkpoint as ckpt
@@ -310,7 +311,7 @@ class VisionTrainer:
             np.random.seed(cfg.seed + 1 + self.d.rank)
         if self.d.main:
             os.makedirs(cfg.out_dir, exist_ok=True)
-            _write_json(os.path.join(cfg.out_dir, "config.json"), dataclasses.asdict(cfg))
+            write_json(os.path.join(cfg.out_dir, "config.json"), dataclasses.asdict(cfg))
         self.log = RunLogger(cfg.out_dir, enabled=self.d.main, start_step=self.step, tensorboard=False)
         self.env = environment(self.d.device, self.d.world)
 
@@ -410,7 +411,7 @@ class VisionTrainer:
                   "environment": self.env}
         if d.main:
             ckpt.save(self.ckpt_dir, self.epoch, state, cfg.keep_last)
-            _write_json(os.path.join(cfg.out_dir, "results.json"), result)
+            write_json(os.path.join(cfg.out_dir, "results.json"), result)
             ema = f", EMA top-1 {ema_metrics['acc1']:.2f}%" if ema_metrics else ""
             print(f"epoch {self.epoch}/{cfg.epochs}: train loss {train_loss:.4f}, val top-1 {metrics['acc1']:.2f}% "
                   f"top-5 {metrics['acc5']:.2f}%{ema}, {images_per_s:.0f} images/s", flush=True)
@@ -443,15 +444,6 @@ def evaluate(model, dataset, batch_size: int, d: D.Dist, autocast=contextlib.nul
     model.train(was_training)
     loss, top1, top5, n = D.total(sums, d).tolist()
     return {"val_loss": loss / n, "acc1": 100 * top1 / n, "acc5": 100 * top5 / n, "val_images": int(n)}
-
-
-def _write_json(path: str, obj: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 # --- command line -------------------------------------------------------------------------------------------------
@@ -598,7 +590,7 @@ def run_eval(args: argparse.Namespace) -> int:
     metrics = evaluate(model, val, args.batch_size, d, autocast)
     result = {"run": args.run, "epoch": state["epoch"], "ema": args.ema, **metrics}
     if d.main:
-        _write_json(os.path.join(args.run, "eval_ema.json" if args.ema else "eval.json"), result)
+        write_json(os.path.join(args.run, "eval_ema.json" if args.ema else "eval.json"), result)
         print(f"{args.run} (epoch {state['epoch']}{', EMA' if args.ema else ''}): top-1 {metrics['acc1']:.2f}%, "
               f"top-5 {metrics['acc5']:.2f}%, loss {metrics['val_loss']:.4f} on {metrics['val_images']} images")
     del model  # before the process group goes (D.shutdown)
