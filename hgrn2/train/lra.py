@@ -455,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote record {record_results(args, path)}")
         return 0
     if not args.tasks:
-        raise SystemExit("hgrn2 lra: error: give at least one task (or --report)")
+        raise ValueError("`tasks`: give at least one task (or --report)")
     _check_limits(args)
     # every setting is checked before any data is generated
     batches = sorted({build(task, mixer, args)[1]["batch_size"] for task in args.tasks for mixer in args.models})

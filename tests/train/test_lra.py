@@ -230,6 +230,8 @@ def test_interrupted_runs_resume_exactly(tmp_path, capsys):
 
 
 def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="`tasks`: give at least one task"):
+        main(["lra", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="task"):
         main(["lra", "cifar100", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="batch-size"):
