@@ -187,13 +187,13 @@ def runs_environment(envs: list[dict | None], folder: str | Path) -> dict:
     return {**newest, "commit": ", ".join(commits) + (" (per run)" if len(commits) > 1 else "")}
 
 
-# the columns of an image classifier's learning curve, as `hgrn2 vision report` prints it and BENCHMARKS.md shows it
 def lra_run_label(model: str, settings: str) -> str:
     """An LRA run's name in tables and plots: the model, and whose preset settings it trained with where not its own
     (`hgrn2 lra --settings-of`)."""
     return model if settings == model else f"{model}, {settings}'s settings"
 
 
+# the columns of an image classifier's learning curve, as `hgrn2 vision report` prints it and BENCHMARKS.md shows it
 VISION_CURVE_COLUMNS = [("epoch", "epoch", "d"), ("train loss", "train_loss", ".4f"), ("val loss", "val_loss", ".4f"),
                         ("top-1 %", "acc1", ".2f"), ("top-5 %", "acc5", ".2f"), ("EMA top-1 %", "ema_acc1", ".2f"),
                         ("lr", "lr", ".2e"), ("images/s", "train_images_per_s", ".0f")]

@@ -17,6 +17,7 @@ run). Running the same command again resumes exactly: model, optimiser, step, da
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -139,8 +140,15 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
     unknown = sorted(set(model_opts) - set(LRAModelConfig.__dataclass_fields__))
     if unknown:
         raise ValueError(f"`--model-options`: unknown keys {unknown}; see hgrn2.models.lra.LRAModelConfig")
-    cfg = LRAModelConfig(mixer=mixer, num_classes=info.num_classes, vocab_size=info.vocab_size,
-                         max_len=info.max_len, dual=info.dual, **model_opts)
+    try:
+        cfg = LRAModelConfig(mixer=mixer, num_classes=info.num_classes, vocab_size=info.vocab_size,
+                             max_len=info.max_len, dual=info.dual, **model_opts)
+    except ValueError as e:
+        settings = settings_of(mixer, args)
+        if settings == mixer:
+            raise
+        raise ValueError(f"`--settings-of`: {mixer} with {settings}'s {task} settings: {e} (--model-options "
+                         f"overrides a setting)") from None
     return cfg, train, data
 
 
@@ -178,15 +186,32 @@ def _per_model(preset: dict, task: str) -> dict:
     return per_model
 
 
+def _started_with(run_dir: Path, state: dict) -> dict | None:
+    """The settings the run in `run_dir` started with: its checkpoint's or, where checkpoints did not keep them yet,
+    its result.json's; keys written before they existed read as what their absence meant (no clipping, grey
+    unaugmented images, the config's defaults). None where neither holds them."""
+    saved = state.get("settings")
+    if saved is None:
+        path = run_dir / "result.json"
+        if not path.is_file():
+            return None
+        result = json.loads(path.read_text())
+        saved = {"config": result["config"], "train": result["train"], "data": result.get("data", {})}
+    config = {f.name: f.default for f in dataclasses.fields(LRAModelConfig) if f.default is not dataclasses.MISSING}
+    return {"config": {**config, **saved["config"]},
+            "train": {"grad_clip": 0.0, **{k: v for k, v in saved["train"].items() if k != "epochs"}},
+            "data": {**DATA_DEFAULTS, **saved.get("data", {})}}
+
+
 def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
     """A run resumes only with the settings it started with (more epochs allowed): else its curve mixes two runs."""
-    if saved is None:  # written before checkpoints kept their settings
+    if saved is None:  # neither its checkpoint nor a result.json says
         return
-    changed = {f"{part}.{k}": (saved[part].get(k), v) for part in now if part in saved for k, v in now[part].items()
+    changed = {f"{part}.{k}": (saved[part].get(k), v) for part in now for k, v in now[part].items()
                if saved[part].get(k) != v}
     if changed:
-        raise ValueError(f"`--out`: {run_dir} holds a run with other settings {changed} (saved, now); give another "
-                         f"--out, or delete {run_dir} to start over")
+        raise ValueError(f"`--out`: {run_dir} holds a run with other settings {changed} (saved, now); pass its "
+                         f"settings to continue it, give another --out, or delete {run_dir} to start over")
 
 
 def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -199,7 +224,8 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     """Train one (task, mixer) run to its epochs (or a time / step limit) and return its result record."""
     cfg, tr, data_opts = build(task, mixer, args)
     settings = settings_of(mixer, args)
-    run_dir = Path(args.out) / run_name(task, mixer, settings)
+    name = run_name(task, mixer, settings)
+    run_dir = Path(args.out) / name
     pixels = lra_tasks.TASKS[task].grey_norm if cfg.vocab_size is None else None  # a pixel task's grey (mean, std)
     examples = args.images if task in ("pathfinder", "pathx") else args.examples
     load = dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
@@ -236,7 +262,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     settings_now = {"config": cfg.to_dict(), "train": {k: v for k, v in tr.items() if k != "epochs"},
                     "data": data_opts}
     if state is not None:
-        _check_same_settings(run_dir, state.get("settings"), settings_now)
+        _check_same_settings(run_dir, _started_with(run_dir, state), settings_now)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, epoch, start_it, history = state["step"], state["epoch"], state["iteration"], state["history"]
@@ -272,8 +298,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     deadline = t_start + 60 * args.max_minutes if args.max_minutes else math.inf
     stopped = None
     model.train()
-    bar = tqdm(total=tr["epochs"] * steps_per_epoch, initial=step, desc=f"{task}-{mixer}", disable=not d.main,
-               unit="step")
+    bar = tqdm(total=tr["epochs"] * steps_per_epoch, initial=step, desc=name, disable=not d.main, unit="step")
     while epoch < tr["epochs"] and stopped is None:
         t_epoch = time.time()
         order = np.random.default_rng([args.seed, epoch]).permutation(len(train_split.labels))
@@ -321,7 +346,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             logger.log({"kind": "val", "step": step, "epoch": epoch + 1, "val_acc": val["acc"],
                         "test_acc": test["acc"]})
             if d.main:
-                tqdm.write(f"{task}-{mixer} epoch {epoch + 1}: val {val['acc']:.4f} test {test['acc']:.4f} "
+                tqdm.write(f"{name} epoch {epoch + 1}: val {val['acc']:.4f} test {test['acc']:.4f} "
                            f"({history[-1]['epoch_time']:.1f}s)")
             epoch, start_it = epoch + 1, 0
             epoch_sums.zero_()
@@ -478,7 +503,8 @@ def run(args: argparse.Namespace) -> int:
             best = r["best_val_acc"]
             fmt = (lambda v: "–" if v is None else f"{v:.4f}")  # noqa: E731
             sec = r["time_per_epoch_s"]
-            print(f"| {r['task']} | {r['model']} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
+            label = lra_run_label(r["model"], r["settings_of"])
+            print(f"| {r['task']} | {label} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
                   f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
         if args.record is not None:
             print(f"wrote record {record_results(args, plot(args.out))}")

@@ -335,7 +335,9 @@ def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
 
 def test_settings_of_names_its_runs_apart(tmp_path, capsys):
     _cli(tmp_path, "--max-steps", "5")
+    capsys.readouterr()
     _cli(tmp_path, "--max-steps", "5", "--settings-of", "hgrn1")
+    assert "| fashion_mnist | hgrn2, hgrn1's settings |" in capsys.readouterr().out  # the run's summary line
     own = json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())
     other = json.loads((tmp_path / "fashion_mnist-hgrn2-as-hgrn1" / "result.json").read_text())
     assert (own["settings_of"], other["settings_of"]) == ("hgrn2", "hgrn1") and other["model"] == "hgrn2"
@@ -353,3 +355,39 @@ def test_a_run_resumes_only_with_its_own_settings(tmp_path):
         _cli(tmp_path, "--lr", "1e-3")
     _cli(tmp_path, "--epochs", "3")  # more epochs continue the same run
     assert json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())["epochs_done"] == 3
+
+
+def test_settings_of_names_the_flag_when_another_models_settings_do_not_fit():
+    # Path-X: HGRN2's preset scans 2d_series, which HGRN1's mixer has not
+    with pytest.raises(ValueError, match=r"`--settings-of`: hgrn1 with hgrn2's pathx settings: `directions`"):
+        build("pathx", "hgrn1", _preset_args(settings_of="hgrn2"))
+
+
+def _rewrite_latest(run: Path, change) -> None:
+    path = checkpoint.list_checkpoints(str(run / "ckpt"))[-1]
+    state = torch.load(path, weights_only=False)
+    change(state)
+    checkpoint.save(str(run / "ckpt"), state["step"], state, keep_last=2)
+
+
+def test_runs_saved_before_their_settings_resume_and_are_still_checked(tmp_path):
+    run = tmp_path / "fashion_mnist-hgrn2"
+    _cli(tmp_path, "--max-steps", "3")
+    # settings as the first versions kept them: no grad_clip where the preset had none, no data options
+    _rewrite_latest(run, lambda s: (s["settings"]["train"].pop("grad_clip"), s["settings"].pop("data")))
+    _cli(tmp_path, "--max-steps", "5")
+    # no settings in the checkpoint: its run's result.json says what it started with
+    _rewrite_latest(run, lambda s: s.pop("settings"))
+    with pytest.raises(ValueError, match=r"other settings \{'train.lr': \(0.003, 0.001\)\}"):
+        _cli(tmp_path, "--lr", "1e-3")
+    _cli(tmp_path)
+    assert json.loads((run / "result.json").read_text())["epochs_done"] == 2
+    # an image run from before the data options was grey and unaugmented
+    from hgrn2.train.lra import _check_same_settings, _started_with
+    state = {"settings": {"config": {"in_channels": 1}, "train": {"lr": 1.0}}}
+    now = {"config": {"in_channels": 1}, "train": {"lr": 1.0, "grad_clip": 0.0},
+           "data": {"grayscale": True, "augment": True}}
+    with pytest.raises(ValueError, match=r"\{'data.augment': \(False, True\)\}"):
+        _check_same_settings(run, _started_with(run, state), now)
+    _check_same_settings(run, _started_with(run, state), {**now, "data": {"grayscale": True, "augment": False}})
+    assert _started_with(tmp_path / "none", {}) is None  # neither a checkpoint's settings nor a result.json
