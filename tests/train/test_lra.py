@@ -341,6 +341,9 @@ def test_settings_of_names_its_runs_apart(tmp_path, capsys):
     own = json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())
     other = json.loads((tmp_path / "fashion_mnist-hgrn2-as-hgrn1" / "result.json").read_text())
     assert (own["settings_of"], other["settings_of"]) == ("hgrn2", "hgrn1") and other["model"] == "hgrn2"
+    # a result.json written before settings_of and data existed: the model's own settings
+    old = {k: v for k, v in own.items() if k not in ("settings_of", "data")}
+    (tmp_path / "fashion_mnist-hgrn2" / "result.json").write_text(json.dumps(old))
     capsys.readouterr()
     assert main(["lra", "--report", "--out", str(tmp_path), "--record", str(tmp_path / "rec")]) == 0
     printed = capsys.readouterr().out
