@@ -162,8 +162,10 @@ def _data_options(task: str, preset: dict, own: dict, args: argparse.Namespace) 
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)
     if task != "image" and data != DATA_DEFAULTS:
-        flag = "--no-grayscale" if not data["grayscale"] else "--augment"
-        raise ValueError(f"`{flag}`: only the image task (CIFAR-10) has colour and augmentation, not {task!r}")
+        key = "grayscale" if not data["grayscale"] else "augment"
+        where = ("`--no-grayscale`" if key == "grayscale" else "`--augment`") if getattr(args, key, None) is not None \
+            else f"`--config`: {task}.yaml data.{key}"
+        raise ValueError(f"{where}: only the image task (CIFAR-10) has colour and augmentation, not {task!r}")
     return data
 
 

@@ -115,6 +115,9 @@ def test_a_preset_data_section_per_model_and_its_errors(tmp_path):
     (tmp_path / "image.yaml").write_text("model: {}\ntrain: {}\ndata: {augment: 1, colour: true}\n")
     with pytest.raises(ValueError, match="image.yaml data: expected true/false"):
         build("image", "hgrn2", _preset_args(config=str(tmp_path)))
+    (tmp_path / "fashion_mnist.yaml").write_text("model: {}\ntrain: {precision: fp32}\ndata: {augment: true}\n")
+    with pytest.raises(ValueError, match="`--config`: fashion_mnist.yaml data.augment: only the image task"):
+        build("fashion_mnist", "hgrn2", _preset_args(config=str(tmp_path)))
 
 
 def test_training_batches_alone_are_cropped_and_flipped():
