@@ -36,6 +36,12 @@ def test_image_reads_cifar_in_grey():
     assert np.array_equal(readers.grey(np.array([[255, 255, 255], [255, 0, 0]], np.uint8)), [255, 76])
 
 
+def test_grey_is_pils():
+    Image = pytest.importorskip("PIL.Image")
+    rgb = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    assert np.array_equal(readers.grey(rgb), np.asarray(Image.fromarray(rgb, "RGB").convert("L")))
+
+
 def test_fashion_mnist_reads_idx_files():
     d = readers.read_fashion_mnist(FIX / "fashion-mnist", val_fraction=0.25)
     assert d["train"].inputs.shape == (36, 784) and d["val"].inputs.shape == (12, 784)

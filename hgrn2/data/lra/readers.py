@@ -128,8 +128,10 @@ def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def grey(rgb: np.ndarray) -> np.ndarray:
-    """uint8 luma (ITU-R 601: 0.299 R + 0.587 G + 0.114 B), rounded; rgb [..., 3] uint8."""
-    return np.rint(rgb.astype(np.float64) @ np.array([0.299, 0.587, 0.114])).astype(np.uint8)
+    """uint8 luma (ITU-R 601: 0.299 R + 0.587 G + 0.114 B) in PIL's integer arithmetic, as torchvision's Grayscale
+    computes it on the LRA code's PIL images (Pillow's convert("L")); rgb [..., 3] uint8."""
+    weights = np.array([19595, 38470, 7471], np.uint32)  # the weights × 2^16
+    return ((rgb.astype(np.uint32) @ weights + (1 << 15)) >> 16).astype(np.uint8)
 
 
 def read_image(root: str | Path, val_fraction: float = 0.1, seed: int = 42, grayscale: bool = True) -> dict[str, Split]:
