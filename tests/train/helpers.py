@@ -63,8 +63,8 @@ def run_train(overrides, nproc: int = 1, timeout: int = 300) -> subprocess.Compl
 
 
 def run_command(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
-    """Run to success, else fail with the output's end. In its own session, so that a timeout stops torchrun's
-    ranks too rather than leaving them to load later tests."""
+    """Run `cmd` and assert it succeeds (else fail with the end of its output). It gets its own process session,
+    which a timeout kills whole, torchrun's ranks included."""
     with subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as proc:
         try:
