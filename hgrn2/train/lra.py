@@ -367,6 +367,11 @@ def results_in(out: str | Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(out).glob("*/result.json"))]
 
 
+def _run_key(result: dict) -> tuple[str, str]:
+    """(model, whose settings) of a result.json; one written before `--settings-of` used its model's own."""
+    return result["model"], result.get("settings_of", result["model"])
+
+
 def report(out: str | Path) -> str:
     """The paper-style table (test accuracy at the best validation epoch, %) over the runs under `out`."""
     results = results_in(out)
@@ -374,8 +379,8 @@ def report(out: str | Path) -> str:
     rows = [f"| model | {' | '.join(names)} | Avg |", "|---" * (len(names) + 2) + "|"]
     for label, values in PAPER.items():
         rows.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {np.mean(values):.2f} |")
-    for mixer, settings in dict.fromkeys((r["model"], r.get("settings_of", r["model"])) for r in results):
-        got = {r["task"]: r for r in results if (r["model"], r.get("settings_of", r["model"])) == (mixer, settings)}
+    for mixer, settings in dict.fromkeys(map(_run_key, results)):
+        got = {r["task"]: r for r in results if _run_key(r) == (mixer, settings)}
         cells = []
         for task in PAPER_ORDER:
             r = got.get(task)
@@ -404,7 +409,7 @@ def plot(out: str | Path) -> Path | None:
         for r in results:
             if r["task"] == task and r["history"]:
                 ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]],
-                        label=lra_run_label(r["model"], r.get("settings_of", r["model"])))
+                        label=lra_run_label(*_run_key(r)))
         ax.set(title=task, xlabel="epoch", ylabel="val accuracy")
         if ax.lines:  # no finished epoch yet: an empty panel
             ax.legend()
@@ -521,7 +526,7 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
     if not results:
         raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
     order = {t: k for k, t in enumerate((*PAPER_ORDER, *lra_tasks.TASKS))}
-    rows = [{"task": r["task"], "model": r["model"], "settings": r.get("settings_of", r["model"]),
+    rows = [{"task": r["task"], "model": r["model"], "settings": _run_key(r)[1],
              "parameters": r["parameters"],
              "test_acc": r["test_acc_at_best_val"], "best_val_acc": r["best_val_acc"],
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],
