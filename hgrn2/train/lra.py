@@ -163,8 +163,8 @@ def _data_options(task: str, preset: dict, own: dict, args: argparse.Namespace) 
             data[key] = getattr(args, key)
     if task != "image" and data != DATA_DEFAULTS:
         key = "grayscale" if not data["grayscale"] else "augment"
-        where = ("`--no-grayscale`" if key == "grayscale" else "`--augment`") if getattr(args, key, None) is not None \
-            else f"`--config`: {task}.yaml data.{key}"
+        flag = {"grayscale": "--no-grayscale", "augment": "--augment"}[key]
+        where = f"`{flag}`" if getattr(args, key, None) is not None else f"`--config`: {task}.yaml data.{key}"
         raise ValueError(f"{where}: only the image task (CIFAR-10) has colour and augmentation, not {task!r}")
     return data
 
@@ -197,12 +197,16 @@ def _started_with(run_dir: Path, state: dict) -> dict | None:
         path = run_dir / "result.json"
         if not path.is_file():
             return None
-        result = json.loads(path.read_text())
-        saved = {"config": result["config"], "train": result["train"], "data": result.get("data", {})}
-    config = {f.name: f.default for f in dataclasses.fields(LRAModelConfig) if f.default is not dataclasses.MISSING}
-    return {"config": {**config, **saved["config"]},
-            "train": {"grad_clip": 0.0, **{k: v for k, v in saved["train"].items() if k != "epochs"}},
-            "data": {**DATA_DEFAULTS, **saved.get("data", {})}}
+        saved = json.loads(path.read_text())
+    return _resume_settings(saved["config"], saved["train"], saved.get("data", {}))
+
+
+def _resume_settings(config: dict, train: dict, data: dict) -> dict:
+    """What a resumed run must share with its start: every setting but the epochs, absent keys at their defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(LRAModelConfig) if f.default is not dataclasses.MISSING}
+    return {"config": {**defaults, **config},
+            "train": {"grad_clip": 0.0, **{k: v for k, v in train.items() if k != "epochs"}},
+            "data": {**DATA_DEFAULTS, **data}}
 
 
 def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
@@ -261,8 +265,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
     epoch_sums = torch.zeros(3, dtype=torch.float64, device=d.device)
     state = checkpoint.load_latest(str(run_dir / "ckpt"))
-    settings_now = {"config": cfg.to_dict(), "train": {k: v for k, v in tr.items() if k != "epochs"},
-                    "data": data_opts}
+    settings_now = _resume_settings(cfg.to_dict(), tr, data_opts)
     if state is not None:
         _check_same_settings(run_dir, _started_with(run_dir, state), settings_now)
         model.load_state_dict(state["model"])
