@@ -44,8 +44,8 @@ def launch_pdl(x: torch.Tensor) -> bool:
     """Whether a decode kernel on x's device launches with programmatic dependent launch (sm_90 and later, not in
     the interpreter): it may then start while the kernel before it drains, and waits (`gdc_wait`) before its first
     read, which hides most of the gap between the short kernels of a decode step. The kernels do not release their
-    successor early (`gdc_launch_dependents`, with the GEMV's first weight tiles loaded before its wait): that
-    measured slower, its programs waiting in the SMs' slots that the running kernel's programs need."""
+    successor early (`gdc_launch_dependents`): its waiting programs would hold the SM slots that the running
+    kernel's programs need."""
     return PDL and x.is_cuda and not INTERPRET and _hopper_or_later(x.device.index)
 
 
