@@ -24,6 +24,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "memory"): ("hgrn2.bench.memory", "activation bytes a training step keeps for the backward"),
     ("bench", "tests"): ("hgrn2.bench.tests", "run pytest (the GPU suite) and record the outcome per test file"),
     ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
+    ("bench", "gate"): ("hgrn2.bench.gate", "the working tree's recurrence against main's, side by side: a speed gate"),
     ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
     ("bench", "train-parity"): ("hgrn2.bench.parity", "training loss curves of ours and fla's from the same weights"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into a token memmap"),

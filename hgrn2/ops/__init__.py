@@ -96,8 +96,7 @@ def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.
         o: [B, T, H, K] output gate (pre-activation if `o_act` is set).
         g: [B, T, H, K] forget-gate logits.
         i: [B, T, H, V] input (pre-activation if `i_act` is set).
-        lower_bound: [H, K] β in [0, 1), or None for β = 0 (pass None rather than a zero bound that needs a
-            gradient: on Triton, bounds below 2^-8 that need one have their dβ recomputed by the slower torch path).
+        lower_bound: [H, K] β in [0, 1), or None for β = 0.
         scale: multiplies the output (fla's checkpoints use K ** -0.5).
         o_act, i_act: None, "silu" or "sigmoid", applied to `o` / `i` inside the op (fused on Triton).
         initial_state: [N, H, V, K] with N = B, or the number of packed sequences with `cu_seqlens`.

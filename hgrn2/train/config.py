@@ -49,8 +49,7 @@ class TrainConfig:
     compile: bool = False
     # replay each optimiser step (its micro-batches, clipping, AdamW) as one CUDA graph, so a slow host does not
     # bound it: one GPU, no compile or activation checkpointing; the first 3 steps (and 3 after a resume) run
-    # eagerly before the capture. In the graph, dβ of heads with a lower bound under 2^-8 keeps the kernels' value
-    # instead of its exact recompute (hgrn2/ops/triton/bound_grad.py), which needs the host. None (the default):
+    # eagerly before the capture. None (the default):
     # on for HGRN2 models on one CUDA process with compile and activation checkpointing off, where it trains
     # faster (BENCHMARKS.md, "Training throughput"); other token mixers and Llama stay eager unless set true.
     cuda_graph: bool | None = None

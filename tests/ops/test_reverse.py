@@ -101,11 +101,12 @@ def _no_copies(*args, **kwargs):
 @pytest.mark.parametrize("cu", [None, [0, 20, 37]])
 def test_fused_chunk_reverse_takes_no_flips(monkeypatch, cu):
     """The fused-chunk kernels read and write the tensors in place: forward and backward with flips and index
-    selects disabled give the flipped reference's results."""
+    selects disabled give the flipped reference's results (a bound without a gradient: one that needs one takes the
+    chunk-parallel kernels, which flip time)."""
     B = 2 if cu is None else 1
     cu_seqlens = None if cu is None else torch.tensor(cu, device=DEV)
     inputs = make_inputs(B, 37, 1, 16, 16, n_states=B if cu is None else len(cu) - 1)
-    leaves = [x.clone().requires_grad_() for x in inputs]
+    leaves = [x.clone().requires_grad_(n != 3) for n, x in enumerate(inputs)]
     kw = dict(initial_state=leaves[4], output_final_state=True, cu_seqlens=cu_seqlens)
     with monkeypatch.context() as m:
         for obj in (torch, torch.Tensor):
@@ -127,7 +128,7 @@ def test_reverse_must_be_a_bool():
 
 @needs_triton
 def test_fused_chunk_reverse_small_bound_gradient():
-    """Bounds below bound_grad.THETA: their gradient is recomputed by the chunk backend, reversed as well."""
+    """Bounds below SMALL_F: their gradient comes from the chunk-parallel kernels' exact sum, reversed as well."""
     inputs = make_inputs(1, 37, 2, 16, 16, lb=(0.0, 2.0 ** -9), n_states=2)
     with override("fused_chunk", bwd_split=False):
         got, ref = run_reverse(inputs, "triton", output_final_state=True, cu_seqlens=torch.tensor([0, 15, 37]))

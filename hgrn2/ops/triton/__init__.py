@@ -7,9 +7,9 @@
   the GPU idle;
 - `fused_chunk.py` (one program walks a sequence in 16- or 32-token steps, the state in registers): the rest —
   small training inputs and inference on many sequences, where it moves the fewest bytes.
-Both training families meet the same accuracy bounds (tests/ops/triton); the gradient of a lower bound below
-`bound_grad.THETA` is recomputed exactly for its heads, except while a CUDA graph is captured or torch.compile traces
-(`bound_grad.py`). Launch settings: `config.py`.
+Both training families meet the same accuracy bounds (tests/ops/triton); a lower bound that needs a gradient always
+takes the chunk-parallel kernels, whose dβ is exact at any gate (`chunk_parallel_bwd_small_kernel`). Launch
+settings: `config.py`.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ import triton.language as tl
 from ._interpret import INTERPRET
 
 ACTS = {None: 0, "silu": 1, "sigmoid": 2}  # activation names → the kernels' ACT codes
+# Forget gates below this take dβ from `chunk_parallel_bwd_small_kernel`'s exact sum. Elsewhere dβ = Σ σ(−g)·(d log f
+# / f − dk) from d log f's running sum, whose terms cancel: its fp32 rounding, relative to the gradient's scale, is
+# multiplied by σ(−g)/f < 1/SMALL_F, a few 1e-4 of the scale at most, under bf16 training's own rounding.
+SMALL_F = tl.constexpr(2.0 ** -8)
 
 
 @functools.cache
@@ -250,14 +254,16 @@ def causal_av(A, v, DT: tl.constexpr, PREC: tl.constexpr):
 
     In the product those rows hold A[t, s] = 0, and 0·inf = NaN would carry the bad value back in time; the
     non-finite entries enter as 0 and each column is NaN from its first non-finite row on (the true value there is
-    non-finite too).
+    non-finite too). Which rows those are, a second product with the lower-triangular ones finds, in the layout of
+    the first: a reduction over the rows would cross warps through shared memory at every step of the walks.
     """
     BT: tl.constexpr = v.shape[0]
     rows = tl.arange(0, BT)
-    bad = (v != v) | (tl.abs(v) == float("inf"))
-    out = tl.dot(A.to(DT), tl.where(bad, 0.0, v).to(DT), input_precision=PREC)
-    first = tl.min(tl.where(bad, rows[:, None], BT), 0)
-    return tl.where(rows[:, None] >= first[None, :], float("nan"), out)
+    good = tl.abs(v) < float("inf")  # false for inf and NaN
+    out = tl.dot(A.to(DT), tl.where(good, v, 0.0).to(DT), input_precision=PREC)
+    lower = tl.where(rows[:, None] >= rows[None, :], 1.0, 0.0).to(DT)
+    hits = tl.dot(lower, tl.where(good, 0.0, 1.0).to(DT), input_precision=PREC)
+    return tl.where(hits > 0, float("nan"), out)
 
 
 @triton.jit

@@ -13,8 +13,7 @@ import triton.language as tl
 
 from ._common import ACTS, seq_layout, sm_count
 from ._device import cdiv, next_pow2, triton_op
-from .bound_grad import LowBoundHeads, exact_bound_grad
-from .chunk_parallel_bwd import chunk_parallel_bwd_dh_kernel, chunk_parallel_bwd_kernel
+from .chunk_parallel_bwd import chunk_parallel_bwd_dh_kernel, chunk_parallel_bwd_kernel, chunk_parallel_bwd_small_kernel
 from .chunk_parallel_fwd import chunk_parallel_decay_kernel, chunk_parallel_fwd_h_kernel, chunk_parallel_fwd_o_kernel
 from .config import ChunkParallelConfig, config_key, from_key
 
@@ -90,12 +89,14 @@ def _state_dtype(o, cfg: ChunkParallelConfig):
 @triton_op("hgrn2::chunk_parallel_fwd")
 def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float, o_act: int,
-           i_act: int, output_final_state: bool, save_a: bool, save_b: bool, config: str,
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           i_act: int, output_final_state: bool, save_a: bool, save_b: bool, flag_small: bool, config: str,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                      torch.Tensor]:
     """y [B, T, H, V] (i's dtype), the final state [N, H, V, K] fp32 (empty when not requested), the
     chunk-start states h [n_chunks, H, V, K], with save_a the intra-chunk A [n_chunks, H, BT, BT] and with save_b
-    b [B, T, H, K] fp32 and the chunk tier's verdicts fb (`_decay`) (else empty), for the backward.
-    config: the key of a ChunkParallelConfig."""
+    b [B, T, H, K] fp32 and the chunk tier's verdicts fb (`_decay`) (else empty), and with flag_small the list fz of
+    the chunks holding a gate below SMALL_F (else empty), for the backward. config: the key of a
+    ChunkParallelConfig."""
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
@@ -109,7 +110,7 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     h = o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o, cfg))
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
-    bb, fb = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg)
+    bb, fb, fz = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, flag_small)
     nv_seq = cdiv(V, bv_seq)
     chunk_parallel_fwd_h_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
         g, i, lower_bound, bb, fb, initial_state, h, ht, cu_seqlens, offs, T, NT,
@@ -127,22 +128,26 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         )
     if not save_b:
         bb, fb = bb.new_empty(0), fb.new_empty(0)
-    return y, ht, h, a_saved, bb, fb
+    return y, ht, h, a_saved, bb, fb, fz
 
 
-def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg):
-    """(b [B, T, H, K] fp32, the within-chunk cumsum of log f, and fb) from `chunk_parallel_decay_kernel`, for the
-    sequential and parallel kernels (the backward's too, unless the forward's was kept (save_b)). fb: int32 [1 + 2 ·
-    n_chunks · H] = [count | leaves | list], the chunks that leave the chunk tier (kernel's docstring)."""
+def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, flag_small=False):
+    """(b [B, T, H, K] fp32, the within-chunk cumsum of log f, fb and fz) from `chunk_parallel_decay_kernel`, for
+    the sequential and parallel kernels (the backward's too, unless the forward's was kept (save_b)). fb: int32
+    [1 + 2 · n_chunks · H] = [count | leaves | list], the chunks that leave the chunk tier (kernel's docstring); fz
+    (flag_small and a bound, else empty): the same for the chunks holding a gate below SMALL_F."""
     H, K = g.shape[-2], g.shape[-1]
     bb = torch.empty_like(g, dtype=torch.float32)
     fb = torch.zeros(1 + 2 * n_chunks * H, device=g.device, dtype=torch.int32)
+    flag_small = flag_small and lower_bound is not None
+    fz = torch.zeros(1 + 2 * n_chunks * H if flag_small else 0, device=g.device, dtype=torch.int32)
     bk = min(64, max(16, next_pow2(K)))
     chunk_parallel_decay_kernel[(n_chunks, H, cdiv(K, bk))](
-        g, lower_bound, bb, fb, chunks, T, NT, n_chunks, H=H, K=K, BT=bt, BK=bk, HAS_LB=lower_bound is not None,
-        VARLEN=chunks is not None, CHUNK_SPREAD=cfg.chunk_max_spread, num_warps=4,
+        g, lower_bound, bb, fb, fz, chunks, T, NT, n_chunks, H=H, K=K, BT=bt, BK=bk,
+        HAS_LB=lower_bound is not None, VARLEN=chunks is not None, CHUNK_SPREAD=cfg.chunk_max_spread,
+        FLAG_SMALL=flag_small, num_warps=4,
     )
-    return bb, fb
+    return bb, fb, fz
 
 
 def _parallel_grid(o, n_chunks, NV, H, fallback):
@@ -163,7 +168,7 @@ def _empty_a(o, i, n_chunks, H, save_a, cfg):
 
 @chunk_parallel_fwd.register_fake
 def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, save_a, save_b,
-      config):
+      flag_small, config):
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     shape = (N, H, i.shape[-1], o.shape[-1]) if output_final_state else (0,)
@@ -171,19 +176,22 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
     h = o.new_empty(n_chunks, H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o, cfg))
     b_saved = torch.empty_like(g, dtype=torch.float32) if save_b else o.new_empty(0, dtype=torch.float32)
     fb = o.new_empty(1 + 2 * n_chunks * g.shape[-2] if save_b else 0, dtype=torch.int32)
+    fz = o.new_empty(1 + 2 * n_chunks * g.shape[-2] if flag_small and lower_bound is not None else 0,
+                     dtype=torch.int32)
     return (torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a, cfg),
-            b_saved, fb)
+            b_saved, fb, fz)
 
 
 @triton_op("hgrn2::chunk_parallel_bwd")
 def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, h: torch.Tensor,
-           a_saved: torch.Tensor, b_saved: torch.Tensor, fb_saved: torch.Tensor, dy: torch.Tensor,
+           a_saved: torch.Tensor, b_saved: torch.Tensor, fb_saved: torch.Tensor, fz: torch.Tensor, dy: torch.Tensor,
            dht: torch.Tensor | None, scale: float, o_act: int, i_act: int, config: str,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty). a_saved, b_saved,
     fb_saved: the forward's A, b and chunk-tier verdicts, or empty (then the backward rebuilds A / computes b and
-    the verdicts again). config: the key of a ChunkParallelConfig."""
+    the verdicts again). fz: the forward's list of chunks holding a gate below SMALL_F, or empty (then dβ of such
+    gates is left out). config: the key of a ChunkParallelConfig."""
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
@@ -205,7 +213,7 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     dlb = o.new_empty(0)
     if lower_bound is not None:  # every real chunk writes its row: only varlen's padding chunks need the zeros
         dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(NV, n_chunks, H, K, dtype=torch.float32)
-    bb, fb = (b_saved, fb_saved) if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg)
+    bb, fb = (b_saved, fb_saved) if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg)[:2]
     nv_seq = cdiv(V, bv_seq)
     chunk_parallel_bwd_dh_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
         o, bb, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,
@@ -222,6 +230,13 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         for fallback in (False, True):  # as in the forward
             grid = _parallel_grid(o, n_chunks, NV, H, fallback)
             chunk_parallel_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
+    if fz.numel():
+        sprec = prec if dt == tl.float32 and prec != "tf32" else "tf32x3"  # fp32 operands: the state, exactly
+        # up to 8 programs per SM: the list holds whole chunks of work, each latency-bound
+        chunk_parallel_bwd_small_kernel[(max(1, min(n_chunks * H, 8 * sm_count(o.device))), NV, 1)](
+            o, g, i, lower_bound, h, dh, dy, dlb, fz, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
+            BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec, num_warps=4,
+        )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:
@@ -232,7 +247,7 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
 
 
 @chunk_parallel_bwd.register_fake
-def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb_saved, dy, dht, scale, o_act,
+def _(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb_saved, fz, dy, dht, scale, o_act,
       i_act, config):
     dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
@@ -245,25 +260,22 @@ class _ChunkParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
                 save_a, save_b, config):
-        ctx.low = LowBoundHeads.of(lower_bound, ctx.needs_input_grad[3])  # before the kernels: its event comes first
-        y, ht, h, a_saved, b_saved, fb = chunk_parallel_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale,
-                                                            o_act, i_act, output_final_state, save_a, save_b, config)
-        ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb)
+        y, ht, h, a_saved, b_saved, fb, fz = chunk_parallel_fwd(
+            o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, save_a, save_b,
+            ctx.needs_input_grad[3], config)
+        ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb, fz)
         ctx.args = (scale, o_act, i_act, output_final_state, config)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensors are made
         return y, ht
 
     @staticmethod
     def backward(ctx, dy, dht):
-        o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb = ctx.saved_tensors
+        o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb, fz = ctx.saved_tensors
         scale, o_act, i_act, output_final_state, config = ctx.args
         dy = torch.zeros_like(i) if dy is None else dy.contiguous()
         dht = dht.contiguous() if output_final_state and dht is not None else None
         do, dg, di, dlb, dh0 = chunk_parallel_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved,
-                                                  b_saved, fb, dy, dht, scale, o_act, i_act, config)
-        if lower_bound is not None and ctx.needs_input_grad[3]:
-            dlb = exact_bound_grad(dlb, ctx.low, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act,
-                                   i_act)
+                                                  b_saved, fb, fz, dy, dht, scale, o_act, i_act, config)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
                 None, None, None, None, None, None, None, None)
 

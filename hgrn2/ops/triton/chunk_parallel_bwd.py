@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    SMALL_F,
     act,
     act_and_grad,
     chunk_bounds,
@@ -36,11 +37,13 @@ from ._common import (
     fast_rcp,
     gates,
     intra_A,
+    load_beta,
     load_gates,
     ref_decay,
     seq_bounds,
     sub_decay,
     suffix_exponent,
+    take_row,
     walk_loads,
 )
 
@@ -291,8 +294,8 @@ def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_
     _, _, s_pos, s_neg, f = gates(g_2.to(tl.float32), beta, HAS_LB)
     d_f = b_dlogf * fast_rcp(tl.maximum(f, 1e-30)) - b_dk
     tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
-    if HAS_LB:
-        dlb_p = tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
+    if HAS_LB:  # the gates below SMALL_F take their share from `chunk_parallel_bwd_small_kernel`
+        dlb_p = tl.sum(tl.where(mtk & (f >= SMALL_F), s_neg * d_f, 0.0), 0)
         tl.store(dlb + ck, dlb_p, mask=ck < K)
 
 
@@ -300,3 +303,80 @@ def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_
 def _sum_keep_later(s1, z1, k1, s2, z2, k2):
     """Scan combine: a sum, and two operands passed through (the later one kept: the scan returns them as given)."""
     return s1 + s2, z2, k2
+
+
+@triton.jit
+def chunk_parallel_bwd_small_kernel(
+    o, g, i, lb, h, dh, dy, dlb, fz, chunks, scale, T, NT, NC,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr,
+):
+    """dβ's share of the forget gates below SMALL_F, exactly, added to the β partial sums of the chunks that
+    `chunk_parallel_decay_kernel` listed in fz (grid (P, NV, 1), walking the list as the fallback launches do).
+
+    There dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is formed directly, not as d log f / f (whose cancelling running sum
+    would be divided by the small f): at each row holding such a gate, the state h_{t−1} from the chunk-start state
+    h_c, and the state's gradient dH_t = e^{b_last − b_t} dh_c + Σ_{u ≥ t} e^{b_u − b_t} q_u dy_uᵀ through one
+    product dy (h_{t−1} − v_t) [BT, BK], every exponent a sum of log f over the rows it spans (each ≤ 0: nothing
+    divides by f)."""
+    i_v = tl.program_id(1)
+    for e in range(tl.program_id(0), tl.load(fz), tl.num_programs(0)):
+        c_h = tl.load(fz + 1 + NC * H + e)
+        i_c, i_h = c_h // H, c_h % H
+        t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+        n = (t1 - t0).to(tl.int32)
+        base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
+        state = (i_c.to(tl.int64) * H + i_h) * V * K
+        row = dlb + ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K
+        for kb in range(0, tl.cdiv(K, BK)):
+            ck = kb * BK + tl.arange(0, BK)
+            _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n,
+                              i_v, i_h, ck, scale, H, K, V, BT, BK, BV, O_ACT, I_ACT, SPREC)
+
+
+@triton.jit
+def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_v, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, O_ACT: tl.constexpr,
+                      I_ACT: tl.constexpr, SPREC: tl.constexpr):
+    """`chunk_parallel_bwd_small_kernel` on one K-block of one chunk (pointers at its first row and head; h, dh at
+    its state). A K-block without a small gate costs one tile of logits; each row with one, two products:
+
+        h_{t−1} = e^{b_{t−1}} ⊙ h_c + Σ_{s<t} v_s ⊗ (k_s e^{Σ_{s<τ<t} log f_τ}),   then dy (h_{t−1} − v_t)."""
+    rows = tl.arange(0, BT)
+    beta = load_beta(lb, i_h, K, ck, True)
+    offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
+    a, k, _, s_neg, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, True)
+    small = mtk & (f < SMALL_F)
+    flagged = tl.max(tl.where(small, 1, 0), 1)  # [BT]: the rows holding a small gate
+    if tl.max(flagged, 0) > 0:
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        w = tl.where(small, s_neg, 0.0)  # ∂f/∂β = σ(−g) where the gate is small
+        q = tl.where(mtk, act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale, 0.0)
+        # log f one row down (a_next[s] = a[s + 1]), so that the exponents below are sums over the rows they span
+        offn, mtn = chunk_tile(n - 1, ck, H, K, BK, BT)
+        a_next = tl.where(mtn, gates(tl.load(g + H * K + offn, mask=mtn, other=0.0).to(tl.float32), beta, True)[0],
+                          0.0)
+        cv = i_v * BV + tl.arange(0, BV)
+        offv, mtv = chunk_tile(n, cv, H, V, BV, BT)
+        v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
+        dy_t = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
+        s_off = cv[:, None] * K + ck[None, :]
+        s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+        S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        dS = tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        acc = tl.zeros([BK], dtype=tl.float32)
+        for t in range(0, n):
+            if tl.max(tl.where(rows == t, flagged, 0), 0) > 0:
+                decay = tl.cumsum(tl.where(rows[:, None] + 1 < t, a_next, 0.0), 0, reverse=True)  # Σ_{s<τ<t}
+                W = tl.where(rows[:, None] < t, k * fast_exp(decay), 0.0)
+                b_prev = tl.sum(tl.where(rows[:, None] < t, a, 0.0), 0)
+                X = (S * fast_exp(b_prev)[None, :] + tl.dot(tl.trans(v), W, input_precision=SPREC)
+                     - take_row(v, rows, t)[:, None])  # h_{t−1} − v_t [BV, BK]
+                later = tl.where(rows[:, None] > t, a, 0.0)
+                span = tl.cumsum(later, 0)  # Σ_{t<τ≤u} log f_τ on the rows u ≥ t
+                wq = tl.where(rows[:, None] >= t, q * fast_exp(span), 0.0)
+                D = tl.dot(dy_t, X, input_precision=SPREC)  # dy_u · (h_{t−1} − v_t) [BT, BK]
+                d_f = fast_exp(tl.sum(later, 0)) * tl.sum(dS * X, 0) + tl.sum(wq * D, 0)
+                acc += take_row(w, rows, t) * d_f
+        tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    SMALL_F,
     act,
     causal_av,
     chunk_bounds,
@@ -116,8 +117,9 @@ def _suffix_log_f(g, beta, n, HAS_LB: tl.constexpr):
 
 
 @triton.jit
-def chunk_parallel_decay_kernel(g, lb, bb, fb, chunks, T, NT, NC, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                    BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr, CHUNK_SPREAD: tl.constexpr):
+def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.constexpr, K: tl.constexpr,
+                    BT: tl.constexpr, BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
+                    CHUNK_SPREAD: tl.constexpr, FLAG_SMALL: tl.constexpr):
     """b, the within-chunk cumsum of log f, into bb [B·T, H, K] fp32, and the chunk tier's verdict into fb: one
     program per (chunk, head, K-block). The parallel kernels' chunk tier reads b (a log and a scan per element
     fewer there), and so do the sequential walks (their steps are latency-bound).
@@ -125,17 +127,24 @@ def chunk_parallel_decay_kernel(g, lb, bb, fb, chunks, T, NT, NC, H: tl.constexp
     fb (int32, zeroed by the caller) = [count | leaves [NC·H] | list [NC·H]]: leaves[c·H + h] = 1 where some
     channel of the chunk decays by e^{-CHUNK_SPREAD} or more (it leaves the chunk tier), and the program that sets
     it first appends c·H + h to the list (count: the list's length), which the fallback launches walk instead of
-    a grid over every chunk (the chunk-tier launches read no verdict: they take every chunk)."""
+    a grid over every chunk (the chunk-tier launches read no verdict: they take every chunk).
+
+    FLAG_SMALL: fz, laid out as fb, lists the chunks (and heads) holding a forget gate below SMALL_F, whose dβ
+    `chunk_parallel_bwd_small_kernel` sums exactly."""
     i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
     ck = i_k * BK + tl.arange(0, BK)
     offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
     g, bb = g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
-    a, _, _, _, _ = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), load_beta(lb, i_h, K, ck, HAS_LB),
+    a, _, _, _, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), load_beta(lb, i_h, K, ck, HAS_LB),
                            HAS_LB)
     b = tl.cumsum(tl.where(mtk, a, 0.0), 0)
     tl.store(bb + offk, b, mask=mtk)
+    if FLAG_SMALL:
+        if tl.max(tl.max(tl.where(mtk & (f < SMALL_F), 1, 0), 1), 0) > 0:
+            if tl.atomic_or(fz + 1 + i_c * H + i_h, 1) == 0:
+                tl.store(fz + 1 + NC * H + tl.atomic_add(fz, 1), i_c * H + i_h)
     # the verdict from the chunk's last row, read back (a reduction of the tile in registers would take it in a
     # second layout, and the compiler would redo the gate math for it: twice the instructions)
     tl.debug_barrier()

@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from ..flip import run_scan
 from ._common import ACTS, seq_layout, sm_count
 from ._device import cdiv, next_pow2, triton_op
-from .bound_grad import LowBoundHeads, exact_bound_grad
+from .chunk_parallel import hgrn2_chunk_parallel_triton
 from .config import FusedChunkConfig, config_key, from_key
 from .fused_chunk_bwd import (
     fused_chunk_bwd_diag_kernel,
@@ -190,7 +191,6 @@ class _FusedChunk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
                 reverse, config):
-        ctx.low = LowBoundHeads.of(lower_bound, ctx.needs_input_grad[3])  # before the kernels: its event comes first
         y, ht = fused_chunk_fwd(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act,
                                 output_final_state, reverse, config)
         ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens)
@@ -206,11 +206,9 @@ class _FusedChunk(torch.autograd.Function):
         dht = dht.contiguous() if output_final_state and dht is not None else None
         do, dg, di, dlb, dh0 = fused_chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
                                                o_act, i_act, reverse, config)
-        if lower_bound is not None and ctx.needs_input_grad[3]:
-            dlb = exact_bound_grad(dlb, ctx.low, o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
-                                   o_act, i_act, reverse)
-        return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
-                None, None, None, None, None, None, None)
+        # a bound that needs a gradient never comes here (`hgrn2_fused_chunk_triton`)
+        return (do, dg, di, None, dh0 if initial_state is not None else None, None, None, None, None, None, None,
+                None)
 
 
 def hgrn2_fused_chunk_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
@@ -222,8 +220,15 @@ def hgrn2_fused_chunk_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, 
     the launch settings (None: the current ones, see `config.launch_config`). reverse=True walks each sequence
     from its last token on the tensors as they are (no copies).
 
-    float64 inputs run in float32 (the kernels accumulate in float32) and are cast back.
+    A lower bound that needs a gradient takes the chunk-parallel kernels (`hgrn2_chunk_parallel_triton`, time flipped
+    for reverse): their dβ is exact at any gate, where this family's would come from d log f / f, whose running sum
+    cancels and errs by its rounding times 1/f. float64 inputs run in float32 (the kernels accumulate in float32) and
+    are cast back.
     """
+    if lower_bound is not None and lower_bound.requires_grad and torch.is_grad_enabled():
+        return run_scan(hgrn2_chunk_parallel_triton, o, g, i, lower_bound, scale=scale, o_act=o_act, i_act=i_act,
+                        initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                        reverse=reverse)
     key = config_key(config, FusedChunkConfig)
     in_dtype = i.dtype
     if torch.float64 in (o.dtype, g.dtype, i.dtype):

@@ -23,7 +23,9 @@ slow = pytest.mark.slow
 
 
 def run_both(inputs, **kw):
-    return _run_both(inputs, hgrn2_fused_chunk_triton, **kw)
+    """The fused-chunk kernels against fp64 with a bound that takes no gradient (one that does is handed to the
+    chunk-parallel kernels: tests/ops/triton/test_small_gates.py)."""
+    return _run_both(inputs, hgrn2_fused_chunk_triton, bound_grad=False, **kw)
 
 
 FUSED, SPLIT = False, True
@@ -92,13 +94,13 @@ def test_backward_does_not_read_the_forward_state(split_v, bwd):
     grads = []
     for block_t in (16, 32):
         with override("fused_chunk", block_t_fwd=block_t):
-            leaves = [x.clone().requires_grad_() for x in inputs]
+            leaves = [x.clone().requires_grad_(n != 3) for n, x in enumerate(inputs)]
             y, ht = hgrn2_fused_chunk_triton(*leaves[:4], initial_state=leaves[4], scale=0.25, o_act="silu",
                                              output_final_state=True)
             torch.autograd.backward((y, ht), (dy.to(y.device), dht.to(ht.device)))
         grads.append([x.grad for x in leaves])
     for name, a, b in zip(NAMES, *grads):
-        assert torch.equal(a, b), name
+        assert (a is None and b is None) or torch.equal(a, b), name
 
 
 def test_backward_form_follows_the_v_split(monkeypatch):
@@ -142,7 +144,7 @@ def test_extreme_gates(split_v, bwd):
     beta = torch.tensor([0.0, 0.5, 0.9, 0.999], device=o.device).repeat(2, 4)
     kw = dict(scale=0.25, o_act="silu", output_final_state=True)
     got, ref = run_both([o, g, i, beta, h0], **kw)
-    check(got, ref)  # dβ too: the bounds of 0 send every head to `bound_grad.exact_bound_grad`
+    check(got, ref)
 
 
 @pytest.mark.parametrize("bwd", BOTH_SLOW_SPLIT, indirect=True)
@@ -155,7 +157,7 @@ def test_all_gates_saturated(bwd):
     got, ref = run_both([o, g, i, beta, h0], o_act="sigmoid", output_final_state=True)
     check(got, ref, skip=("g",))
     dg, dg_ref = got[2][1].grad, ref[2][1].grad
-    assert torch.isfinite(dg).all() and torch.isfinite(got[2][3].grad).all()
+    assert torch.isfinite(dg).all()
     assert (dg.double() - dg_ref).abs().max() <= 1e-5 * ref[2][2].grad.abs().max()
 
 
@@ -266,7 +268,7 @@ def test_gpu_long_sequences(T, bwd):
 @gpu
 def test_gpu_torch_compile():
     inputs = make_inputs(2, 128, 2, 64, 64, n_states=2, dtype=torch.bfloat16)
-    leaves = [x.clone().requires_grad_() for x in inputs]
+    leaves = [x.clone().requires_grad_(n != 3) for n, x in enumerate(inputs)]
 
     @torch.compile(fullgraph=True)
     def f(o, g, i, lb, h0):
@@ -279,7 +281,8 @@ def test_gpu_torch_compile():
     y, ht = hgrn2_reference(*ref[:4], scale=0.125, o_act="silu", initial_state=ref[4], output_final_state=True)
     (y.square().sum() + ht.sum()).backward()
     for name, x, x_ref in zip(NAMES, leaves, ref):
-        assert rel_err(x.grad, x_ref.grad) <= 2e-2, name
+        if x.requires_grad:
+            assert rel_err(x.grad, x_ref.grad) <= 2e-2, name
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -1,0 +1,131 @@
+"""dβ where a forget gate is below SMALL_F (β near 0 behind closed gates): `chunk_parallel_bwd_small_kernel` sums
+dL/df there directly, on the chunks the forward listed, on the device; the other gates keep the main kernel's share.
+A bound that needs a gradient always takes the chunk-parallel kernels (`hgrn2_fused_chunk_triton` hands it over)."""
+
+import pytest
+import torch
+
+from hgrn2.ops.triton import chunk_parallel as cp
+from hgrn2.ops.triton.chunk_parallel import hgrn2_chunk_parallel_triton
+from hgrn2.ops.triton.fused_chunk import hgrn2_fused_chunk_triton
+
+from .harness import DEV, check, gpu, make_inputs, needs_triton, run_both
+
+pytestmark = [needs_triton,
+              # the chunk tier also runs the chunks past its bound, which the fallback launch rewrites (the
+              # interpreter's numpy warns of their overflow)
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                         "ignore:invalid value encountered:RuntimeWarning")]
+FAMILIES = [hgrn2_fused_chunk_triton, hgrn2_chunk_parallel_triton]
+
+
+def small_bound_inputs(T=75, heads=3, n_states=3, dtype=torch.float32):
+    """β in [2^-8, 0.9) but head 1's channels 0-3 at 0, 4-7 at 1e-6 and 8 at 2^-9, behind closed gates on tokens
+    10-39: the main kernel's dβ is off by orders of magnitude there."""
+    o, g, i, beta, h0 = make_inputs(1, T, heads, 16, 16, lb=(2.0 ** -8, 0.9), n_states=n_states, dtype=dtype)
+    beta[1, :4], beta[1, 4:8], beta[1, 8] = 0.0, 1e-6, 2.0 ** -9
+    g[:, 10:40, 1, :9] = -30.0
+    return [o, g, i, beta, h0]
+
+
+@pytest.mark.parametrize("fn", FAMILIES)
+def test_exact_with_packed_sequences_and_states(fn):
+    """Every output and gradient (dβ too) against fp64, with packed sequences, initial states and a final-state
+    gradient, through either family's entry point."""
+    cu = torch.tensor([0, 30, 31, 75], device=DEV)
+    check(*run_both(small_bound_inputs(), fn, scale=0.5, o_act="silu", cu_seqlens=cu, output_final_state=True))
+
+
+def test_exact_through_the_dispatch():
+    """`hgrn2(..., backend="triton")` on a short input (which would take the fused-chunk kernels): exact too (the
+    reversed scan: tests/ops/test_reverse.py)."""
+    from hgrn2.ops import hgrn2
+
+    def op(o, g, i, lb, **kw):
+        return hgrn2(o, g, i, lb, backend="triton", **kw)
+
+    check(*run_both(small_bound_inputs(T=40, n_states=1), op, scale=0.5, o_act="silu", output_final_state=True))
+
+
+def test_listed_chunks():
+    """The forward lists exactly the (chunk, head) pairs holding a gate below SMALL_F, and only when the bound needs
+    a gradient."""
+    o, g, i, beta, _ = make_inputs(1, 100, 2, 16, 16, lb=(0.01, 0.9))  # 32-token chunks in fp32
+    beta[1, 3] = 0.0
+    g[0, 70, 1, 3] = -30.0  # chunk 2 of head 1
+    key = cp.config_key(None, cp.ChunkParallelConfig)
+    for flag, want in ((True, [2 * 2 + 1]), (False, None)):
+        fz = cp.chunk_parallel_fwd(o, g, i, beta, None, None, 1.0, 0, 0, False, True, True, flag, key)[6]
+        if want is None:
+            assert fz.numel() == 0
+        else:
+            count = int(fz[0])
+            assert sorted(fz[1 + 2 * 4:][:count].tolist()) == want
+
+
+def test_main_kernel_alone_is_off():
+    """Without the listed chunks' exact sums the main kernel's dβ misses the small gates' share (so the test above
+    can fail): its error is far past the tolerance."""
+    o, g, i, beta, _ = small_bound_inputs(T=40, n_states=None)
+    dy = torch.randn_like(i)
+    key = cp.config_key(None, cp.ChunkParallelConfig)
+    y, ht, h, a, bb, fb, fz = cp.chunk_parallel_fwd(o, g, i, beta, None, None, 0.5, 1, 0, False, True, True, True,
+                                                    key)
+    dlb = cp.chunk_parallel_bwd(o, g, i, beta, None, None, h, a, bb, fb, fz, dy, None, 0.5, 1, 0, key)[3]
+    dlb_main = cp.chunk_parallel_bwd(o, g, i, beta, None, None, h, a, bb, fb, fz[:0], dy, None, 0.5, 1, 0, key)[3]
+    b = beta.clone().requires_grad_()
+    (want,) = torch.autograd.grad(hgrn2_chunk_parallel_triton(o, g, i, b, scale=0.5, o_act="silu")[0], b, dy)
+    assert torch.equal(dlb, want)
+    assert not torch.allclose(dlb_main[1, :9], dlb[1, :9], rtol=1e-2)
+    assert torch.equal(dlb_main[0], dlb[0]) and torch.equal(dlb_main[2], dlb[2])
+
+
+# --- GPU only -------------------------------------------------------------------------------------------------
+
+def _bound_grad(fn, o, g, i, beta, dy):
+    y, _ = fn(o, g, i, beta, scale=0.5, o_act="silu")
+    (d,) = torch.autograd.grad(y, beta, dy)
+    return d
+
+
+@gpu
+@pytest.mark.parametrize("small", [False, True])
+def test_gpu_no_host_sync(small):
+    """Forward and backward with a bound that needs a gradient make no synchronizing CUDA call (the sync debug mode
+    raises on one), with and without small gates."""
+    o, g, i, beta, _ = make_inputs(2, 256, 4, 64, 64, lb=(0.5, 0.9), dtype=torch.bfloat16)
+    if small:
+        beta[2] = 0.0
+        g[:, 100:120, 2] = -30.0
+    beta.requires_grad_()
+    dy = torch.randn_like(i)
+    _bound_grad(hgrn2_chunk_parallel_triton, o, g, i, beta, dy)  # compiles the kernels first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _bound_grad(hgrn2_chunk_parallel_triton, o, g, i, beta, dy)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@gpu
+def test_gpu_cuda_graph_is_exact():
+    """A forward and backward captured in a CUDA graph replay to the eager dβ bit for bit, small gates included
+    (the list of chunks lives on the device)."""
+    o, g, i, beta, _ = make_inputs(2, 256, 2, 64, 64, lb=(0.5, 0.9), dtype=torch.bfloat16)
+    beta[1] = 0.0
+    g[:, 30:50, 1] = -30.0
+    beta.requires_grad_()
+    dy = torch.randn_like(i)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up (kernel compilation) outside the capture
+            _bound_grad(hgrn2_chunk_parallel_triton, o, g, i, beta, dy)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _bound_grad(hgrn2_chunk_parallel_triton, o, g, i, beta, dy)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, _bound_grad(hgrn2_chunk_parallel_triton, o, g, i, beta, dy))
