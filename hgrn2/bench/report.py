@@ -94,6 +94,12 @@ SECTIONS = {
                     "depth (rows) × context length in tokens (columns), the mean over trials."),
     "memory": ("Activation memory of a training step",
                "Bytes autograd keeps for the backward, activations [B, T, ...] only, per hidden element and layer."),
+    "gate": ("Speed gate: the working tree against main",
+             "`hgrn2 bench gate`: the recurrence of the working tree and of a base tree (the landed main, exported "
+             "with `git archive main hgrn2` into the folder `--base-dir` names) side by side in one process on one "
+             "GPU, bf16, H 16, head 128, β learnable (U[0.01, 0.9); the small-β row U[0, 0.9) with channels at 0, "
+             "1e-6 and 2^-9); each time the median over interleaved rounds; max rel. diff: the trees' outputs and "
+             "gradients against each other. A row more than the tolerance slower than the base fails the gate."),
     "tests": ("Tests on the GPU",
               "`hgrn2 bench tests PATHS`: pytest on the device, the Triton kernels compiled rather than interpreted, "
               "each test file's outcomes (xfailed: known gaps marked strict, so a fix shows as a failure to update "
@@ -404,6 +410,14 @@ def parity_table(rec: dict) -> str:
     return table
 
 
+def gate_table(rec: dict) -> str:
+    head = f"Base: `{rec['base']}`; {rec['rounds']} rounds; tolerance {rec['tolerance']:.0%}.\n\n"
+    return head + format_table(rec["rows"], [
+        ("row", "row", ""), ("base ms", "base_ms", ".4f"), ("tree ms", "tree_ms", ".4f"),
+        ("tree / base", "ratio", ".3f"), ("fla ms", "fla_ms", ".4f"), ("tree / fla", "tree_vs_fla", ".3f"),
+        ("max rel. diff", "max_rel_diff", ".1e")])
+
+
 def generic_table(rec: dict) -> str:
     keys = [k for k, v in rec["rows"][0].items() if isinstance(v, (str, int, float, bool))] if rec["rows"] else []
     return format_table(rec["rows"], [(k, k, ".4g" if isinstance(rec["rows"][0][k], float) else "") for k in keys])
@@ -413,7 +427,8 @@ TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
-    "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table}
+    "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table,
+    "gate": gate_table}
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:

@@ -312,7 +312,8 @@ def chunk_parallel_bwd_small_kernel(
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr,
 ):
     """dβ's share of the forget gates below SMALL_F, exactly, added to the β partial sums of the chunks that
-    `chunk_parallel_decay_kernel` listed in fz (grid (P, NV, 1), walking the list as the fallback launches do).
+    `chunk_parallel_decay_kernel` listed in fz (grid (P, NV, NK): a K-block each, walking the list as the fallback
+    launches do).
 
     There dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is formed directly, not as d log f / f (whose cancelling running sum
     would be divided by the small f): at each row holding such a gate, the state h_{t−1} from the chunk-start state
@@ -320,6 +321,7 @@ def chunk_parallel_bwd_small_kernel(
     product dy (h_{t−1} − v_t) [BT, BK], every exponent a sum of log f over the rows it spans (each ≤ 0: nothing
     divides by f)."""
     i_v = tl.program_id(1)
+    ck = tl.program_id(2) * BK + tl.arange(0, BK)
     for e in range(tl.program_id(0), tl.load(fz), tl.num_programs(0)):
         c_h = tl.load(fz + 1 + NC * H + e)
         i_c, i_h = c_h // H, c_h % H
@@ -328,10 +330,8 @@ def chunk_parallel_bwd_small_kernel(
         base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
         state = (i_c.to(tl.int64) * H + i_h) * V * K
         row = dlb + ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K
-        for kb in range(0, tl.cdiv(K, BK)):
-            ck = kb * BK + tl.arange(0, BK)
-            _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n,
-                              i_v, i_h, ck, scale, H, K, V, BT, BK, BV, O_ACT, I_ACT, SPREC)
+        _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n, i_v,
+                          i_h, ck, scale, H, K, V, BT, BK, BV, O_ACT, I_ACT, SPREC)
 
 
 @triton.jit
@@ -347,8 +347,9 @@ def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_v, i_h, ck, scale, H: tl
     offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
     a, k, _, s_neg, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, True)
     small = mtk & (f < SMALL_F)
-    flagged = tl.max(tl.where(small, 1, 0), 1)  # [BT]: the rows holding a small gate
-    if tl.max(flagged, 0) > 0:
+    # bit t: row t holds a small gate (one reduction; the row loop below then tests scalars)
+    flagged = tl.sum(tl.where(tl.max(tl.where(small, 1, 0), 1) > 0, tl.full([BT], 1, tl.int64) << rows, 0), 0)
+    if flagged != 0:
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
         w = tl.where(small, s_neg, 0.0)  # ∂f/∂β = σ(−g) where the gate is small
@@ -367,7 +368,7 @@ def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_v, i_h, ck, scale, H: tl
         dS = tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32)
         acc = tl.zeros([BK], dtype=tl.float32)
         for t in range(0, n):
-            if tl.max(tl.where(rows == t, flagged, 0), 0) > 0:
+            if (flagged >> t) & 1:
                 decay = tl.cumsum(tl.where(rows[:, None] + 1 < t, a_next, 0.0), 0, reverse=True)  # Σ_{s<τ<t}
                 W = tl.where(rows[:, None] < t, k * fast_exp(decay), 0.0)
                 b_prev = tl.sum(tl.where(rows[:, None] < t, a, 0.0), 0)
