@@ -241,17 +241,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tolerance: expected a share ≥ 0, got {args.tolerance}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    spec = rows_spec(args.quick, device, dtype)
+    if args.rows:
+        wanted = {r.strip() for r in args.rows.split(",")}
+        spec = [s for s in spec if s["name"] in wanted or s["name"].split(" ")[0] in wanted]
+        if not spec:
+            raise ValueError(f"--rows: none of {sorted(wanted)} names a row")
     with tempfile.TemporaryDirectory() as tmp:
         import_base(base_source(args, Path(tmp)), Path(tmp))
         import hgrn2.ops as tree_ops
 
         base_ops = importlib.import_module(f"{BASE_PACKAGE}.ops")
-        spec = rows_spec(args.quick, device, dtype)
-        if args.rows:
-            wanted = {r.strip() for r in args.rows.split(",")}
-            spec = [s for s in spec if s["name"] in wanted or s["name"].split(" ")[0] in wanted]
-            if not spec:
-                raise ValueError(f"--rows: none of {sorted(wanted)} names a row")
         warmup, rep = (2, 5) if args.quick else (10, 40)
 
         def time_ms(fn, inputs):

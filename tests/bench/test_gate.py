@@ -1,0 +1,47 @@
+"""`hgrn2 bench gate`: the verdict per row, the base tree imported beside the working tree, and a whole quick run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hgrn2.bench.gate import verdicts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_verdicts_fail_a_row_past_the_tolerance():
+    times = {"a": {"base": [1.0, 1.1, 0.9], "tree": [1.04, 1.05, 1.0]},
+             "b": {"base": [1.0, 1.0, 1.0], "tree": [1.2, 1.06, 1.07]},
+             "c": {"base": [2.0], "tree": [1.0], "fla": [4.0]}}
+    rows = {r["row"]: r for r in verdicts(times, 0.05)}
+    assert rows["a"]["passed"] and rows["a"]["ratio"] == pytest.approx(1.04)
+    assert not rows["b"]["passed"] and rows["b"]["ratio"] == pytest.approx(1.07)
+    assert rows["c"]["passed"] and rows["c"]["tree_vs_fla"] == pytest.approx(0.25)
+
+
+def run_gate(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "hgrn2.cli", "bench", "gate", "--quick", "--base-dir", str(ROOT),
+                           "--out", str(tmp_path), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_quick_run_against_the_same_tree(tmp_path):
+    """The tree against a copy of itself: both import side by side, agree exactly, and the record holds each row."""
+    proc = run_gate(tmp_path, "--rows", "fwd,small", "--rounds", "1", "--tolerance", "1000")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = json.loads((tmp_path / "gate.json").read_text())
+    names = [r["row"] for r in rec["rows"]]
+    assert names == ["small β B2 T64", "fwd B2 T64", "fwd B1 T128", "fwd B1 T256"]
+    assert all(r["max_rel_diff"] == 0 and r["passed"] for r in rec["rows"])
+    assert "gate: passed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_argument_errors(tmp_path):
+    for args, msg in ((["--rows", "nothing"], "--rows"), (["--rounds", "0"], "--rounds"),
+                      (["--base-dir", str(tmp_path)], "--base-dir")):
+        proc = run_gate(tmp_path, *args)
+        assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-500:]
