@@ -13,3 +13,4 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+

@@ -145,14 +145,16 @@ def add_record_argument(parser) -> None:
 
 
 def write_result(out_dir: str | Path | None, benchmark: str, env: dict, rows: list[dict], command: str,
-                 quick: bool = False, figure: str | Path | None = None, **extra) -> Path:
+                 quick: bool = False, figure: str | Path | None = None, file_stem: str | None = None,
+                 **extra) -> Path:
     """Write {benchmark, command, device, versions, commit, date, rows, quick, **extra} to
-    `out_dir/<benchmark>.json` (default folder: benchmarks/results/<device slug>/), atomically; returns the path.
+    `out_dir/<file_stem or benchmark>.json` (default folder: benchmarks/results/<device slug>/), atomically; returns
+    the path.
     `quick`: a smoke run at tiny shapes, which `hgrn2 bench report` leaves out of BENCHMARKS.md. `figure`: a PNG
     copied beside the JSON as <benchmark>.png (first, so that the record never names a missing figure)."""
     folder = Path(out_dir) if out_dir else RESULTS_DIR / env["device_slug"]
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{benchmark}.json"
+    path = folder / f"{file_stem or benchmark}.json"
     if figure is not None:
         png = path.with_suffix(".png")
         shutil.copyfile(figure, f"{png}.tmp")

@@ -2,6 +2,7 @@
 file as a benchmark record, so that the GPU suite's result sits in BENCHMARKS.md beside the timings.
 
     hgrn2 bench tests tests/ops/test_gate_edges.py tests/ops/triton -m ""   # -> benchmarks/results/<device>/tests.json
+    hgrn2 bench tests tests/ops tests/layers tests/models --shard 2/3   # part 2 of 3 -> tests_shard2of3.json
 
 Everything after the options goes to pytest unchanged; the exit status is pytest's.
 """
@@ -61,12 +62,24 @@ def summarise(junit: Path, interrupted: bool = False) -> list[dict]:
     return [{"file": name, **row, "seconds": round(row["seconds"], 1)} for name, row in sorted(files.items())]
 
 
+def shard_of(pytest_args: list[str]) -> tuple[str, str] | None:
+    """(I, N) of a `--shard I/N` among the pytest arguments (`pytest_shard`), else None: each part's
+    record is then tests_shardIofN.json, so that the parts of one suite do not overwrite each other."""
+    for n, arg in enumerate(pytest_args):
+        value = arg.removeprefix("--shard=") if arg.startswith("--shard=") else (
+            pytest_args[n + 1] if arg == "--shard" and n + 1 < len(pytest_args) else None)
+        if value is not None:
+            i, _, total = value.partition("/")
+            return i, total
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         t0 = time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                 f"--junitxml={junit}", *args.pytest_args])
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                                 "hgrn2.bench.pytest_shard", f"--junitxml={junit}", *args.pytest_args])
         try:
             rc = proc.wait()
         except KeyboardInterrupt:  # a time limit's SIGINT reaches pytest too, which still writes what it ran
@@ -76,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
             return rc or 1
         rows = summarise(junit, interrupted=rc == 2)
     total = {k: sum(r[k] for r in rows) for k in OUTCOMES}
+    shard = shard_of(args.pytest_args)
     path = write_result(args.out, "tests", environment(args.device), rows, command_of(args),
+                        file_stem=f"tests_shard{shard[0]}of{shard[1]}" if shard else None,
                         pytest_exit=rc, totals=total, wall_s=round(time.time() - t0, 1))
     print(" ".join(f"{v} {k}" for k, v in total.items() if v) + f"; record {path}")
     return rc

@@ -69,3 +69,19 @@ def test_a_time_limit_still_records_what_ran(tmp_path):
     rec = json.loads((out / "tests.json").read_text())
     assert rec["pytest_exit"] == 2 and rec["totals"]["passed"] == 1 and rec["totals"]["interrupted"] == 1
     assert len(sum((r["failures"] for r in rec["rows"]), [])) == 1
+
+
+def test_shards_split_files_and_name_their_records(tmp_path):
+    """--shard I/N (hgrn2.bench.pytest_shard) runs each file in exactly one part; each part's record is its own
+    file."""
+    for n in range(3):
+        (tmp_path / f"test_part{n}.py").write_text("".join(f"def test_{k}():\n    pass\n" for k in range(n + 1)))
+    ran = []
+    for i in (1, 2):
+        out = tmp_path / "results" / "cpu"
+        args = argparse.Namespace(pytest_args=[str(tmp_path), "--shard", f"{i}/2", "-p", "no:randomly"],
+                                  device="cpu", out=str(out), command_line="hgrn2 bench tests")
+        assert tests.run(args) == 0
+        rec = json.loads((out / f"tests_shard{i}of2.json").read_text())
+        ran.append({r["file"]: r["passed"] for r in rec["rows"]})
+    assert set(ran[0]).isdisjoint(ran[1]) and sum(map(sum, (r.values() for r in ran))) == 6
