@@ -436,7 +436,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="cache for generated data (default ~/.cache/hgrn2/lra or $HGRN2_CACHE/lra)")
     p.add_argument("--config", default=str(CONFIG_DIR), help="folder of per-task preset YAML files")
     p.add_argument("--examples", type=int, help="ListOps: expressions in all splits (default LRA's 96K/2K/2K)")
-    p.add_argument("--images", type=int, help="Pathfinder / Path-X: images in all splits (default 600K, 80/10/10)")
+    p.add_argument("--images", type=int, help="Pathfinder / Path-X: images in all splits (default LRA's 200K of "
+                   "one level, split 160K/20K/20K)")
     p.add_argument("--level", default="hard", choices=["easy", "intermediate", "hard"], help="Pathfinder difficulty")
     p.add_argument("--workers", type=int, help="processes for data generation (default: all cores)")
     p.add_argument("--epochs", type=int, help="override the preset's epochs")
