@@ -231,6 +231,8 @@ def test_interrupted_runs_resume_exactly(tmp_path, capsys):
                        for h in r["history"]]
     assert strip(whole_result) == strip(parts_result) and len(whole_result["history"]) == 2
     assert whole_result["test_acc_at_best_val"] is not None and whole_result["time_per_epoch_s"] > 0
+    tests = [h["test_acc"] for h in whole_result["history"]]
+    assert (whole_result["test_acc_last"], whole_result["test_acc_max"]) == (tests[-1], max(tests))
 
     capsys.readouterr()
     assert main(["lra", "--report", "--out", str(tmp_path / "whole")]) == 0
