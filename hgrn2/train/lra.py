@@ -48,6 +48,8 @@ PAPER = {"HGRN1 (paper)": (59.95, 88.14, 94.23, 88.69, 92.92, 97.50),
 PRECISIONS = ("fp32", "bf16")
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay", "precision",
               "grad_clip")
+# the seeds a run resumes with (initialisation and data order; generated data), at their command-line defaults
+SEED_DEFAULTS = {"seed": 2222, "data_seed": 0}
 # the name `--variants` gives the preset itself, with none of its `variants` applied
 PRESET = "preset"
 # a preset's `data` section and its defaults (LRA's image task: grey, unaugmented); only the image task changes them
@@ -223,10 +225,11 @@ def _started_with(run_dir: Path, state: dict) -> dict | None:
 
 
 def _resume_settings(config: dict, train: dict, data: dict) -> dict:
-    """What a resumed run must share with its start: every setting but the epochs, absent keys at their defaults."""
+    """What a resumed run must share with its start: every setting but the epochs, absent keys at their defaults
+    (the seeds too: a run saved before they were kept used the defaults)."""
     defaults = {f.name: f.default for f in dataclasses.fields(LRAModelConfig) if f.default is not dataclasses.MISSING}
     return {"config": {**defaults, **config},
-            "train": {"grad_clip": 0.0, **{k: v for k, v in train.items() if k != "epochs"}},
+            "train": {"grad_clip": 0.0, **SEED_DEFAULTS, **{k: v for k, v in train.items() if k != "epochs"}},
             "data": {**DATA_DEFAULTS, **data}}
 
 
@@ -287,7 +290,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
     epoch_sums = torch.zeros(3, dtype=torch.float64, device=d.device)
     state = checkpoint.load_latest(str(run_dir / "ckpt"))
-    settings_now = _resume_settings(cfg.to_dict(), tr, data_opts)
+    settings_now = _resume_settings(cfg.to_dict(), {**tr, **{k: getattr(args, k) for k in SEED_DEFAULTS}}, data_opts)
     if state is not None:
         _check_same_settings(run_dir, _started_with(run_dir, state), settings_now)
         model.load_state_dict(state["model"])
@@ -490,8 +493,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, help="stop each run at this optimiser step (checkpointed)")
     p.add_argument("--ckpt-every", type=int, default=1000, help="checkpoint every N steps as well (0: epochs only)")
     p.add_argument("--log-every", type=int, default=50, help="log the training loss every N steps")
-    p.add_argument("--seed", type=int, default=2222, help="initialisation and data-order seed (the authors' 2222)")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of the generated data sets")
+    p.add_argument("--seed", type=int, default=SEED_DEFAULTS["seed"],
+                   help="initialisation and data-order seed (the authors' 2222); another seed needs another --out")
+    p.add_argument("--data-seed", type=int, default=SEED_DEFAULTS["data_seed"], help="seed of the generated data sets")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--report", action="store_true", help="print the table over the runs in --out and plot curves")
     add_record_argument(p)
