@@ -197,7 +197,7 @@ def _variant(preset: dict, task: str, variant: str | None) -> dict:
         return {}
     if variant not in variants:
         raise ValueError(f"`--variants`: {task}.yaml has no variant {variant!r}; its variants: "
-                         f"{', '.join([PRESET, *variants]) }")
+                         f"{', '.join([PRESET, *variants])}")
     return variants[variant]
 
 
@@ -280,7 +280,8 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     model = LRAClassifier(cfg).to(d.device)
     params = num_parameters(model)
     if d.world > 1 and cfg.norm == "batch" and cfg.bn_group is None and d.device.type == "cuda":
-        # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics)
+        # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics); with
+        # bn_group, their plain "batch", each rank normalises its own share
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ddp = distributed.wrap(model, "ddp", d)
     opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"])
