@@ -189,10 +189,11 @@ def runs_environment(envs: list[dict | None], folder: str | Path) -> dict:
     return {**newest, "commit": ", ".join(commits) + (" (per run)" if len(commits) > 1 else "")}
 
 
-def lra_run_label(model: str, settings: str) -> str:
-    """An LRA run's name in tables and plots: the model, and whose preset settings it trained with where not its own
-    (`hgrn2 lra --settings-of`)."""
-    return model if settings == model else f"{model}, {settings}'s settings"
+def lra_run_label(model: str, settings: str, variant: str | None = None) -> str:
+    """An LRA run's name in tables and plots: the model, whose preset settings it trained with where not its own
+    (`hgrn2 lra --settings-of`), and its ablation variant if any (`--variants`)."""
+    label = model if settings == model else f"{model}, {settings}'s settings"
+    return label if variant is None else f"{label} [{variant}]"
 
 
 # the columns of an image classifier's learning curve, as `hgrn2 vision report` prints it and BENCHMARKS.md shows it

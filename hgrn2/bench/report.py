@@ -298,7 +298,7 @@ def lra_table(rec: dict) -> str:
 
 
 def _lra_label(r: dict) -> str:
-    return lra_run_label(r["model"], r.get("settings", r["model"]))
+    return lra_run_label(r["model"], r.get("settings", r["model"]), r.get("variant"))
 
 
 def _lra_cell(r: dict) -> str | None:

@@ -48,6 +48,9 @@ class LRAModelConfig:
 
     `dropout` acts on each residual branch (and attention weights); `embed_dropout` on the embedded input.
     `mask_padding`: padded positions neither feed nor move the mixers' scans (False: they are read as tokens).
+    `bn_group`: in training, BatchNorm statistics over each group of this many consecutive sequences of the batch
+    (the running statistics from the first group), as plain BatchNorm on each GPU of a data-parallel launch computes
+    them over its own share; None: over the whole batch (SyncBatchNorm under DDP).
     """
 
     mixer: str = "hgrn2"
@@ -69,6 +72,7 @@ class LRAModelConfig:
     use_lower_bound: bool = True
     num_heads: int = 8
     mask_padding: bool = True
+    bn_group: int | None = None
 
     def __post_init__(self) -> None:
         for name, value, choices in (("mixer", self.mixer, MIXERS), ("directions", self.directions, DIRECTIONS),
@@ -81,6 +85,12 @@ class LRAModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"`{name}`: expected a positive int, got {value!r}")
+        if self.bn_group is not None:
+            if not isinstance(self.bn_group, int) or isinstance(self.bn_group, bool) or self.bn_group <= 0:
+                raise ValueError(f"`bn_group`: expected a positive int or None, got {self.bn_group!r}")
+            if self.norm != "batch" or self.dual:
+                raise ValueError("`bn_group`: groups BatchNorm statistics of a single encoder; needs norm 'batch' "
+                                 f"and dual False, got norm {self.norm!r}, dual {self.dual}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 0):
             raise ValueError(f"`vocab_size`: expected a positive int or None (pixels), got {self.vocab_size!r}")
         for name in ("dropout", "embed_dropout"):
@@ -263,17 +273,25 @@ class BiAttention(nn.Module):
 
 
 class SeqNorm(nn.Module):
-    """LayerNorm over channels, or BatchNorm over (batch, positions) per channel (SyncBatchNorm under DDP)."""
+    """LayerNorm over channels, or BatchNorm over (batch, positions) per channel (SyncBatchNorm under DDP); with
+    `group`, training statistics over each `group` sequences of the batch (see `LRAModelConfig.bn_group`)."""
 
-    def __init__(self, kind: str, hidden_size: int):
+    def __init__(self, kind: str, hidden_size: int, group: int | None = None):
         super().__init__()
-        self.kind = kind
+        self.kind, self.group = kind, group
         self.norm = nn.BatchNorm1d(hidden_size) if kind == "batch" else nn.LayerNorm(hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "batch":  # [B·T, D] rows: statistics over batch and positions, without transposed copies
+        if self.kind != "batch":
+            return self.norm(x)
+        if self.group is None or not self.training or x.shape[0] <= self.group:
+            # [B·T, D] rows: statistics over batch and positions, without transposed copies
             return self.norm(x.reshape(-1, x.shape[-1])).view(x.shape)
-        return self.norm(x)
+        first, *rest = x.split(self.group)
+        n = self.norm
+        rows = [n(first.reshape(-1, x.shape[-1]))]  # the only group that moves the running statistics
+        rows += [F.batch_norm(g.reshape(-1, x.shape[-1]), None, None, n.weight, n.bias, True, 0.0, n.eps) for g in rest]
+        return torch.cat(rows).view(x.shape)
 
 
 class Block(nn.Module):
@@ -282,7 +300,7 @@ class Block(nn.Module):
     def __init__(self, cfg: LRAModelConfig, layer_idx: int):
         super().__init__()
         d = cfg.hidden_size
-        self.mixer_norm, self.mlp_norm = SeqNorm(cfg.norm, d), SeqNorm(cfg.norm, d)
+        self.mixer_norm, self.mlp_norm = SeqNorm(cfg.norm, d, cfg.bn_group), SeqNorm(cfg.norm, d, cfg.bn_group)
         if cfg.mixer == "hgrn2":
             self.mixer = BiHGRU2(d, layer_idx=layer_idx, expand_ratio=cfg.expand_ratio, directions=cfg.directions)
         elif cfg.mixer == "hgrn1":
@@ -320,7 +338,7 @@ class LRAEncoder(nn.Module):
             self.register_buffer("positions", sinusoidal(cfg.max_len, d), persistent=False)
         self.drop = nn.Dropout(cfg.embed_dropout)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.norm = SeqNorm(cfg.norm, d)
+        self.norm = SeqNorm(cfg.norm, d, cfg.bn_group)
         # layer 0's bound is 0, so a single layer has none to learn (and DDP refuses parameters without gradients)
         use_lb = cfg.use_lower_bound and cfg.mixer != "attention" and cfg.num_layers > 1
         self.lower_bounds = nn.Parameter(torch.zeros(cfg.num_layers, d)) if use_lb else None

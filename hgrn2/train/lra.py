@@ -2,6 +2,7 @@
 
     hgrn2 lra listops pathfinder --models hgrn2 hgrn1 --out runs/lra --max-minutes 60
     torchrun --nproc-per-node 4 -m hgrn2.cli lra pathx --out runs/lra
+    hgrn2 lra listops --variants preset mask-padding layernorm --out runs/abl   # the preset's ablation variants
     hgrn2 lra --report --out runs/lra            # the paper-style table and the curves
     hgrn2 lra --report --out runs/lra --record   # also benchmarks/results/<device>/lra.json with the curves
 
@@ -47,6 +48,10 @@ PAPER = {"HGRN1 (paper)": (59.95, 88.14, 94.23, 88.69, 92.92, 97.50),
 PRECISIONS = ("fp32", "bf16")
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay", "precision",
               "grad_clip")
+# the seeds a run resumes with (initialisation and data order; generated data), at their command-line defaults
+SEED_DEFAULTS = {"seed": 2222, "data_seed": 0}
+# the name `--variants` gives the preset itself, with none of its `variants` applied
+PRESET = "preset"
 # a preset's `data` section and its defaults (LRA's image task: grey, unaugmented); only the image task changes them
 DATA_DEFAULTS = {"grayscale": True, "augment": False}
 
@@ -111,13 +116,15 @@ def evaluate(model, split: Split, pixels: tuple[float, float] | None, batch_size
     return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
 
 
-def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConfig, dict, dict]:
-    """The model config, training settings and data options of (task, mixer): the preset, then command-line
-    overrides."""
+def build(task: str, mixer: str, args: argparse.Namespace, variant: str | None = None
+          ) -> tuple[LRAModelConfig, dict, dict]:
+    """The model config, training settings and data options of (task, mixer): the preset, its mixer's `per_model`
+    section, the `variant` (an entry of the preset's `variants`; None: none), then command-line overrides."""
     info = lra_tasks.check_task(task)
     preset = load_preset(task, args.config)
     own = _per_model(preset, task).get(settings_of(mixer, args), {})
-    model_opts = {**preset["model"], **own.get("model", {})}
+    var = _variant(preset, task, variant)
+    model_opts = {**preset["model"], **own.get("model", {}), **var.get("model", {})}
     if mixer == "attention":
         model_opts["positional"] = True  # attention alone is blind to order (the HGRN presets' "id" encoder)
     model_opts.update(args.model_options or {})
@@ -128,7 +135,7 @@ def build(task: str, mixer: str, args: argparse.Namespace) -> tuple[LRAModelConf
             raise ValueError(f"`--model-options`: in_channels {model_opts['in_channels']}, but the image task has "
                              f"{channels} (`--grayscale` / `--no-grayscale`)")
         model_opts["in_channels"] = channels
-    train = {"grad_clip": 0.0, **preset["train"], **own.get("train", {})}
+    train = {"grad_clip": 0.0, **preset["train"], **own.get("train", {}), **var.get("train", {})}
     for key in TRAIN_KEYS:
         if getattr(args, key, None) is not None:
             train[key] = getattr(args, key)
@@ -174,8 +181,24 @@ def settings_of(mixer: str, args: argparse.Namespace) -> str:
     return getattr(args, "settings_of", None) or mixer
 
 
-def run_name(task: str, mixer: str, settings: str) -> str:
-    return f"{task}-{mixer}" if settings == mixer else f"{task}-{mixer}-as-{settings}"
+def run_name(task: str, mixer: str, settings: str, variant: str | None = None) -> str:
+    name = f"{task}-{mixer}" if settings == mixer else f"{task}-{mixer}-as-{settings}"
+    return name if variant is None else f"{name}+{variant}"
+
+
+def _variant(preset: dict, task: str, variant: str | None) -> dict:
+    """The preset's `variants` entry `variant` ({} for None): {"note": str, "model": {...}, "train": {...}}."""
+    variants = preset.get("variants") or {}
+    for name, entry in variants.items():
+        if name == PRESET or not isinstance(entry, dict) or set(entry) - {"note", "model", "train"}:
+            raise ValueError(f"`--config`: {task}.yaml variants.{name}: expected a name other than {PRESET!r} "
+                             f"holding 'note', 'model' and/or 'train', got {entry!r}")
+    if variant is None:
+        return {}
+    if variant not in variants:
+        raise ValueError(f"`--variants`: {task}.yaml has no variant {variant!r}; its variants: "
+                         f"{', '.join([PRESET, *variants])}")
+    return variants[variant]
 
 
 def _per_model(preset: dict, task: str) -> dict:
@@ -202,10 +225,11 @@ def _started_with(run_dir: Path, state: dict) -> dict | None:
 
 
 def _resume_settings(config: dict, train: dict, data: dict) -> dict:
-    """What a resumed run must share with its start: every setting but the epochs, absent keys at their defaults."""
+    """What a resumed run must share with its start: every setting but the epochs, absent keys at their defaults
+    (the seeds too: a run saved before they were kept used the defaults)."""
     defaults = {f.name: f.default for f in dataclasses.fields(LRAModelConfig) if f.default is not dataclasses.MISSING}
     return {"config": {**defaults, **config},
-            "train": {"grad_clip": 0.0, **{k: v for k, v in train.items() if k != "epochs"}},
+            "train": {"grad_clip": 0.0, **SEED_DEFAULTS, **{k: v for k, v in train.items() if k != "epochs"}},
             "data": {**DATA_DEFAULTS, **data}}
 
 
@@ -226,11 +250,12 @@ def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) 
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
 
-def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist) -> dict:
-    """Train one (task, mixer) run to its epochs (or a time / step limit) and return its result record."""
-    cfg, tr, data_opts = build(task, mixer, args)
+def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist, variant: str | None = None
+              ) -> dict:
+    """Train one (task, mixer[, variant]) run to its epochs (or a time / step limit) and return its result record."""
+    cfg, tr, data_opts = build(task, mixer, args, variant)
     settings = settings_of(mixer, args)
-    name = run_name(task, mixer, settings)
+    name = run_name(task, mixer, settings, variant)
     run_dir = Path(args.out) / name
     pixels = lra_tasks.TASKS[task].grey_norm if cfg.vocab_size is None else None  # a pixel task's grey (mean, std)
     examples = args.images if task in ("pathfinder", "pathx") else args.examples
@@ -254,8 +279,9 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     torch.manual_seed(args.seed)
     model = LRAClassifier(cfg).to(d.device)
     params = num_parameters(model)
-    if d.world > 1 and cfg.norm == "batch" and d.device.type == "cuda":
-        # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics)
+    if d.world > 1 and cfg.norm == "batch" and cfg.bn_group is None and d.device.type == "cuda":
+        # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics); with
+        # bn_group, their plain "batch", each rank normalises its own share
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ddp = distributed.wrap(model, "ddp", d)
     opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"])
@@ -265,7 +291,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
     epoch_sums = torch.zeros(3, dtype=torch.float64, device=d.device)
     state = checkpoint.load_latest(str(run_dir / "ckpt"))
-    settings_now = _resume_settings(cfg.to_dict(), tr, data_opts)
+    settings_now = _resume_settings(cfg.to_dict(), {**tr, **{k: getattr(args, k) for k in SEED_DEFAULTS}}, data_opts)
     if state is not None:
         _check_same_settings(run_dir, _started_with(run_dir, state), settings_now)
         model.load_state_dict(state["model"])
@@ -287,12 +313,16 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     def record(stopped: str | None) -> dict:
         best = max(history, key=lambda h: h["val_acc"], default=None)
         times = [h["epoch_time"] for h in history if h.get("complete")]
-        result = {"task": task, "model": mixer, "settings_of": settings, "parameters": params,
+        result = {"task": task, "model": mixer, "settings_of": settings, "variant": variant, "parameters": params,
                   "config": cfg.to_dict(), "train": tr, "data": data_opts,
                   "environment": env, "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch,
                   "epochs_done": epoch, "history": history,
                   "time_per_epoch_s": float(np.mean(times)) if times else None,
                   "best_val_acc": best and best["val_acc"], "test_acc_at_best_val": best and best["test_acc"],
+                  # the LRA code also scores the test split every epoch and on the last weights; the paper does
+                  # not say which number it reports, so both other readings are kept
+                  "test_acc_last": history[-1]["test_acc"] if history else None,
+                  "test_acc_max": max((h["test_acc"] for h in history), default=None),
                   "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
                   "stopped": stopped}
         if d.main:
@@ -370,9 +400,10 @@ def results_in(out: str | Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(out).glob("*/result.json"))]
 
 
-def _run_key(result: dict) -> tuple[str, str]:
-    """(model, whose settings) of a result.json; one written before `--settings-of` used its model's own."""
-    return result["model"], result.get("settings_of", result["model"])
+def _run_key(result: dict) -> tuple[str, str, str | None]:
+    """(model, whose settings, variant) of a result.json; one written before `--settings-of` used its model's own,
+    one written before `--variants` none."""
+    return result["model"], result.get("settings_of", result["model"]), result.get("variant")
 
 
 def report(out: str | Path) -> str:
@@ -382,14 +413,14 @@ def report(out: str | Path) -> str:
     rows = [f"| model | {' | '.join(names)} | Avg |", "|---" * (len(names) + 2) + "|"]
     for label, values in PAPER.items():
         rows.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {np.mean(values):.2f} |")
-    for mixer, settings in dict.fromkeys(map(_run_key, results)):
-        got = {r["task"]: r for r in results if _run_key(r) == (mixer, settings)}
+    for key in dict.fromkeys(map(_run_key, results)):
+        got = {r["task"]: r for r in results if _run_key(r) == key}
         cells = []
         for task in PAPER_ORDER:
             r = got.get(task)
             acc = r and r["test_acc_at_best_val"]
             cells.append("–" if acc is None else f"{100 * acc:.2f}" + ("" if r["stopped"] is None else "*"))
-        rows.append(f"| {lra_run_label(mixer, settings)} (here) | " + " | ".join(cells) + " | |")
+        rows.append(f"| {lra_run_label(*key)} (here) | " + " | ".join(cells) + " | |")
     rows.append("\n(*: stopped early by a time or step limit; – : no run)")
     return "\n".join(rows)
 
@@ -430,13 +461,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train every model with this model's preset settings, e.g. hgrn1: HGRN2 as the paper "
                         "describes it (\"HGRN1's configuration\") rather than as the authors' launch scripts train it; "
                         "runs go to TASK-MODEL-as-SETTINGS (default: each model its own)")
+    p.add_argument("--variants", nargs="+", metavar="NAME",
+                   help=f"ablation variants from the preset's `variants` section, one run each into "
+                        f"TASK-MODEL+NAME/ ({PRESET!r}: the preset itself, into TASK-MODEL/); default: {PRESET}")
     p.add_argument("--out", default="runs/lra", help="output folder (one subfolder per task and model)")
     p.add_argument("--data", help="folder holding the public data (text, retrieval, image; for listops, pathfinder "
                    "and pathx: LRA's released files instead of generated ones)")
     p.add_argument("--data-dir", help="cache for generated data (default ~/.cache/hgrn2/lra or $HGRN2_CACHE/lra)")
     p.add_argument("--config", default=str(CONFIG_DIR), help="folder of per-task preset YAML files")
     p.add_argument("--examples", type=int, help="ListOps: expressions in all splits (default LRA's 96K/2K/2K)")
-    p.add_argument("--images", type=int, help="Pathfinder / Path-X: images in all splits (default 600K, 80/10/10)")
+    p.add_argument("--images", type=int, help="Pathfinder / Path-X: images in all splits (default LRA's 200K of "
+                   "one level, split 160K/20K/20K)")
     p.add_argument("--level", default="hard", choices=["easy", "intermediate", "hard"], help="Pathfinder difficulty")
     p.add_argument("--workers", type=int, help="processes for data generation (default: all cores)")
     p.add_argument("--epochs", type=int, help="override the preset's epochs")
@@ -459,8 +494,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, help="stop each run at this optimiser step (checkpointed)")
     p.add_argument("--ckpt-every", type=int, default=1000, help="checkpoint every N steps as well (0: epochs only)")
     p.add_argument("--log-every", type=int, default=50, help="log the training loss every N steps")
-    p.add_argument("--seed", type=int, default=2222, help="initialisation and data-order seed (the authors' 2222)")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of the generated data sets")
+    p.add_argument("--seed", type=int, default=SEED_DEFAULTS["seed"],
+                   help="initialisation and data-order seed (the authors' 2222); another seed needs another --out")
+    p.add_argument("--data-seed", type=int, default=SEED_DEFAULTS["data_seed"], help="seed of the generated data sets")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--report", action="store_true", help="print the table over the runs in --out and plot curves")
     add_record_argument(p)
@@ -493,17 +529,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("`tasks`: give at least one task (or --report)")
     _check_limits(args)
     # every setting is checked before any data is generated
-    batches = sorted({build(task, mixer, args)[1]["batch_size"] for task in args.tasks for mixer in args.models})
+    variants = [None if v == PRESET else v for v in dict.fromkeys(args.variants or [PRESET])]
+    runs = [(task, variant, mixer) for task in args.tasks for variant in variants for mixer in args.models]
+    batches = sorted({build(task, mixer, args, variant)[1]["batch_size"] for task, variant, mixer in runs})
     d = distributed.init(args.device)
     summary = []
     try:
         for batch in batches:
             if batch % d.world:
                 raise ValueError(f"`--batch-size`: {batch} is not divisible by the {d.world} processes")
-        for task in args.tasks:
-            for mixer in args.models:
-                r = train_run(task, mixer, args, d)
-                summary.append(r)
+        for task, variant, mixer in runs:
+            summary.append(train_run(task, mixer, args, d, variant))
     finally:
         distributed.shutdown()
     if d.main:
@@ -513,7 +549,7 @@ def run(args: argparse.Namespace) -> int:
             best = r["best_val_acc"]
             fmt = (lambda v: "–" if v is None else f"{v:.4f}")  # noqa: E731
             sec = r["time_per_epoch_s"]
-            label = lra_run_label(r["model"], r["settings_of"])
+            label = lra_run_label(*_run_key(r))
             print(f"| {r['task']} | {label} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
                   f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
         if args.record is not None:
@@ -529,7 +565,7 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
     if not results:
         raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
     order = {t: k for k, t in enumerate((*PAPER_ORDER, *lra_tasks.TASKS))}
-    rows = [{"task": r["task"], "model": r["model"], "settings": _run_key(r)[1],
+    rows = [{"task": r["task"], "model": r["model"], "settings": _run_key(r)[1], "variant": _run_key(r)[2],
              "parameters": r["parameters"],
              "test_acc": r["test_acc_at_best_val"], "best_val_acc": r["best_val_acc"],
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],

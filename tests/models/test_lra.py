@@ -271,3 +271,45 @@ def test_batch_norm_over_batch_and_positions_matches_batchnorm1d_on_channels():
         gx = torch.autograd.grad(got.sin().sum(), x)[0]
         assert torch.allclose(gx, torch.autograd.grad(want.sin().sum(), x)[0], atol=1e-12)
     assert torch.allclose(norm.norm.running_var, ref.running_var, atol=1e-12)
+
+
+def test_grouped_batch_norm_normalises_each_group_alone_and_keeps_the_first_groups_statistics():
+    """bn_group: the statistics each GPU of an 8-GPU launch computes over its own share of a batch (plain BatchNorm
+    under DDP); the running statistics are rank 0's, from the first group."""
+    torch.manual_seed(0)
+    x = torch.randn(10, 6, 8, dtype=torch.float64) * 3 + 1
+    norm = SeqNorm("batch", 8, group=4).double()
+    with torch.no_grad():
+        norm.norm.weight.normal_()
+        norm.norm.bias.normal_()
+    refs = [torch.nn.BatchNorm1d(8).double() for _ in range(3)]
+    for ref in refs:
+        ref.load_state_dict(norm.norm.state_dict())
+    got = norm(x)
+    want = torch.cat([ref(g.reshape(-1, 8)).view(g.shape) for ref, g in zip(refs, x.split(4))])
+    assert torch.allclose(got, want, atol=1e-12)
+    assert torch.allclose(norm.norm.running_mean, refs[0].running_mean)
+    assert torch.allclose(norm.norm.running_var, refs[0].running_var)
+    assert norm.norm.num_batches_tracked == 1
+    # the whole batch where it is no larger than a group, and in evaluation
+    whole = SeqNorm("batch", 8).double()
+    whole.load_state_dict(norm.state_dict())
+    assert torch.allclose(SeqNorm("batch", 8, group=10).double()(x), SeqNorm("batch", 8).double()(x))
+    norm.eval()
+    whole.eval()
+    assert torch.equal(norm(x), whole(x))
+
+
+def test_grouped_batch_norm_in_the_classifier_and_its_errors():
+    torch.manual_seed(0)
+    cfg = LRAModelConfig(num_classes=2, vocab_size=None, hidden_size=8, num_layers=2, directions="2d", bn_group=2)
+    model = LRAClassifier(cfg)
+    x = torch.randn(6, 16, 1)
+    # a batch's groups are normalised alone: the logits of one group do not depend on another group's images
+    a, b = model(x), model(torch.cat([x[:4], torch.randn(2, 16, 1)]))
+    assert torch.allclose(a[:4], b[:4], atol=1e-6) and not torch.allclose(a[4:], b[4:])
+    for bad, match in (({"bn_group": 0}, "expected a positive int"),
+                       ({"bn_group": 2, "norm": "layer"}, "got norm 'layer'"),
+                       ({"bn_group": 2, "dual": True}, "dual True")):
+        with pytest.raises(ValueError, match=f"`bn_group`: .*{match}"):
+            LRAModelConfig(**bad)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from hgrn2.cli import main
 from hgrn2.models.lra import MIXERS, LRAClassifier, LRAModelConfig
@@ -64,8 +65,8 @@ def test_presets_follow_the_authors_launch_script():
             "pathx": ((32, 6, 1, "batch", "mean", True), (256, 200, 1.0))}
     hgrn1 = {"text": ((128, 4, 2, "batch", "mean", True), (32, 32)), "retrieval": ((64, 2, 2, "batch", "mean", True),
              (64, 20)), "image": ((512, 6, 2, "batch", "mean", True), (50, 100)),
-             "pathfinder": ((128, 6, 2, "batch", "last", False), (128, 200)),
-             "pathx": ((64, 6, 2, "batch", "last", False), (16, 100))}
+             "pathfinder": ((128, 6, 2, "batch", "mean", False), (128, 200)),
+             "pathx": ((64, 6, 2, "batch", "mean", False), (16, 100))}
     for task, (model, train) in want.items():
         cfg, tr, _ = build(task, "hgrn2", _preset_args())
         assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio, cfg.norm, cfg.pooling, cfg.positional) == model
@@ -76,6 +77,12 @@ def test_presets_follow_the_authors_launch_script():
         assert (tr["batch_size"], tr["epochs"], tr["precision"], tr.get("grad_clip") or 0.0) == (*hgrn1[task][1],
                                                                                                "fp32", 0.0)
     assert load_preset("fashion_mnist")["train"]["precision"] == "fp32"
+    # BatchNorm per GPU where HGRN2's launch says "batch" on 8 GPUs (Pathfinder 16 images each, Path-X 32); "synbatch"
+    # and HGRN1's 1-GPU Pathfinder normalise over the whole batch
+    groups = {("pathfinder", "hgrn2"): 16, ("pathx", "hgrn2"): 32}
+    for task in ("listops", "text", "retrieval", "image", "pathfinder", "pathx"):
+        for mixer in ("hgrn2", "hgrn1", "attention"):
+            assert build(task, mixer, _preset_args())[0].bn_group == groups.get((task, mixer)), (task, mixer)
 
 
 def test_grad_clip_clips_every_step(tmp_path, monkeypatch):
@@ -224,6 +231,8 @@ def test_interrupted_runs_resume_exactly(tmp_path, capsys):
                        for h in r["history"]]
     assert strip(whole_result) == strip(parts_result) and len(whole_result["history"]) == 2
     assert whole_result["test_acc_at_best_val"] is not None and whole_result["time_per_epoch_s"] > 0
+    tests = [h["test_acc"] for h in whole_result["history"]]
+    assert (whole_result["test_acc_last"], whole_result["test_acc_max"]) == (tests[-1], max(tests))
 
     capsys.readouterr()
     assert main(["lra", "--report", "--out", str(tmp_path / "whole")]) == 0
@@ -315,9 +324,11 @@ def test_record_in_the_environment_of_the_runs(tmp_path):
 
 def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
     # "using HGRN1's configuration": HGRN2's mixer with HGRN1's preset settings; these are the settings the recorded
-    # ListOps and Pathfinder runs wrote into their result.json (ListOps' without grad_clip, which then meant none)
+    # ListOps and Pathfinder runs wrote into their result.json (ListOps' without grad_clip, which then meant none),
+    # but for Pathfinder's pooling: the recorded run pooled the last position, before HGRN1's launch script was read
+    # to override its yaml file's decoder with mean pooling
     common = {"mixer": "hgrn2", "in_channels": 1, "glu_expand": 1, "norm": "batch", "dropout": 0.0, "dual": False,
-              "use_lower_bound": True, "num_heads": 8}
+              "use_lower_bound": True, "num_heads": 8, "bn_group": None}
     recorded = {
         "listops": ({**common, "num_classes": 10, "vocab_size": 17, "hidden_size": 32, "num_layers": 6,
                      "expand_ratio": 2, "directions": "bi", "embed_dropout": 0.1, "pooling": "mean",
@@ -325,7 +336,7 @@ def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
                     {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
                      "schedule_steps": 50000, "epochs": 50, "precision": "fp32", "grad_clip": 0.0}),
         "pathfinder": ({**common, "num_classes": 2, "vocab_size": None, "hidden_size": 128, "num_layers": 6,
-                        "expand_ratio": 2, "directions": "2d", "embed_dropout": 0.0, "pooling": "last",
+                        "expand_ratio": 2, "directions": "2d", "embed_dropout": 0.0, "pooling": "mean",
                         "positional": False, "max_len": 1024, "mask_padding": True},
                        {"batch_size": 128, "lr": 2e-3, "weight_decay": 0.0, "warmup_steps": 50000,
                         "schedule_steps": 500000, "epochs": 200, "precision": "fp32", "grad_clip": 0.0})}
@@ -359,6 +370,9 @@ def test_a_run_resumes_only_with_its_own_settings(tmp_path):
     _cli(tmp_path, "--max-steps", "3")
     with pytest.raises(ValueError, match=r"`--out`: .* other settings \{'train.lr': \(0.003, 0.001\)\}"):
         _cli(tmp_path, "--lr", "1e-3")
+    # another seed is another run: a second seed in the same folder would otherwise continue the first
+    with pytest.raises(ValueError, match=r"other settings \{'train.seed': \(2222, 1\)\}"):
+        _cli(tmp_path, "--seed", "1")
     _cli(tmp_path, "--epochs", "3")  # more epochs continue the same run
     assert json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())["epochs_done"] == 3
 
@@ -397,3 +411,46 @@ def test_runs_saved_before_their_settings_resume_and_are_still_checked(tmp_path)
         _check_same_settings(run, _started_with(run, state), now)
     _check_same_settings(run, _started_with(run, state), {**now, "data": {"grayscale": True, "augment": False}})
     assert _started_with(tmp_path / "none", {}) is None  # neither a checkpoint's settings nor a result.json
+
+
+def test_variants_change_one_setting_on_top_of_each_models_own():
+    for mixer, width in (("hgrn2", 64), ("hgrn1", 32)):
+        base, base_train, _ = build("listops", mixer, _preset_args())
+        cfg, train, _ = build("listops", mixer, _preset_args(), "mask-padding")
+        assert cfg.to_dict() == {**base.to_dict(), "mask_padding": True} and train == base_train
+        assert cfg.hidden_size == width
+        cfg, train, _ = build("listops", mixer, _preset_args(), "cosine-to-zero")
+        assert cfg == base and train == {**base_train, "schedule_steps": 37500}
+    # the command line still overrides a variant
+    assert build("listops", "hgrn2", _preset_args(lr=3e-3), "lr-1e-3")[1]["lr"] == 3e-3
+    assert build("pathfinder", "hgrn2", _preset_args(), "bn-global")[0].bn_group is None
+    with pytest.raises(ValueError, match="`--variants`: listops.yaml has no variant 'nope'; its variants: preset, "):
+        build("listops", "hgrn2", _preset_args(), "nope")
+
+
+def test_a_malformed_variants_section_is_refused(tmp_path):
+    for entry in ("{preset: {model: {}}}", "{x: {data: {augment: true}}}", "{x: 3}"):
+        (tmp_path / "fashion_mnist.yaml").write_text(f"model: {{}}\ntrain: {{}}\nvariants: {entry}\n")
+        with pytest.raises(ValueError, match="`--config`: fashion_mnist.yaml variants"):
+            build("fashion_mnist", "hgrn2", _preset_args(config=str(tmp_path)))
+
+
+def test_variants_train_apart_and_report_apart(tmp_path, capsys):
+    config = tmp_path / "config"
+    config.mkdir()
+    preset = load_preset("fashion_mnist")
+    preset["variants"] = {"wide": {"note": "a wider model", "model": {"hidden_size": 12}}}
+    (config / "fashion_mnist.yaml").write_text(yaml.safe_dump(preset))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    _cli(out, "--max-steps", "3", "--config", str(config), "--variants", "preset", "wide")
+    assert "| fashion_mnist | hgrn2 [wide] |" in capsys.readouterr().out
+    own = json.loads((out / "fashion_mnist-hgrn2" / "result.json").read_text())
+    wide = json.loads((out / "fashion_mnist-hgrn2+wide" / "result.json").read_text())
+    assert (own["variant"], wide["variant"]) == (None, "wide")
+    # the command line's model options (hidden 8) override the variant's width, as they do the preset's
+    assert own["config"]["hidden_size"] == wide["config"]["hidden_size"] == 8
+    assert "| hgrn2 [wide] (here) |" in report(out) and "| hgrn2 (here) |" in report(out)
+    with pytest.raises(ValueError, match="`--variants`: fashion_mnist.yaml has no variant 'narrow'"):
+        _cli(tmp_path / "none", "--config", str(config), "--variants", "narrow")
+    assert not (tmp_path / "none").exists()

@@ -37,8 +37,10 @@ TASKS: dict[str, TaskInfo] = {
     "pathx": TaskInfo(2, None, 16384, generated=True),
     "fashion_mnist": TaskInfo(10, None, 784),
 }
-# images in LRA's pathfinder32 / path-x sets (the LRA code's data set length); `--examples` can lower it
-PATHFINDER_IMAGES = 600_000
+# images of one difficulty level in LRA's pathfinder32 / pathfinder128 sets, which the LRA code splits 80/10/10 into
+# 160K/20K/20K (google-research/long-range-arena image/configs/pathfinder32: TRAIN_EXAMPLES 160000; OpenNLPLab/lra
+# reads curv_contour_length_14 alone); `--images` changes it
+PATHFINDER_IMAGES = 200_000
 
 
 def default_data_dir() -> Path:
