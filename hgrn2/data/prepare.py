@@ -32,7 +32,6 @@ import numpy as np
 
 from . import shards as S
 from .corpus import parse_size
-from .files import write_json
 from .sources import Reader, expand, hub_task, plan
 
 FORMAT_V1 = "hgrn2-tokens-v1"
@@ -165,23 +164,24 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
     digest = hashlib.sha256(json.dumps([settings, tasks], sort_keys=True).encode()).hexdigest()
     head = {"dtype": np.dtype(np.uint16 if vocab <= 2**16 else np.uint32).name, "vocab_size": vocab,
             "eos_id": eos_i, "tokenizer": "tokenizer.json", "sources": sources, "settings": settings, "plan": digest}
-    write_json(state, {"settings": settings, "tasks": tasks, "head": head})
+    if not os.path.isfile(state):  # parts on other machines may be reading it in a shared folder
+        S.write_record(state, {"settings": settings, "tasks": tasks, "head": head})
 
     mine = [t for t, owner in zip(tasks, assign_parts(tasks, part_n)) if owner == part_i]
     shard_dir = os.path.join(out, "shards")
     os.makedirs(shard_dir, exist_ok=True)
-    S.remove_partial(shard_dir)
+    S.remove_partial(shard_dir, {t["id"] for t in mine})
     job = {"shard_dir": shard_dir, "tokenizer": os.path.join(out, "tokenizer.json"), "eos": eos_i,
            "dtype": head["dtype"], "every": every, "shard_size": shard_size, "batch_docs": batch_docs,
            "reader": reader}
     records = run_tasks(mine, job, workers, progress)
     if part_n > 1:
         index = {"part": [part_i, part_n], "head": head, "tasks": {str(t): r for t, r in sorted(records.items())}}
-        write_json(os.path.join(out, f"part-{part_i}-of-{part_n}.json"), index)
+        S.write_record(os.path.join(out, f"part-{part_i}-of-{part_n}.json"), index)
         return index
     meta = S.build_index(head, [records[t["id"]] for t in tasks])
     S.check_index(meta, val_expected=settings["val"] != "every 0")
-    write_json(os.path.join(out, "meta.json"), meta)
+    S.write_record(os.path.join(out, "meta.json"), meta)
     return meta
 
 
@@ -224,7 +224,7 @@ def _plan(inputs, val_inputs, dataset, dataset_config, split, val_split, sample_
     else:
         files = expand(inputs, "inputs")
         tasks = plan(files, "train", shard_size, sample_by)
-        sources = {"train": sorted({arg for _, arg in files}, key=[a for _, a in files].index)}
+        sources = {"train": list(dict.fromkeys(arg for _, arg in files))}
     if val_inputs or val_split:
         if val_split and dataset:
             tasks.append(hub_task(dataset, dataset_config, val_split, "val"))
@@ -232,7 +232,7 @@ def _plan(inputs, val_inputs, dataset, dataset_config, split, val_split, sample_
         else:
             files = expand(val_inputs, "--val-inputs")
             tasks += plan(files, "val", shard_size, sample_by)
-            sources["val"] = sorted({arg for _, arg in files}, key=[a for _, a in files].index)
+            sources["val"] = list(dict.fromkeys(arg for _, arg in files))
         every = 0
     else:
         every = round(1 / val_fraction) if val_fraction > 0 else 0
@@ -271,7 +271,7 @@ def _check_state(state: str, settings: dict, tasks: list[dict]) -> bool:
 def _tokenizer(out, tok, tokenizer, train_tokenizer, eos_name, add_eos, reader, tasks, resumed):
     """(tokenizer, eos id): `tok` (loaded from `tokenizer`) or a BPE trained on the training documents (the one an
     unfinished run trained, when resuming), saved in `out` with the transformers files before any worker starts."""
-    from .tokenizer import load_tokenizer, pretrained_tokenizer, train_bpe
+    from .tokenizer import load_tokenizer, train_bpe
 
     saved = os.path.join(out, "tokenizer.json")
     if tok is None and resumed and os.path.isfile(saved):
@@ -281,11 +281,32 @@ def _tokenizer(out, tok, tokenizer, train_tokenizer, eos_name, add_eos, reader, 
         texts = (text for t in tasks if t["split"] == "train" for text, _ in reader.documents(t))
         tok = train_bpe(texts, train_tokenizer, eos=eos_name)
     eos_i = _eos(tok, eos_name, add_eos)
-    os.makedirs(out, exist_ok=True)
-    tok.save(saved)
-    source = tokenizer if tokenizer is not None and os.path.isdir(tokenizer) else saved
-    pretrained_tokenizer(source, eos_i).save_pretrained(out)  # `AutoTokenizer` loads `out`
+    _save_tokenizer(out, tok, tokenizer if tokenizer is not None and os.path.isdir(tokenizer) else None, eos_i)
     return tok, eos_i
+
+
+def _save_tokenizer(out: str, tok, hf_dir: str | None, eos_i: int | None) -> None:
+    """tokenizer.json and the transformers files (`AutoTokenizer` loads `out`), each file replaced whole: parts on
+    other machines may be loading them from a shared folder."""
+    import socket
+    import tempfile
+
+    from .tokenizer import pretrained_tokenizer
+
+    os.makedirs(out, exist_ok=True)
+    prefix = f".tokenizer-{socket.gethostname()}-"
+    for stale in glob.glob(os.path.join(out, prefix + "*")):  # left by a run killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=out)
+    try:
+        tok.save(os.path.join(tmp, "tokenizer.json"))
+        pretrained_tokenizer(hf_dir or os.path.join(tmp, "tokenizer.json"), eos_i).save_pretrained(tmp)
+        for name in os.listdir(tmp):
+            os.replace(os.path.join(tmp, name), os.path.join(out, name))
+    except OSError as e:
+        raise S.named_error(e, os.path.join(out, "tokenizer.json")) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _eos(tok, eos: str | None, add_eos: bool) -> int | None:
@@ -320,7 +341,7 @@ def run_tasks(tasks: list[dict], job: dict, workers: int, progress: bool = True)
                 records[t] = recs
                 bar.update(n)
     except BaseException:
-        S.remove_partial(job["shard_dir"])  # the pieces other workers had in flight
+        S.remove_partial(job["shard_dir"], {t["id"] for t in tasks})  # the pieces other workers had in flight
         raise
     finally:
         bar.close()
@@ -382,7 +403,8 @@ class _Piece:
 
     def _flush(self) -> None:
         eos = [] if self.job["eos"] is None else [self.job["eos"]]
-        encoded = self.tok.encode_batch_fast([t for t, _, _ in self.batch], add_special_tokens=False)
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # without offsets, where it exists
+        encoded = encode([t for t, _, _ in self.batch], add_special_tokens=False)
         for (_, split, source), enc in zip(self.batch, encoded, strict=True):
             self.writer.append(split, enc.ids + eos, source)
         self.batch = []
@@ -441,7 +463,7 @@ def merge(out: str, parts) -> dict:
         if os.path.isfile(os.path.join(src, name)) and not os.path.samefile(src, out):
             shutil.copyfile(os.path.join(src, name), os.path.join(out, name + ".tmp"))
             os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
-    write_json(os.path.join(out, "meta.json"), meta)
+    S.write_record(os.path.join(out, "meta.json"), meta)
     return meta
 
 
@@ -463,7 +485,7 @@ def write_corpus(out: str, splits: dict, vocab_size: int, eos_id: int | None = N
         counts[name] = {"file": f"{name}.bin", "tokens": int(ids.size), "documents": None}
     meta = {"format": FORMAT_V1, "dtype": np.dtype(dtype).name, "vocab_size": vocab_size, "eos_id": eos_id,
             "tokenizer": None, "splits": counts, "sources": "write_corpus"}
-    write_json(os.path.join(out, "meta.json"), meta)
+    S.write_record(os.path.join(out, "meta.json"), meta)
     return meta
 
 

@@ -52,7 +52,7 @@ class _SplitFile:
         try:
             self.f.write(data)
         except OSError as e:
-            raise _named(e, self.path) from None
+            raise named_error(e, self.path) from None
         self.sha.update(data)
         self.tokens += len(ids)
         self.documents += 1
@@ -68,7 +68,7 @@ class _SplitFile:
             self.f.flush()
             os.fsync(self.f.fileno())
         except OSError as e:
-            raise _named(e, self.path) from None
+            raise named_error(e, self.path) from None
         self.f.close()
         self.f = None
         os.replace(self.path + ".tmp", self.path)
@@ -85,12 +85,20 @@ class _SplitFile:
                 os.remove(p)
 
 
-def _named(e: OSError, path: str) -> OSError:
-    """The write error as one line naming the shard (a full disk above all)."""
+def named_error(e: OSError, path: str) -> OSError:
+    """The write error as one line naming the file (a full disk above all)."""
     if e.errno == errno.ENOSPC:
-        return OSError(errno.ENOSPC, f"no space left on device while writing {path} (the partial shard was removed;"
-                                     f" free space and run the same command again to continue)")
+        return OSError(errno.ENOSPC, f"no space left on device while writing {path} (nothing partial is left; free "
+                                     f"space and run the same command again to continue)")
     return OSError(e.errno, f"could not write {path}: {e.strerror or e}")
+
+
+def write_record(path: str, obj) -> None:
+    """write_json, its errors naming the file."""
+    try:
+        write_json(path, obj)
+    except OSError as e:
+        raise named_error(e, path) from None
 
 
 class PieceWriter:
@@ -111,10 +119,10 @@ class PieceWriter:
             raise
         path = os.path.join(self.dir, self.name + ".json")
         try:
-            write_json(path, record)
-        except OSError as e:
+            write_record(path, record)
+        except OSError:
             self.abort()
-            raise _named(e, path) from None
+            raise
         return record
 
     def abort(self) -> None:
@@ -161,17 +169,19 @@ def task_done(shard_dir: str, task: int) -> int | None:
 
 
 def mark_task_done(shard_dir: str, task: int, pieces: int) -> None:
-    write_json(os.path.join(shard_dir, f"{task:06d}.json"), {"pieces": pieces})
+    write_record(os.path.join(shard_dir, f"{task:06d}.json"), {"pieces": pieces})
 
 
-def remove_partial(shard_dir: str) -> None:
-    """What an interrupted run had in flight: temporary files, and shard files whose piece has no record."""
+def remove_partial(shard_dir: str, tasks: set[int] | None = None) -> None:
+    """What an interrupted run had in flight: temporary files, and shard files whose piece has no record (of
+    `tasks` only, when other machines write their parts into the same folder)."""
     if not os.path.isdir(shard_dir):
         return
     names = set(os.listdir(shard_dir))
     for name in names:
         stem = name.split(".")[0]
-        if name.endswith(".tmp") or (name.endswith(".bin") and stem + ".json" not in names):
+        mine = tasks is None or (stem[:6].isdigit() and int(stem[:6]) in tasks)
+        if mine and (name.endswith(".tmp") or (name.endswith(".bin") and stem + ".json" not in names)):
             os.remove(os.path.join(shard_dir, name))
 
 

@@ -92,6 +92,12 @@ def test_the_stream_holds_every_document_once_in_order(corpus, reference):
 def test_parts_merged_equal_one_machine(corpus, reference, tmp_path):
     ref, _ = reference
     shared = tmp_path / "shared"  # every machine writes into one shared folder
+    (shared / "shards").mkdir(parents=True)
+    other = shared / "shards" / "000000-0000.train.bin.tmp"  # in flight on another machine (task 0 is not part 3's)
+    other.write_bytes(b"")
+    _prepare(corpus, shared, part="3/3", workers=1)
+    assert other.exists()
+    other.unlink()
     for i in (1, 2, 3):
         index = _prepare(corpus, shared, part=f"{i}/3", workers=1)
         assert index["part"] == [i, 3] and not (shared / "meta.json").exists()
@@ -146,6 +152,29 @@ def test_killed_run_resumes_redoing_only_the_pieces_in_flight(corpus, reference,
     for name, before in done.items():
         st = (out / "shards" / name).stat()
         assert (st.st_ino, st.st_mtime_ns) == before, name
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_point_then_the_same_command_finishes_the_same_bytes(corpus, reference, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.train.helpers import ROOT, env
+
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "hgrn2.cli", "data", "prepare", str(corpus / "in"), "--tokenizer",
+           str(corpus / "tok"), "--out", str(out), "--val-fraction", "0.1", "--shard-size", str(SHARD),
+           "--batch-docs", "7", "--workers", "2"]
+    for wait in (0.0, 4.0, 6.0):  # before, while and after the pieces are written (imports take a few seconds)
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        time.sleep(wait)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    subprocess.run(cmd, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
+    assert _tree(out) == _tree(reference[0])
 
 
 def test_finished_shards_are_checked_and_never_rewritten(corpus, tmp_path):
