@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "tests"): ("hgrn2.bench.tests", "run pytest (the GPU suite) and record the outcome per test file"),
     ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
     ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
+    ("bench", "prepare"): ("hgrn2.bench.prepare", "`data prepare` tokens/s against its number of worker processes"),
     ("bench", "train-parity"): ("hgrn2.bench.parity", "training loss curves of ours and fla's from the same weights"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into token shards (parallel, resumable)"),
     ("data", "merge"): ("hgrn2.data.merge", "join the parts of `data prepare --part I/N` into one dataset"),

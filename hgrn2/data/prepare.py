@@ -132,7 +132,7 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
         raise ValueError(f"--batch-docs must be >= 1, got {batch_docs}")
     if shard_size < 1:
         raise ValueError(f"--shard-size must be >= 1, got {shard_size}")
-    workers = _workers(workers)
+    workers = worker_count(workers)
     part_i, part_n = parse_part(part)
     if part_n > 1 and train_tokenizer is not None:
         raise ValueError("--part needs --tokenizer: every part must use the same one (train it first, e.g. with "
@@ -185,7 +185,7 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
     return meta
 
 
-def _workers(workers: int | None) -> int:
+def worker_count(workers: int | None) -> int:
     if workers is None:
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if workers < 1:
