@@ -124,14 +124,7 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
             shard_size=DEFAULT_SHARD_SIZE, where=(), source_field=None, progress=True) -> dict:
     """Tokenise the corpus into `out` (see the module docstring); returns meta.json's content, or with `part` the
     part's index."""
-    if (tokenizer is None) == (train_tokenizer is None):
-        raise ValueError("give exactly one of --tokenizer PATH or --train-tokenizer VOCAB")
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    if batch_docs < 1:
-        raise ValueError(f"--batch-docs must be >= 1, got {batch_docs}")
-    if shard_size < 1:
-        raise ValueError(f"--shard-size must be >= 1, got {shard_size}")
+    _check_arguments(tokenizer, train_tokenizer, val_fraction, batch_docs, shard_size)
     workers = worker_count(workers)
     part_i, part_n = parse_part(part)
     if part_n > 1 and train_tokenizer is not None:
@@ -168,21 +161,36 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
         S.write_record(state, {"settings": settings, "tasks": tasks, "head": head})
 
     mine = [t for t, owner in zip(tasks, assign_parts(tasks, part_n)) if owner == part_i]
-    shard_dir = os.path.join(out, "shards")
-    os.makedirs(shard_dir, exist_ok=True)
-    S.remove_partial(shard_dir, {t["id"] for t in mine})
-    job = {"shard_dir": shard_dir, "tokenizer": os.path.join(out, "tokenizer.json"), "eos": eos_i,
-           "dtype": head["dtype"], "every": every, "shard_size": shard_size, "batch_docs": batch_docs,
+    job = {"shard_dir": os.path.join(out, "shards"), "tokenizer": os.path.join(out, "tokenizer.json"),
+           "eos": eos_i, "dtype": head["dtype"], "every": every, "shard_size": shard_size, "batch_docs": batch_docs,
            "reader": reader}
+    os.makedirs(job["shard_dir"], exist_ok=True)
+    S.remove_partial(job["shard_dir"], {t["id"] for t in mine})
     records = run_tasks(mine, job, workers, progress)
+    return _write_index(out, head, tasks, records, part_i, part_n)
+
+
+def _write_index(out: str, head: dict, tasks: list[dict], records: dict, part_i: int, part_n: int) -> dict:
+    """meta.json (the whole run) or part-I-of-N.json (one part's records, for `merge`); returns what it wrote."""
     if part_n > 1:
         index = {"part": [part_i, part_n], "head": head, "tasks": {str(t): r for t, r in sorted(records.items())}}
         S.write_record(os.path.join(out, f"part-{part_i}-of-{part_n}.json"), index)
         return index
     meta = S.build_index(head, [records[t["id"]] for t in tasks])
-    S.check_index(meta, val_expected=settings["val"] != "every 0")
+    S.check_index(meta, val_expected=head["settings"]["val"] != "every 0")
     S.write_record(os.path.join(out, "meta.json"), meta)
     return meta
+
+
+def _check_arguments(tokenizer, train_tokenizer, val_fraction, batch_docs, shard_size) -> None:
+    if (tokenizer is None) == (train_tokenizer is None):
+        raise ValueError("give exactly one of --tokenizer PATH or --train-tokenizer VOCAB")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if batch_docs < 1:
+        raise ValueError(f"--batch-docs must be >= 1, got {batch_docs}")
+    if shard_size < 1:
+        raise ValueError(f"--shard-size must be >= 1, got {shard_size}")
 
 
 def worker_count(workers: int | None) -> int:
@@ -325,25 +333,36 @@ def _eos(tok, eos: str | None, add_eos: bool) -> int | None:
 
 
 def run_tasks(tasks: list[dict], job: dict, workers: int, progress: bool = True) -> dict[int, list[dict]]:
-    """Run the tasks (largest first) in `workers` processes; {task id: its piece records}."""
+    """Run the tasks (largest first) in `workers` processes; {task id: its piece records}. The progress bar counts
+    the tokens written so far (the workers add to a shared counter) and the tasks done."""
     from tqdm.auto import tqdm
 
+    global _TOKENS
     order = sorted(tasks, key=lambda t: (-t["bytes"], t["id"]))
-    bar = tqdm(total=sum(t["bytes"] for t in tasks), unit="B", unit_scale=True, desc="tokenising",
-               dynamic_ncols=True, disable=not progress)
+    bar = tqdm(unit="tok", unit_scale=True, desc=f"tokenising (0/{len(order)} tasks)", dynamic_ncols=True,
+               disable=not progress)
     records = {}
+    ctx = mp.get_context("fork")
+    _TOKENS = ctx.Value("q", 0)  # inherited by the forked workers
     # one thread per worker: `workers` is the number of cores used (tokenizers would otherwise start a thread pool)
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        with mp.get_context("fork").Pool(min(workers, max(1, len(order)))) as pool:
-            for t, recs, n in pool.imap_unordered(run_task, [(t, job) for t in order]):
-                records[t] = recs
-                bar.update(n)
+        with ctx.Pool(min(workers, max(1, len(order)))) as pool:
+            results = pool.imap_unordered(run_task, [(t, job) for t in order])
+            while len(records) < len(order):
+                try:
+                    t, recs, _ = results.next(timeout=1.0)
+                    records[t] = recs
+                    bar.set_description(f"tokenising ({len(records)}/{len(order)} tasks)", refresh=False)
+                except mp.TimeoutError:
+                    pass
+                bar.update(_TOKENS.value - bar.n)
     except BaseException:
         S.remove_partial(job["shard_dir"], {t["id"] for t in tasks})  # the pieces other workers had in flight
         raise
     finally:
+        _TOKENS = None
         bar.close()
         if previous is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -352,6 +371,7 @@ def run_tasks(tasks: list[dict], job: dict, workers: int, progress: bool = True)
     return records
 
 
+_TOKENS = None  # the tokens written by every worker of the running `run_tasks`
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -405,9 +425,14 @@ class _Piece:
         eos = [] if self.job["eos"] is None else [self.job["eos"]]
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # without offsets, where it exists
         encoded = encode([t for t, _, _ in self.batch], add_special_tokens=False)
+        n = 0
         for (_, split, source), enc in zip(self.batch, encoded, strict=True):
             self.writer.append(split, enc.ids + eos, source)
+            n += len(enc.ids) + len(eos)
         self.batch = []
+        if _TOKENS is not None:
+            with _TOKENS.get_lock():
+                _TOKENS.value += n
 
     def finish(self) -> dict:
         if self.writer is None:
