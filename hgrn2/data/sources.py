@@ -51,6 +51,11 @@ def expand(inputs, what: str) -> list[list[str]]:
     bad = [f for f, _ in files if not suffix(f)]
     if bad:
         raise ValueError(f"{what}: unsupported file type(s) {bad[:5]}; expected one of {list(SUFFIXES)}")
+    text = [f for f, _ in files if suffix(f) in TEXT]
+    if text and len(text) < len(files):
+        other = next(f for f, _ in files if suffix(f) not in TEXT)
+        raise ValueError(f"{what}: a mix of text files ({text[0]}) and records ({other}); prepare each kind "
+                         f"separately, or name the files to read")
     if all(os.path.getsize(f) == 0 for f, _ in files):
         raise ValueError(f"{what}: all {len(files)} file(s) are empty")
     return files

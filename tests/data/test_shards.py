@@ -28,15 +28,13 @@ def _docs(n, seed):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """Text and JSON lines files of several sizes (one large enough to be cut into byte ranges), a tokenizer."""
+    """Text files of several sizes (one large enough to be cut into byte ranges), a tokenizer."""
     d = tmp_path_factory.mktemp("shards")
     (d / "in" / "sub").mkdir(parents=True)
     docs = _docs(900, 0)
     (d / "in" / "a.txt").write_text("\n".join(docs[:40]) + "\n")
     (d / "in" / "b.txt").write_text("\n".join(docs[40:60]) + "\n")
-    with open(d / "in" / "sub" / "big.jsonl", "w") as f:
-        for t in docs[60:800]:
-            f.write(json.dumps({"text": t}) + "\n")
+    (d / "in" / "sub" / "big.txt").write_text("\n".join(docs[60:800]) + "\n")
     (d / "in" / "sub" / "c.txt").write_text("\n".join(docs[800:]) + "\n")
     (d / "tok").mkdir()
     train_bpe(iter(docs), 300).save(str(d / "tok" / "tokenizer.json"))
@@ -66,7 +64,7 @@ def test_any_number_of_workers_gives_the_same_bytes(corpus, reference, tmp_path)
     ref, meta = reference
     assert len(meta["splits"]["train"]["shards"]) > 10 and meta["splits"]["val"]["tokens"] > 0
     tasks = json.loads((ref / "prepare.json").read_text())["tasks"]
-    assert [t["start"] for t in tasks if t["files"][0][0].endswith("big.jsonl")][:3] == [0, SHARD, 2 * SHARD]
+    assert [t["start"] for t in tasks if t["files"][0][0].endswith("big.txt")][:3] == [0, SHARD, 2 * SHARD]
     _prepare(corpus, tmp_path / "w3", workers=3)
     assert _tree(tmp_path / "w3") == _tree(ref)
 
@@ -78,8 +76,8 @@ def test_the_stream_holds_every_document_once_in_order(corpus, reference):
     texts = []
     for name in ("a.txt", "b.txt"):
         texts += (corpus / "in" / name).read_text().splitlines()
-    texts += [json.loads(line)["text"] for line in (corpus / "in" / "sub" / "big.jsonl").read_text().splitlines()]
-    texts += (corpus / "in" / "sub" / "c.txt").read_text().splitlines()
+    for name in ("big.txt", "c.txt"):
+        texts += (corpus / "in" / "sub" / name).read_text().splitlines()
     ids = np.concatenate([read_split(str(ref), "train"), read_split(str(ref), "val")])
     cuts = np.flatnonzero(ids == eos)
     got = sorted(tok.decode(ids[a + 1 : b].tolist()) for a, b in zip(np.r_[-1, cuts[:-1]], cuts))
@@ -234,6 +232,21 @@ def test_full_disk_names_the_shard_and_leaves_no_partial_one(corpus, reference, 
     assert _tree(out / "shards") == _tree(reference[0] / "shards")
 
 
+def test_json_lines_cut_into_byte_ranges(corpus, tmp_path):
+    docs = _docs(300, 5)
+    with open(tmp_path / "big.jsonl", "w") as f:
+        for i, t in enumerate(docs):
+            f.write(json.dumps({"text": t, "meta": {"pile_set_name": "odd" if i % 2 else "even"}}) + "\n")
+    metas = [prepare([str(tmp_path / "big.jsonl")], str(tmp_path / f"o{w}"), tokenizer=str(corpus / "tok"),
+                     val_fraction=0, shard_size=1000, workers=w, progress=False) for w in (1, 2)]
+    assert len(metas[0]["splits"]["train"]["shards"]) > 5 and (tmp_path / "o1" / "meta.json").read_bytes() == (
+        tmp_path / "o2" / "meta.json").read_bytes()
+    assert metas[0]["splits"]["train"]["by_source"]["odd"]["documents"] == 150
+    tok = load_tokenizer(str(corpus / "tok"))
+    want = [i for t in docs for i in tok.encode(t, add_special_tokens=False).ids + [metas[0]["eos_id"]]]
+    assert read_split(str(tmp_path / "o2"), "train").tolist() == want
+
+
 def test_latin1_input_is_named(corpus, tmp_path):
     (tmp_path / "l.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"l\.txt: not UTF-8 \(byte 0xe9 at offset 3\)"):
@@ -289,6 +302,10 @@ def test_pile_layout_where_and_per_source_counts(pile, corpus, tmp_path):
     assert sorted(only["splits"]["train"]["by_source"]) == ["ArXiv", "Github"]
     assert only["splits"]["train"]["documents"] == sum(r["meta"]["pile_set_name"] in ("ArXiv", "Github")
                                                         for r in train)
+    (d / "train" / "SHA256SUMS.txt").write_text("0123 00.jsonl.zst\n")  # text beside the records: refused
+    with pytest.raises(ValueError, match=r"inputs: a mix of text files \(.*SHA256SUMS.txt\) and records"):
+        prepare([str(d / "train")], str(tmp_path / "x"), tokenizer=str(corpus / "tok"))
+    (d / "train" / "SHA256SUMS.txt").unlink()
     with pytest.raises(ValueError, match="--where: expected FIELD=VALUE"):
         prepare([str(d / "train")], str(tmp_path / "x"), tokenizer=str(corpus / "tok"), where=["ArXiv"])
 
