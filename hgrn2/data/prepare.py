@@ -79,7 +79,7 @@ def _size(text: str) -> int:
     try:
         return parse_size(text)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).replace("--max-bytes", "--shard-size")) from None
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -456,7 +456,7 @@ def merge(out: str, parts) -> dict:
     for p in parts:
         found = sorted(glob.glob(os.path.join(p, "part-*-of-*.json"))) if os.path.isdir(p) else [p]
         if not found or not all(os.path.isfile(f) for f in found):
-            raise FileNotFoundError(f"merge: {p!r} holds no part-I-of-N.json (written by `hgrn2 data prepare --part`)")
+            raise FileNotFoundError(f"{p!r} holds no part-I-of-N.json (written by `hgrn2 data prepare --part`)")
         files += found
     indexes: dict[int, tuple[dict, str]] = {}
     first = None
@@ -466,14 +466,14 @@ def merge(out: str, parts) -> dict:
         first = first or idx
         i, n = idx["part"]
         if idx["head"] != first["head"] or n != first["part"][1]:
-            raise ValueError(f"merge: {f} was prepared with other inputs or settings than {files[0]}")
+            raise ValueError(f"{f} was prepared with other inputs or settings than {files[0]}")
         if i in indexes:
-            raise ValueError(f"merge: part {i}/{n} is given twice ({indexes[i][1]} and {f})")
+            raise ValueError(f"part {i}/{n} is given twice ({indexes[i][1]} and {f})")
         indexes[i] = (idx, f)
     n = first["part"][1]
     missing = sorted(set(range(1, n + 1)) - set(indexes))
     if missing:
-        raise ValueError(f"merge: part(s) {missing} of {n} are missing")
+        raise ValueError(f"part(s) {missing} of {n} are missing")
     head = first["head"]
     records, folder = {}, {}
     for idx, f in indexes.values():

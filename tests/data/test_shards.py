@@ -87,7 +87,7 @@ def test_the_stream_holds_every_document_once_in_order(corpus, reference):
     assert sum(c["documents"] for c in train["by_source"].values()) == train["documents"]
 
 
-def test_parts_merged_equal_one_machine(corpus, reference, tmp_path):
+def test_parts_merged_equal_one_machine(corpus, reference, tmp_path, capsys):
     ref, _ = reference
     shared = tmp_path / "shared"  # every machine writes into one shared folder
     (shared / "shards").mkdir(parents=True)
@@ -99,7 +99,10 @@ def test_parts_merged_equal_one_machine(corpus, reference, tmp_path):
     for i in (1, 2, 3):
         index = _prepare(corpus, shared, part=f"{i}/3", workers=1)
         assert index["part"] == [i, 3] and not (shared / "meta.json").exists()
-    meta = merge(str(shared), [str(shared)])
+    from hgrn2.cli import main
+
+    assert main(["data", "merge", str(shared), str(shared)]) == 0
+    meta = read_meta(str(shared))
     assert (shared / "meta.json").read_bytes() == (ref / "meta.json").read_bytes()
     assert _tree(shared / "shards") == _tree(ref / "shards")
     # parts in folders of their own (machines with their own disks): the index points into them, nothing is copied
@@ -113,8 +116,8 @@ def test_parts_merged_equal_one_machine(corpus, reference, tmp_path):
         assert merged["splits"][split]["by_source"] == meta["splits"][split]["by_source"]
     ds, want = PackedDataset(str(tmp_path / "m"), "train", 16), PackedDataset(str(ref), "train", 16)
     assert len(ds) == len(want) and all(torch.equal(ds[i], want[i]) for i in range(0, len(ds), 7))
-    with pytest.raises(ValueError, match=r"part\(s\) \[2\] of 2 are missing"):
-        merge(str(tmp_path / "m2"), [str(tmp_path / "p1")])
+    assert main(["data", "merge", str(tmp_path / "m2"), str(tmp_path / "p1")]) == 2
+    assert capsys.readouterr().err.strip() == "hgrn2 data merge: error: part(s) [2] of 2 are missing"
     with pytest.raises(ValueError, match="--part: expected I/N"):
         _prepare(corpus, tmp_path / "x", part="3/2")
     with pytest.raises(ValueError, match="--part needs --tokenizer"):
