@@ -348,7 +348,7 @@ def run_tasks(tasks: list[dict], job: dict, workers: int, progress: bool = True)
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        with ctx.Pool(min(workers, max(1, len(order)))) as pool:
+        with ctx.Pool(min(workers, max(1, len(order))), initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             results = pool.imap_unordered(run_task, [(t, job) for t in order])
             while len(records) < len(order):
                 try:
@@ -372,6 +372,19 @@ def run_tasks(tasks: list[dict], job: dict, workers: int, progress: bool = True)
 
 
 _TOKENS = None  # the tokens written by every worker of the running `run_tasks`
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker ends when the prepare that started it is killed (else it would go on writing beside the rerun)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # killed before the call above
+        os._exit(1)
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -438,7 +451,8 @@ class _Piece:
         if self.writer is None:
             return self.record
         self._flush()
-        return self.writer.finish()
+        self.record, self.writer = self.writer.finish(), None  # finished: `abort` must not remove it any more
+        return self.record
 
     def abort(self) -> None:
         if self.writer is not None:

@@ -172,10 +172,63 @@ def test_sigkill_at_any_point_then_the_same_command_finishes_the_same_bytes(corp
         p = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
         time.sleep(wait)
-        os.killpg(p.pid, signal.SIGKILL)
+        os.kill(p.pid, signal.SIGKILL)  # the main process only: its workers must end with it
         p.wait()
+        time.sleep(0.5)
+        alive = _running_in_group(p.pid)
+        if alive:
+            os.killpg(p.pid, signal.SIGKILL)
+        assert not alive, f"workers {alive} of the killed prepare were still running"
     subprocess.run(cmd, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
     assert _tree(out) == _tree(reference[0])
+
+
+def _running_in_group(pgid: int) -> list[int]:
+    """Processes of a process group that are not zombies (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{d}/stat").read() if d.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if fields and fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d))
+    return out
+
+
+def test_workers_end_with_a_killed_prepare():
+    """Workers left running after their prepare is killed would write beside the rerun's."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from tests.train.helpers import ROOT, env
+
+    script = textwrap.dedent("""
+        import hgrn2_cli, multiprocessing as mp, os, time
+        from hgrn2.data.prepare import _die_with_parent
+        def work(_):
+            print(os.getpid(), flush=True)
+            time.sleep(60)
+        with mp.get_context("fork").Pool(1, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+            pool.map(work, [0])
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    worker = int(p.stdout.readline())
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    for _ in range(50):
+        if not _running_in_group(p.pid):
+            break
+        time.sleep(0.1)
+    alive = _running_in_group(p.pid)
+    if alive:
+        os.killpg(p.pid, signal.SIGKILL)
+    assert worker not in alive
 
 
 def test_finished_shards_are_checked_and_never_rewritten(corpus, tmp_path):
