@@ -352,7 +352,7 @@ def run_tasks(tasks: list[dict], job: dict, workers: int, progress: bool = True)
             results = pool.imap_unordered(run_task, [(t, job) for t in order])
             while len(records) < len(order):
                 try:
-                    t, recs, _ = results.next(timeout=1.0)
+                    t, recs = results.next(timeout=1.0)
                     records[t] = recs
                     bar.set_description(f"tokenising ({len(records)}/{len(order)} tasks)", refresh=False)
                 except mp.TimeoutError:
@@ -385,16 +385,18 @@ def _die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # killed before the call above
         os._exit(1)
+
+
 _TOKENIZERS: dict[str, object] = {}
 
 
-def run_task(arg) -> tuple[int, list[dict], int]:
-    """Tokenise one task into its pieces, keeping finished ones; (task id, piece records, input bytes)."""
+def run_task(arg) -> tuple[int, list[dict]]:
+    """Tokenise one task into its pieces, keeping finished ones; (task id, piece records)."""
     task, job = arg
     tid, shard_dir = task["id"], job["shard_dir"]
     done = S.task_done(shard_dir, tid)
     if done is not None:
-        return tid, [S.finished_piece(shard_dir, tid, p) for p in range(done)], task["bytes"]
+        return tid, [S.finished_piece(shard_dir, tid, p) for p in range(done)]
     if job["tokenizer"] not in _TOKENIZERS:
         from .tokenizer import load_tokenizer
 
@@ -415,7 +417,7 @@ def run_task(arg) -> tuple[int, list[dict], int]:
         piece.abort()
         raise
     S.mark_task_done(shard_dir, tid, len(records))
-    return tid, records, task["bytes"]
+    return tid, records
 
 
 class _Piece:
