@@ -6,7 +6,9 @@ byte-level BPE on one copy, then prepares the whole corpus with 1, 2, 4, ... wor
 speed-up over one worker and the efficiency (speed-up / workers). Every run must write the same meta.json (the
 output does not depend on the number of workers); a run whose index differs fails the benchmark. Worker counts
 above the machine's cores are skipped. The corpus and each finished measurement are kept in `--work`, so a run cut
-short continues with the next worker count; the record is rewritten after each one.
+short continues with the next worker count; the record is rewritten after each one. One worker takes about as many
+seconds as the corpus has MB: where commands are cut after some minutes, run it in the background (nohup) or run
+the same command again until every count is measured.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus-bytes", type=parse_size, default=parse_size("1G"), metavar="SIZE",
                         help="size of the assembled corpus (default 1G)")
     parser.add_argument("--workers", default="1,2,4,8,16", help="worker counts to measure, comma-separated")
-    parser.add_argument("--shard-size", type=parse_size, default=parse_size("16M"), metavar="SIZE",
-                        help="`data prepare --shard-size` (default 16M: about 64 shards per GB)")
+    parser.add_argument("--shard-size", type=parse_size, default=parse_size("8M"), metavar="SIZE",
+                        help="`data prepare --shard-size` (default 8M: about 125 tasks per GB, so that the last "
+                             "tasks leave few of 16 workers idle)")
     parser.add_argument("--vocab", type=int, default=16384, help="BPE vocabulary size")
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "hgrn2-bench-prepare"),
                         help="folder for the corpus, the outputs and the finished measurements")
@@ -57,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hgrn2 bench prepare: error: --workers: expected positive integers like 1,2,4, got {args.workers!r}",
               file=sys.stderr)
         return 2
+    import transformers  # noqa: F401 - imported before the first timed run, as every later run finds it
+
     cores = worker_count(None)
     work = Path(args.work)
     corpus, tok = _corpus(work, args.corpus_bytes, args.vocab)
