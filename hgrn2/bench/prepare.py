@@ -6,9 +6,9 @@ byte-level BPE on one copy, then prepares the whole corpus with 1, 2, 4, ... wor
 speed-up over one worker and the efficiency (speed-up / workers). Every run must write the same meta.json (the
 output does not depend on the number of workers); a run whose index differs fails the benchmark. Worker counts
 above the machine's cores are skipped. The corpus and each finished measurement are kept in `--work`, so a run cut
-short continues with the next worker count; the record is rewritten after each one. One worker takes about as many
-seconds as the corpus has MB: where commands are cut after some minutes, run it in the background (nohup) or run
-the same command again until every count is measured.
+short continues with the next worker count; the record is rewritten after each one. One worker takes minutes on
+1 GB: where commands are cut after some minutes, run it in the background (nohup) or run the same command again
+until every count is measured.
 """
 
 from __future__ import annotations
