@@ -71,6 +71,11 @@ SECTIONS = {
                      "batches of real text (AdamW, bf16 autocast, clipping 1.0); ours steps as `hgrn2 train` does by "
                      "default on one GPU. The largest relative difference between the two loss curves, and the "
                      "curves."),
+    "prepare_scaling": ("Corpus preparation: tokens/s against worker processes",
+                        "`hgrn2 bench prepare`: `hgrn2 data prepare` of a corpus of JSON lines assembled offline "
+                        "(reordered copies of CPython's help topics) with a trained byte-level BPE, at each number of "
+                        "worker processes; speed-up over one worker, efficiency = speed-up / workers. Every run "
+                        "writes the same index, byte for byte."),
     "accuracy": ("Accuracy against the fp64 reference",
                  "Relative L2 error of the output, the final state and every gradient against the fp64 step-by-step "
                  "reference, random cotangents."),
@@ -92,11 +97,6 @@ SECTIONS = {
                     "`hgrn2 eval needle --record`: a fact hidden at a depth of a haystack of held-out text, the "
                     "question asked at the end, the greedy reply scored by exact match and ROUGE-L F1; cells are "
                     "depth (rows) × context length in tokens (columns), the mean over trials."),
-    "prepare_scaling": ("Corpus preparation: tokens/s against worker processes",
-                        "`hgrn2 bench prepare`: `hgrn2 data prepare` of a corpus of JSON lines assembled offline "
-                        "(reordered copies of CPython's help topics) with a trained byte-level BPE, at each number of "
-                        "worker processes; speed-up over one worker, efficiency = speed-up / workers. Every run "
-                        "writes the same index, byte for byte."),
     "memory": ("Activation memory of a training step",
                "Bytes autograd keeps for the backward, activations [B, T, ...] only, per hidden element and layer."),
     "tests": ("Tests on the GPU",
@@ -375,6 +375,11 @@ def _order(records: dict) -> list[str]:
     return names + sorted(set(records) - set(names))
 
 
+PREPARE_COLUMNS = [("workers", "workers", ""), ("seconds", "seconds", ".1f"), ("tokens", "tokens", ","),
+                   ("tokens/s", "tokens_per_s", ",.0f"), ("speed-up", "speedup", ".2f"),
+                   ("efficiency", "efficiency", ".2f")]
+
+
 def tests_table(rec: dict) -> str:
     rows = [{**r, "failures": ", ".join(r["failures"]) or "-"} for r in rec["rows"]]
     t = rec["totals"]
@@ -409,11 +414,6 @@ def parity_table(rec: dict) -> str:
     return table
 
 
-PREPARE_COLUMNS = [("workers", "workers", ""), ("seconds", "seconds", ".1f"), ("tokens", "tokens", ","),
-                   ("tokens/s", "tokens_per_s", ",.0f"), ("speed-up", "speedup", ".2f"),
-                   ("efficiency", "efficiency", ".2f")]
-
-
 def generic_table(rec: dict) -> str:
     keys = [k for k, v in rec["rows"][0].items() if isinstance(v, (str, int, float, bool))] if rec["rows"] else []
     return format_table(rec["rows"], [(k, k, ".4g" if isinstance(rec["rows"][0][k], float) else "") for k in keys])
@@ -422,9 +422,9 @@ def generic_table(rec: dict) -> str:
 TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format_table(rec["rows"], [
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
+    "prepare_scaling": lambda rec: format_table(rec["rows"], PREPARE_COLUMNS),
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
-    "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table,
-    "prepare_scaling": lambda rec: format_table(rec["rows"], PREPARE_COLUMNS)}
+    "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table}
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:
