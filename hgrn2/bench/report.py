@@ -71,6 +71,11 @@ SECTIONS = {
                      "batches of real text (AdamW, bf16 autocast, clipping 1.0); ours steps as `hgrn2 train` does by "
                      "default on one GPU. The largest relative difference between the two loss curves, and the "
                      "curves."),
+    "prepare_scaling": ("Corpus preparation: tokens/s against worker processes",
+                        "`hgrn2 bench prepare`: `hgrn2 data prepare` of a corpus of JSON lines assembled offline "
+                        "(reordered copies of CPython's help topics) with a trained byte-level BPE, at each number of "
+                        "worker processes; speed-up over one worker, efficiency = speed-up / workers. Every run "
+                        "writes the same index, byte for byte."),
     "accuracy": ("Accuracy against the fp64 reference",
                  "Relative L2 error of the output, the final state and every gradient against the fp64 step-by-step "
                  "reference, random cotangents."),
@@ -376,6 +381,11 @@ def _order(records: dict) -> list[str]:
     return names + sorted(set(records) - set(names))
 
 
+PREPARE_COLUMNS = [("workers", "workers", ""), ("seconds", "seconds", ".1f"), ("tokens", "tokens", ","),
+                   ("tokens/s", "tokens_per_s", ",.0f"), ("speed-up", "speedup", ".2f"),
+                   ("efficiency", "efficiency", ".2f")]
+
+
 def tests_table(rec: dict) -> str:
     rows = [{**r, "failures": ", ".join(r["failures"]) or "-"} for r in rec["rows"]]
     t = rec["totals"]
@@ -426,6 +436,7 @@ def generic_table(rec: dict) -> str:
 TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format_table(rec["rows"], [
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
+    "prepare_scaling": lambda rec: format_table(rec["rows"], PREPARE_COLUMNS),
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
     "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table,
     "gate": gate_table}

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from hgrn2.bench.common import add_record_argument
 from hgrn2.data.files import write_json
+from hgrn2.data.packed import read_split
 
 from .common import (
     EvalError,
@@ -216,7 +217,7 @@ def _prepared_documents(path: str, split: str) -> list[np.ndarray]:
         meta = json.load(f)
     if split not in meta["splits"]:
         raise EvalError(f"--split: {split!r} is not in {path!r} (splits: {sorted(meta['splits'])})")
-    tokens = np.memmap(os.path.join(path, meta["splits"][split]["file"]), dtype=meta["dtype"], mode="r")
+    tokens = read_split(path, split)  # the single file or the shards of `hgrn2 data prepare`
     if tokens.size == 0:
         raise EvalError(f"DATA: split {split!r} of {path!r} is empty")
     eos = meta.get("eos_id")

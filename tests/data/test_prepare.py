@@ -2,12 +2,13 @@
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from hgrn2.data.packed import PackedDataset, StepSampler, eval_batches, read_meta, train_loader
+from hgrn2.data.packed import PackedDataset, StepSampler, eval_batches, read_meta, read_split, train_loader
 from hgrn2.data.prepare import prepare
 from hgrn2.data.tokenizer import load_tokenizer
 
@@ -21,8 +22,7 @@ def _docs(n, seed=0):
 
 
 def _read(out, split):
-    meta = read_meta(str(out))
-    return np.fromfile(out / meta["splits"][split]["file"], dtype=meta["dtype"])
+    return np.asarray(read_split(str(out), split))
 
 
 def _split_docs(ids, eos):
@@ -59,7 +59,11 @@ def test_text_round_trip_and_split_rule(text_corpus):
     want_train = [t for i, t in enumerate(docs) if i % 10 != 0]
     for split, want in (("train", want_train), ("val", want_val)):
         ids = _read(out, split)
-        assert meta["splits"][split] == {"file": f"{split}.bin", "tokens": len(ids), "documents": len(want)}
+        info = meta["splits"][split]
+        assert (info["tokens"], info["documents"]) == (len(ids), len(want))
+        by = info["by_source"]  # the input each document came from
+        assert sorted(by) == [str(d / "a.txt"), str(d / "b.txt")] and sum(c["tokens"] for c in by.values()) == len(ids)
+        assert by[str(d / "a.txt")]["documents"] == sum((i % 10 != 0) == (split == "train") for i in range(250))
         assert ids[-1] == eos
         got = [tok.decode(x) for x in _split_docs(ids, eos)]
         assert got == want  # byte-level BPE is lossless: every document comes back exactly, in order
@@ -108,7 +112,7 @@ def test_bad_input(tmp_path, text_corpus):
     (tmp_path / "blank.txt").write_text("\n \n\n")
     with pytest.raises(ValueError, match="training corpus is empty"):
         prepare([str(tmp_path / "blank.txt")], str(tmp_path / "o"), tokenizer=str(out))
-    assert not (tmp_path / "o" / "train.bin").exists() and not (tmp_path / "o" / "train.bin.tmp").exists()
+    assert not list((tmp_path / "o" / "shards").glob("*.bin*")) and not (tmp_path / "o" / "meta.json").exists()
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(ValueError, match="empty"):
         prepare([str(tmp_path / "empty.txt")], str(tmp_path / "o"), tokenizer=str(out))
@@ -150,10 +154,14 @@ def test_packed_windows_and_errors(text_corpus, tmp_path):
         PackedDataset(str(out), "val", meta["splits"]["val"]["tokens"] + 1)
     with pytest.raises(FileNotFoundError, match="no meta.json"):
         PackedDataset(str(tmp_path), "train", 64)
-    (tmp_path / "meta.json").write_text((out / "meta.json").read_text())
-    (tmp_path / "train.bin").write_bytes((out / "train.bin").read_bytes()[:-2])
+    shutil.copytree(out, tmp_path / "c")
+    shard = tmp_path / "c" / meta["splits"]["train"]["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:-2])
     with pytest.raises(ValueError, match="truncated"):
-        PackedDataset(str(tmp_path), "train", 64)
+        PackedDataset(str(tmp_path / "c"), "train", 64)
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=f"{shard} is missing"):
+        PackedDataset(str(tmp_path / "c"), "train", 64)
 
 
 def test_sampler_order_sharding_and_resume():
