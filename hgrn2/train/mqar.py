@@ -45,9 +45,9 @@ from hgrn2.bench.common import add_record_argument, command_of, environment, wri
 from hgrn2.data import mqar
 from hgrn2.data.files import write_json
 from hgrn2.models.zoology import ZoologyLM
-from hgrn2.train import checkpoint
+from hgrn2.train import checkpoint, guard
 from hgrn2.train.graphed import GraphedStep
-from hgrn2.train.sweep import best_device, finished_results, sweep
+from hgrn2.train.sweep import best_device, finished_results, main_process, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
 
@@ -142,7 +142,17 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     the batches come in a fixed order and the RNG is restored).
     `cuda_graph`: replay each training step as one CUDA graph (`hgrn2.train.graphed`; the same updates, the
     epoch's last, smaller batch padded with ignored targets), for these small, launch-bound models.
+    `checkpoint_dir` is locked while the run trains (`guard.RunLock`): a second process on it is refused.
     """
+    lock = guard.RunLock(str(checkpoint_dir)) if checkpoint_dir is not None else None
+    try:
+        return _train_run(spec, device, data_dir, deadline, on_epoch, checkpoint_dir, cuda_graph, on_step)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_run(spec: RunSpec, device, data_dir, deadline, on_epoch, checkpoint_dir, cuda_graph, on_step) -> dict:
     dev = torch.device(device)
     if cuda_graph and dev.type != "cuda":
         raise ValueError(f"`cuda_graph`: needs a CUDA device, got {device!r}")
@@ -182,6 +192,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
 
     graphed = GraphedStep(compute_loss, opt, pad_values=(0, 0, -100)) if cuda_graph else None
     start = time.time() - before
+    watch = guard.FiniteWatch(dev)  # a diverged run is a result of the sweep: it stops, and its state is not saved
     for epoch in range(len(history), spec.epochs):
         model.train()
         loss_sum, batches = torch.zeros((), device=dev), 0
@@ -196,6 +207,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
                 opt.step()
             loss_sum += loss.detach()
             steps, batches = steps + 1, batches + 1
+            watch.update(steps, loss)
             if on_step is not None:
                 on_step()
             if deadline is not None and time.time() > deadline:
@@ -205,7 +217,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
         acc, test_loss = evaluate(model, *test, bs)
         history.append(dict(epoch=epoch, lr=float(sched.get_last_lr()[0]), train_loss=train_loss, test_loss=test_loss,
                             accuracy=acc, seconds=round(time.time() - start, 2)))
-        diverged = not math.isfinite(train_loss)
+        diverged = watch.bad_step() is not None
         early = acc > spec.early_stop_accuracy
         stop = cut or diverged or early
         if not stop:
@@ -467,6 +479,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         results, errors = run_sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"],
                                     args.cuda_graph)
+        if not main_process():  # torchrun: rank 0 writes the tables
+            return 1 if errors else 0
     text = table(results, grid["mixers"], grid["dims"], grid["seq_lens"])
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
