@@ -68,7 +68,7 @@ def _remove(path: str) -> None:
 
 def remove_stale(directory: str) -> list[str]:
     """Delete the `.tmp` files that an interrupted save left in `directory`; returns their paths."""
-    stale = glob.glob(os.path.join(directory, "*.tmp"))
+    stale = [p for p in glob.glob(os.path.join(directory, "*.tmp")) if os.path.isfile(p)]
     for p in stale:
         _remove(p)
     return stale

@@ -4,7 +4,8 @@ resume.
 
 Exact resume: the data order is a function of the step (hgrn2.data.packed), the schedule a function of the step,
 and a checkpoint holds model, optimiser, every rank's RNG state and the running loss sums; so a run killed at any
-point and restarted from its newest checkpoint logs the same losses as one that never stopped. A resume with
+point and restarted from its newest checkpoint logs the same losses as one that never stopped. Checkpoints are
+sharded (`sharded.py`: each rank writes its own part, and a run resumes on another number of ranks). A resume with
 other settings is refused, except a new max_steps (fewer than the run has done: nothing is trained). A step whose
 loss or gradient norm is not finite stops the run before its next log line or checkpoint (`guard.FiniteWatch`).
 """
@@ -25,6 +26,7 @@ from ..data.packed import PackedDataset, StepSampler, eval_batches, read_meta, t
 from ..data.tokenizer import pretrained_tokenizer, special_token_ids
 from . import checkpoint as ckpt
 from . import distributed as D
+from . import sharded
 from .config import TrainConfig
 from .graphed import GraphedStep, train_step
 from .guard import FiniteWatch, RunLock, check_resume, step_values
@@ -92,7 +94,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.resume:
             self._resume()
-        elif ckpt.list_checkpoints(self.ckpt_dir):
+        elif sharded.list_checkpoints(self.ckpt_dir):
             raise ValueError(f"resume=false but {self.ckpt_dir} holds checkpoints of an earlier run; use another "
                              f"out_dir (they would be mixed with this run's)")
         if self.step == 0:
@@ -251,14 +253,9 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         self._flush_pending()  # stops a diverged run here, before its state is saved
-        model_sd, optim_sd = D.full_state(self.model, self.optimizer)
-        rngs = D.gather_objects(ckpt.rng_state(), self.d)
-        if self.d.main:
-            state = {"step": self.step, "model": model_sd, "optimizer": optim_sd, "rng": rngs,
-                     "loss_sum": self.loss_sum, "loss_count": self.loss_count,
-                     "config": dataclasses.asdict(self.cfg), "world": self.d.world}
-            ckpt.save(self.ckpt_dir, self.step, state, self.cfg.keep_last)
-        D.barrier(self.d)
+        state = {"step": self.step, "rng": D.gather_objects(ckpt.rng_state(), self.d), "loss_sum": self.loss_sum,
+                 "loss_count": self.loss_count, "config": dataclasses.asdict(self.cfg), "world": self.d.world}
+        sharded.save(self.ckpt_dir, self.step, self.model, self.optimizer, state, self.d, self.cfg.keep_last)
 
     def _flush_pending(self) -> None:
         """Move the per-step losses since the last log into the running sum (kept in checkpoints); raises
@@ -269,15 +266,14 @@ class Trainer:
         self.pending = []
 
     def _resume(self) -> None:
-        """Every rank reads the newest intact checkpoint (the file system must be shared across nodes)."""
-        state = ckpt.load_latest(self.ckpt_dir)
+        """Every rank reads its part of the newest intact checkpoint (the file system must be shared across nodes)."""
+        set_capturable(self.optimizer, None)  # DCP's state initialisation steps once, with a CPU rate for a tensor one
+        state = sharded.load_latest(self.ckpt_dir, self.model, self.optimizer, self.d)
+        set_capturable(self.optimizer, self.d.device if self.graphed else None)
         if state is None:
             return
         notes = check_resume(self.cfg.out_dir, state["config"], dataclasses.asdict(self.cfg), fixed=RESUME_FIXED,
                              paths=RESUME_PATHS, extendable=("max_steps",))
-        set_capturable(self.optimizer, None)  # DCP's state initialisation steps once, with a CPU rate for a tensor one
-        D.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
-        set_capturable(self.optimizer, self.d.device if self.graphed else None)
         self.step, self.loss_sum, self.loss_count = state["step"], state["loss_sum"], state["loss_count"]
         if state["world"] == self.d.world:
             ckpt.set_rng_state(state["rng"][self.d.rank])
@@ -321,7 +317,7 @@ class Trainer:
     def _remove_stale(self) -> None:
         """Temporary files of an interrupted save or export; a `final.old/` whose swap was cut short is the export."""
         out = self.cfg.out_dir
-        ckpt.remove_stale(self.ckpt_dir)
+        sharded.remove_stale(self.ckpt_dir)
         log_tmp = os.path.join(out, "log.jsonl.tmp")
         if os.path.exists(log_tmp):
             os.remove(log_tmp)

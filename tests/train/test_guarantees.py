@@ -6,6 +6,7 @@ and a full disk or unreadable checkpoints end in one line."""
 import json
 import math
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from hgrn2.cli import console
 from hgrn2.cli import main as cli_main
 from hgrn2.train import checkpoint as ckpt
 from hgrn2.train import distributed as D
-from hgrn2.train import guard
+from hgrn2.train import guard, sharded
 from hgrn2.train.config import make_config
 from hgrn2.train.logger import read_log
 from hgrn2.train.mqar import train_run as mqar_run
@@ -58,15 +59,26 @@ def vision_trainer(images, out, *extra):
 
 
 def steps_of(directory) -> list[int]:
-    return [int(os.path.basename(p)[5:13]) for p in ckpt.list_checkpoints(str(directory))]
+    """The steps of the checkpoints in `directory`: the trainer's folders (`sharded`) or the others' files."""
+    return [step for step, _ in sharded.list_checkpoints(str(directory))]
+
+
+def model_of(path) -> dict:
+    return sharded.read_model(path) if os.path.isdir(path) else ckpt.load(path)["model"]
 
 
 def all_finite(directory) -> bool:
-    for path in ckpt.list_checkpoints(str(directory)):
-        state = ckpt.load(path)
-        if not all(v.isfinite().all() for v in state["model"].values() if v.is_floating_point()):
-            return False
-    return True
+    return all(v.isfinite().all() for _, path in sharded.list_checkpoints(str(directory))
+               for v in model_of(path).values() if v.is_floating_point())
+
+
+def corrupt(directory) -> None:
+    """Overwrite the start of every checkpoint file (in every checkpoint folder) in `directory`."""
+    for _, path in sharded.list_checkpoints(str(directory)):
+        for f in ([os.path.join(path, n) for n in os.listdir(path) if n.endswith(".distcp")]
+                  if os.path.isdir(path) else [path]):
+            with open(f, "r+b") as fh:
+                fh.write(b"garbage")
 
 
 @pytest.fixture
@@ -217,12 +229,23 @@ def plant(directory, marker) -> None:
     ckpt.save(str(directory), 1, {"step": 1, "model": Payload(marker)}, keep_last=1)  # a valid sidecar too
 
 
-@pytest.mark.parametrize("task", ["train", "lra", "vision", "vision-eval", "mqar"])
+def plant_sharded(directory, marker) -> None:
+    """A checkpoint folder whose DCP metadata is the payload, with a matching manifest."""
+    path = directory / "step_00000001"
+    path.mkdir(parents=True)
+    torch.save({"step": 1}, path / sharded.TRAIN_STATE)
+    (path / ".metadata").write_bytes(pickle.dumps(Payload(marker)))  # what DCP's own reader would unpickle
+    (path / sharded.MANIFEST).write_text(json.dumps({n: {"bytes": os.path.getsize(path / n),
+                                                         "sha256": ckpt.sha256(str(path / n))}
+                                                     for n in (".metadata", sharded.TRAIN_STATE)}))
+
+
+@pytest.mark.parametrize("task", ["train", "train-sharded", "lra", "vision", "vision-eval", "mqar"])
 def test_a_planted_checkpoint_runs_no_code(task, corpus, images, tmp_path, capsys):
     marker = tmp_path / "pwned"
     out = tmp_path / "run"
-    if task == "train":
-        plant(out / "checkpoints", marker)
+    if task.startswith("train"):
+        (plant if task == "train" else plant_sharded)(out / "checkpoints", marker)
         call = lambda: Trainer(lm_config(corpus, out))  # noqa: E731
     elif task == "lra":
         plant(lra_run_dir(out) / "ckpt", marker)
@@ -234,7 +257,7 @@ def test_a_planted_checkpoint_runs_no_code(task, corpus, images, tmp_path, capsy
     else:
         plant(out, marker)
         call = lambda: mqar_run(tiny_spec(), "cpu", data_dir=tmp_path, checkpoint_dir=out)  # noqa: E731
-    with pytest.warns(UserWarning, match="unusable .*Weights only load failed"):
+    with pytest.warns(UserWarning, match="unusable .*(Weights only load failed|is not allowed)"):
         if task == "vision-eval":
             assert call() == 2 and "no intact checkpoint" in capsys.readouterr().err
         else:
@@ -346,9 +369,7 @@ def test_unreadable_checkpoints_are_one_line(task, corpus, images, tmp_path, cap
                 "batch_size=32", "epochs=1", "max_steps_per_epoch=1", "progress=false"]
         where = out / "checkpoints"
     assert console(argv) == 0
-    for path in ckpt.list_checkpoints(str(where)):
-        with open(path, "r+b") as f:
-            f.write(b"garbage")
+    corrupt(where)
     capsys.readouterr()
     with pytest.warns(UserWarning, match="sha256 mismatch"):
         assert console(argv) == 1
@@ -367,7 +388,7 @@ def test_run_lock_under_a_time_limit_is_released_for_the_next_call(corpus, tmp_p
 
 
 def _newest_model(directory) -> dict:
-    return ckpt.load(ckpt.list_checkpoints(str(directory))[-1])["model"]
+    return model_of(sharded.list_checkpoints(str(directory))[-1][1])
 
 
 def _same_weights(a: dict, b: dict) -> None:
