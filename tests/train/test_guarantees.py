@@ -3,6 +3,7 @@ stops before it saves a non-finite step, a resume with other settings is refused
 checkpoint runs no code, a garbled log line loses nothing after it, a second process on a run directory is refused,
 and a full disk or unreadable checkpoints end in one line."""
 
+import dataclasses
 import json
 import math
 import os
@@ -456,3 +457,27 @@ def test_torchrun_ablate_shares_its_runs(corpus, tmp_path):
                  "--device", "cpu", "--out", str(out)], timeout=600)
     rows = json.loads((out / "results.json").read_text())["recipes"]["lower-bound"]
     assert len(rows) == 2 and all(r["complete"] for r in rows)
+
+
+def test_single_file_checkpoints_of_earlier_versions_still_resume(corpus, tmp_path):
+    """A run checkpointed the old way (one `step_*.pt` of full state dicts, numpy's RNG state as an array) resumes
+    and logs the same losses as the run that never stopped."""
+    import random
+
+    import numpy as np
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    Trainer(lm_config(corpus, tmp_path / "ref")).train()
+    trainer = Trainer(lm_config(corpus, tmp_path / "old", max_steps=8))
+    trainer.train(after_step=lambda: trainer.step == 4)
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    old = {"step": 4, "model": model_sd, "optimizer": optim_sd, "rng": [rng], "loss_sum": trainer.loss_sum,
+           "loss_count": trainer.loss_count, "config": dataclasses.asdict(trainer.cfg), "world": 1}
+    for _, path in sharded.list_checkpoints(str(tmp_path / "old" / "checkpoints")):
+        sharded._remove(path)
+    ckpt.save(str(tmp_path / "old" / "checkpoints"), 4, old, keep_last=1)
+    Trainer(lm_config(corpus, tmp_path / "old")).train()
+    ref, got = (read_log(str(tmp_path / n / "log.jsonl")) for n in ("ref", "old"))
+    assert [(r["kind"], r["step"], r.get("loss")) for r in got] == [(r["kind"], r["step"], r.get("loss")) for r in ref]
