@@ -467,17 +467,17 @@ def test_single_file_checkpoints_of_earlier_versions_still_resume(corpus, tmp_pa
     import numpy as np
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    Trainer(lm_config(corpus, tmp_path / "ref")).train()
-    trainer = Trainer(lm_config(corpus, tmp_path / "old", max_steps=8))
-    trainer.train(after_step=lambda: trainer.step == 4)
+    Trainer(lm_config(corpus, tmp_path / "ref", max_steps=5, eval_every=0)).train()
+    trainer = Trainer(lm_config(corpus, tmp_path / "old", max_steps=5, eval_every=0))
+    trainer.train(after_step=lambda: trainer.step == 2)
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    old = {"step": 4, "model": model_sd, "optimizer": optim_sd, "rng": [rng], "loss_sum": trainer.loss_sum,
+    old = {"step": 2, "model": model_sd, "optimizer": optim_sd, "rng": [rng], "loss_sum": trainer.loss_sum,
            "loss_count": trainer.loss_count, "config": dataclasses.asdict(trainer.cfg), "world": 1}
     for _, path in sharded.list_checkpoints(str(tmp_path / "old" / "checkpoints")):
         sharded._remove(path)
-    ckpt.save(str(tmp_path / "old" / "checkpoints"), 4, old, keep_last=1)
-    Trainer(lm_config(corpus, tmp_path / "old")).train()
+    ckpt.save(str(tmp_path / "old" / "checkpoints"), 2, old, keep_last=1)
+    Trainer(lm_config(corpus, tmp_path / "old", max_steps=5, eval_every=0)).train()
     ref, got = (read_log(str(tmp_path / n / "log.jsonl")) for n in ("ref", "old"))
     assert [(r["kind"], r["step"], r.get("loss")) for r in got] == [(r["kind"], r["step"], r.get("loss")) for r in ref]
