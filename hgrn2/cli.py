@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def console(argv: list[str] | None = None) -> int:
     """`main` for a terminal: an error in what was asked for (ValueError, OSError: a bad argument, a missing file, a
-    full disk) prints as its one-line message instead of a traceback, which HGRN2_TRACEBACK=1 shows."""
+    full disk; exit 2) or a run that cannot go on (`RunError`, exit 1) prints as its one-line message instead of a
+    traceback, which HGRN2_TRACEBACK=1 shows."""
     try:
         return main(argv)
     except (ValueError, OSError) as e:
@@ -93,6 +94,13 @@ def console(argv: list[str] | None = None) -> int:
             raise
         print(f"hgrn2: error: {e}  (HGRN2_TRACEBACK=1 shows where)", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a run that cannot go on (diverged, its directory in use, no intact checkpoint)
+        from hgrn2.train.guard import RunError
+
+        if not isinstance(e, RunError) or os.environ.get("HGRN2_TRACEBACK") == "1":
+            raise
+        print(f"hgrn2: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import yaml
 
 from hgrn2.bench.common import add_record_argument, command_of, environment, runs_environment, write_result
 from hgrn2.data.files import write_json
-from hgrn2.train.sweep import best_device, read_result, sweep
+from hgrn2.train.sweep import best_device, main_process, read_result, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "ablate.yaml"
 SOURCES = ("debian-docs", "python-docs")
@@ -356,6 +356,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         results, errors = sweep(runs, out, device, train_lm, concurrent=concurrent, max_minutes=args.max_minutes,
                                 name="ablate", summary=_summary_line)
+        if not main_process():  # torchrun: rank 0 writes the tables
+            return 1 if errors else 0
     by_id = {r["run_id"]: r for r in results}
     report = {}
     for recipe, rows in by_recipe.items():

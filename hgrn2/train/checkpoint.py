@@ -3,6 +3,8 @@
 `<dir>/step_00001000.pt` is written as `.tmp`, fsynced and renamed into place; then `step_00001000.json` records its
 size and sha256. A checkpoint counts only when its sidecar exists and matches, so a crash at any point (or a file
 truncated or corrupted later) leaves the previous good checkpoint in use, with a warning naming the bad one.
+States hold tensors and plain Python values only and are read with `torch.load(..., weights_only=True)`, so a
+planted file cannot run code when a run resumes.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import warnings
 import numpy as np
 import torch
 
+from .guard import RunError
+
 NAME = re.compile(r"step_(\d{8})\.pt$")
 
 
-def _sha256(path: str) -> str:
+def sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 24), b""):
@@ -43,11 +47,11 @@ def _atomic_write(path: str, write) -> None:
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError ("unexpected pos")
         _remove(tmp)
-        raise SaveError(f"could not write {path} ({_reason(e)}); the previous checkpoint is intact: free space and "
+        raise SaveError(f"could not write {path} ({reason(e)}); the previous checkpoint is intact: free space and "
                         f"rerun with resume=true to continue from it") from e
 
 
-def _reason(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
     """The OS's reason (torch.save wraps a failed write into an "unexpected pos" RuntimeError), in one line."""
     for x in (e, e.__cause__, e.__context__):
         if isinstance(x, OSError) and x.strerror:
@@ -64,7 +68,7 @@ def _remove(path: str) -> None:
 
 def remove_stale(directory: str) -> list[str]:
     """Delete the `.tmp` files that an interrupted save left in `directory`; returns their paths."""
-    stale = glob.glob(os.path.join(directory, "*.tmp"))
+    stale = [p for p in glob.glob(os.path.join(directory, "*.tmp")) if os.path.isfile(p)]
     for p in stale:
         _remove(p)
     return stale
@@ -77,7 +81,7 @@ def save(directory: str, step: int, state: dict, keep_last: int) -> str:
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"step_{step:08d}.pt")
     _atomic_write(path, lambda f: torch.save(state, f))
-    side = {"step": step, "bytes": os.path.getsize(path), "sha256": _sha256(path)}
+    side = {"step": step, "bytes": os.path.getsize(path), "sha256": sha256(path)}
     try:
         _atomic_write(path[:-3] + ".json", lambda f: f.write(json.dumps(side).encode()))
     except SaveError:
@@ -107,7 +111,7 @@ def check(path: str) -> str | None:
         return f"unreadable sidecar: {e}"
     if os.path.getsize(path) != meta.get("bytes"):
         return f"size {os.path.getsize(path)} != recorded {meta.get('bytes')} (truncated?)"
-    if _sha256(path) != meta.get("sha256"):
+    if sha256(path) != meta.get("sha256"):
         return "sha256 mismatch (corrupted)"
     return None
 
@@ -120,20 +124,34 @@ def load_latest(directory: str) -> dict | None:
     """
     paths = list_checkpoints(directory)
     for path in reversed(paths):
-        reason = check(path)
-        if reason is None:
+        why = check(path)
+        if why is None:
             try:
-                return torch.load(path, map_location="cpu", weights_only=False)
+                return load(path)
             except Exception as e:  # noqa: BLE001 - any unreadable file is skipped the same way
-                reason = f"torch.load failed: {e}"
-        warnings.warn(f"checkpoint {path} is unusable ({reason}); trying the previous one", stacklevel=2)
+                why = f"torch.load failed: {reason(e)}"
+        warnings.warn(f"checkpoint {path} is unusable ({why}); trying the previous one", stacklevel=2)
     if paths:
-        raise RuntimeError(f"no intact checkpoint among {len(paths)} in {directory}; move them away to start over")
+        raise RunError(f"no intact checkpoint among {len(paths)} in {directory} (each is named in a warning above); "
+                       "move them away to start over")
     return None
 
 
+# what checkpoints written before the RNG state was kept in plain types hold: numpy's generator state
+_OLD_NUMPY = [np.ndarray, np.dtype, np.dtypes.UInt32DType,
+              getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct]
+
+
+def load(path: str) -> dict:
+    """A checkpoint's state on the CPU, unpickled with tensors, containers and numbers only."""
+    with torch.serialization.safe_globals(_OLD_NUMPY):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    numpy = (kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss)  # tensors: weights_only loads them
+    state = {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -141,7 +159,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, key, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])

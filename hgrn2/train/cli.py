@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
         return 0
     from . import distributed as D
+    from .guard import RunError
     from .trainer import Trainer
 
     try:  # bad input is reported in one line, before any training starts
@@ -50,9 +51,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"hgrn2 train: error: {e}", file=sys.stderr)
         D.shutdown()
         return 2
+    except RunError as e:  # the run directory in use, no intact checkpoint
+        print(f"hgrn2 train: error: {e}", file=sys.stderr)
+        D.shutdown()
+        return 1
     try:
         trainer.train()
-    except OSError as e:  # a full disk, a data file changed under the run: one line, what was saved is intact
+    except (OSError, RunError) as e:  # a full disk, a diverged run: one line, what was saved is intact
         print(f"hgrn2 train: error: {e}", file=sys.stderr)
         return 1
     finally:

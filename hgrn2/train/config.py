@@ -37,7 +37,7 @@ class TrainConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-8
     weight_decay: float = 0.1  # on matrices only (dim >= 2); norms, biases, lower bounds are not decayed
-    grad_clip: float = 0.0  # max global grad norm; 0 = off
+    grad_clip: float = 0.0  # max global grad norm; 0 = off (the norm is measured either way)
     schedule: str = "inverse_sqrt"  # "inverse_sqrt", "cosine" or "constant", all with linear warmup
     warmup_steps: int = 4000
     max_steps: int = 50000
@@ -78,7 +78,7 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("warmup_steps", "eval_every", "save_every", "num_workers", "eval_sequences"):
+        for key in ("warmup_steps", "eval_every", "save_every", "num_workers", "eval_sequences", "grad_clip"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):

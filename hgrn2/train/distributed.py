@@ -102,14 +102,6 @@ def no_sync(model: torch.nn.Module, sync: bool):
     return contextlib.nullcontext()
 
 
-def full_state(model, optimizer) -> tuple[dict, dict]:
-    """Full (unsharded) model and optimiser state dicts on CPU, keyed by parameter names; rank 0 gets them."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_state_dict(unwrap(model), optimizer, options=opts)
-
-
 def full_model_state(model) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -10,11 +10,30 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 
 
 def read_log(path: str) -> list[dict]:
+    """The records of a run log. A line that is not a JSON object (garbled, or half-written by a killed process)
+    is skipped with a warning naming it; the records after it are kept."""
+    out, bad = [], []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = f.readlines()
+    for k, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            out.append(record)
+        elif k < len(lines) - 1 or line.endswith("\n"):  # a last line without its newline is a cut write
+            bad.append(k + 1)
+    if bad:
+        warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s) (line {', '.join(map(str, bad[:5]))}"
+                      f"{', ...' if len(bad) > 5 else ''})", stacklevel=2)
+    return out
 
 
 class RunLogger:
@@ -28,7 +47,7 @@ class RunLogger:
         os.makedirs(out_dir, exist_ok=True)
         self.seen = set()  # (kind, step) of the records in the log: a resumed run may reach a step twice
         if os.path.exists(self.path):
-            keep = [r for r in _read_tolerant(self.path) if r.get("step", 0) <= start_step] if start_step else []
+            keep = [r for r in read_log(self.path) if r.get("step", 0) <= start_step] if start_step else []
             self.seen = {(r.get("kind"), r.get("step")) for r in keep}
             self._write(self.path + ".tmp", "w", keep)
             os.replace(self.path + ".tmp", self.path)
@@ -69,14 +88,3 @@ class RunLogger:
         if self.tb is not None:
             self.tb.close()
 
-
-def _read_tolerant(path: str) -> list[dict]:
-    """Records of a log that may end in a half-written line (the process was killed mid-write)."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                break
-    return out

@@ -10,7 +10,9 @@ Each (task, model) run lives in `<out>/<task>-<model>/`: `result.json` (settings
 loss and accuracy, validation and test accuracy; time per epoch; the best validation accuracy and the test accuracy
 at that epoch, as LRA reports), `log.jsonl` (the running epoch loss every `--log-every` steps), and
 checkpoints under `ckpt/` (every `--ckpt-every` steps, at each epoch end and when a time or step limit stops the
-run). Running the same command again resumes exactly: model, optimiser, step, data order and random state.
+run). Running the same command again resumes exactly: model, optimiser, step, data order and random state; with
+other settings it is refused (more `--epochs` excepted), and a run already past `--epochs` or `--max-steps` trains
+nothing. A step whose loss or gradient norm is not finite stops the run before anything of it is saved.
 `result.json` holds the environment of the machine that trained the run (device, versions, commit), which
 `--record` writes into the record wherever it runs.
 """
@@ -21,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -36,7 +39,7 @@ from ..data.lra import images
 from ..data.lra import tasks as lra_tasks
 from ..data.lra.readers import Split
 from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
-from . import checkpoint, distributed
+from . import checkpoint, distributed, guard
 from .logger import RunLogger
 from .optim import lr_at, set_lr
 
@@ -221,23 +224,32 @@ def _started_with(run_dir: Path, state: dict) -> dict | None:
         if not path.is_file():
             return None
         saved = json.loads(path.read_text())
-    return _resume_settings(saved["config"], saved["train"], saved.get("data", {}))
+    return _resume_settings(saved["config"], saved["train"], saved.get("data", {}), saved.get("run"))
 
 
-def _resume_settings(config: dict, train: dict, data: dict) -> dict:
-    """What a resumed run must share with its start: every setting but the epochs, absent keys at their defaults
-    (the seeds too: a run saved before they were kept used the defaults)."""
+def _resume_settings(config: dict, train: dict, data: dict, run: dict | None = None) -> dict:
+    """What a resumed run must share with its start: every setting but the epochs, absent keys at their defaults;
+    `run`: the seeds and the data set drawn (None where a checkpoint from before they were kept says nothing)."""
     defaults = {f.name: f.default for f in dataclasses.fields(LRAModelConfig) if f.default is not dataclasses.MISSING}
-    return {"config": {**defaults, **config},
-            "train": {"grad_clip": 0.0, **SEED_DEFAULTS, **{k: v for k, v in train.items() if k != "epochs"}},
-            "data": {**DATA_DEFAULTS, **data}}
+    out = {"config": {**defaults, **config},
+           "train": {"grad_clip": 0.0, **{k: v for k, v in train.items() if k != "epochs"}},
+           "data": {**DATA_DEFAULTS, **data}}
+    return out if run is None else {**out, "run": run}
+
+
+def _run_settings(args: argparse.Namespace, task: str) -> dict:
+    """The seeds and the data set a run trains on; `--data` as its resolved path (a trailing slash or a symlink
+    names the same folder)."""
+    return {"seed": args.seed, "data_seed": args.data_seed, "level": args.level if task in ("pathfinder", "pathx")
+            else None, "examples": args.images if task in ("pathfinder", "pathx") else args.examples,
+            "data": os.path.realpath(args.data) if args.data else None}
 
 
 def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
     """A run resumes only with the settings it started with (more epochs allowed): else its curve mixes two runs."""
     if saved is None:  # neither its checkpoint nor a result.json says
         return
-    changed = {f"{part}.{k}": (saved[part].get(k), v) for part in now for k, v in now[part].items()
+    changed = {f"{part}.{k}": (saved[part].get(k), v) for part in now if part in saved for k, v in now[part].items()
                if saved[part].get(k) != v}
     if changed:
         raise ValueError(f"`--out`: {run_dir} holds a run with other settings {changed} (saved, now); pass its "
@@ -252,11 +264,21 @@ def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) 
 
 def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist, variant: str | None = None
               ) -> dict:
-    """Train one (task, mixer[, variant]) run to its epochs (or a time / step limit) and return its result record."""
+    """Train one (task, mixer[, variant]) run to its epochs (or a time / step limit) and return its result record;
+    its folder is locked meanwhile (`guard.RunLock`)."""
+    run_dir = Path(args.out) / run_name(task, mixer, settings_of(mixer, args), variant)
+    lock = guard.RunLock(str(run_dir), d)
+    try:
+        return _train_run(task, mixer, args, d, run_dir, variant)
+    finally:
+        lock.release()
+
+
+def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist, run_dir: Path,
+               variant: str | None) -> dict:
     cfg, tr, data_opts = build(task, mixer, args, variant)
     settings = settings_of(mixer, args)
-    name = run_name(task, mixer, settings, variant)
-    run_dir = Path(args.out) / name
+    name = run_dir.name
     pixels = lra_tasks.TASKS[task].grey_norm if cfg.vocab_size is None else None  # a pixel task's grey (mean, std)
     examples = args.images if task in ("pathfinder", "pathx") else args.examples
     load = dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
@@ -291,9 +313,11 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
     epoch_sums = torch.zeros(3, dtype=torch.float64, device=d.device)
     state = checkpoint.load_latest(str(run_dir / "ckpt"))
-    settings_now = _resume_settings(cfg.to_dict(), {**tr, **{k: getattr(args, k) for k in SEED_DEFAULTS}}, data_opts)
+    settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task))
     if state is not None:
         _check_same_settings(run_dir, _started_with(run_dir, state), settings_now)
+        if d.main and state.get("epochs", tr["epochs"]) != tr["epochs"]:
+            print(f"{name}: --epochs {state['epochs']} -> {tr['epochs']}: the run continues with the new value")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, epoch, start_it, history = state["step"], state["epoch"], state["iteration"], state["history"]
@@ -302,15 +326,16 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     logger = RunLogger(str(run_dir), enabled=d.main, start_step=step, tensorboard=False)
 
     def save(it: int) -> None:
+        watch.check(f" ({name})")  # a diverged step is never saved
         rngs = distributed.gather_objects(checkpoint.rng_state(), d)
         if d.main:
             checkpoint.save(str(run_dir / "ckpt"), step, {
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
                 "iteration": it, "history": history, "rng": rngs, "epoch_sums": epoch_sums.tolist(),
-                "settings": settings_now}, keep_last=2)
+                "settings": settings_now, "epochs": tr["epochs"]}, keep_last=2)
         distributed.barrier(d)
 
-    def record(stopped: str | None) -> dict:
+    def record(stopped: str | None, write: bool = True) -> dict:
         best = max(history, key=lambda h: h["val_acc"], default=None)
         times = [h["epoch_time"] for h in history if h.get("complete")]
         result = {"task": task, "model": mixer, "settings_of": settings, "variant": variant, "parameters": params,
@@ -325,12 +350,19 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
                   "test_acc_max": max((h["test_acc"] for h in history), default=None),
                   "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
                   "stopped": stopped}
-        if d.main:
+        if d.main and write:
             write_json(run_dir / "result.json", result)
         return result
 
     t_start, first_step, env = time.time(), step, environment(d.device, d.world)
     deadline = t_start + 60 * args.max_minutes if args.max_minutes else math.inf
+    watch = guard.FiniteWatch(d.device)
+    done = _nothing_to_train(epoch, step, tr["epochs"], args.max_steps)
+    if done is not None:
+        if d.main:
+            print(f"{name}: {done}: nothing to train")
+        saved = run_dir / "result.json"
+        return json.loads(saved.read_text()) if saved.is_file() else record(None, write=False)
     stopped = None
     model.train()
     bar = tqdm(total=tr["epochs"] * steps_per_epoch, initial=step, desc=name, disable=not d.main, unit="step")
@@ -345,19 +377,25 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             lr = lr_at(step, schedule="cosine", lr=tr["lr"], warmup_steps=tr["warmup_steps"],
                        max_steps=tr["schedule_steps"])
             set_lr(opt, lr)
-            with torch.autocast(d.device.type, torch.bfloat16, enabled=amp):
-                logits = ddp(x, mask).float()
-            loss = F.cross_entropy(logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            with guard.step_values(step + 1):
+                with torch.autocast(d.device.type, torch.bfloat16, enabled=amp):
+                    logits = ddp(x, mask).float()
+                loss = F.cross_entropy(logits, y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
             if tr["grad_clip"]:  # Lightning's gradient_clip_val: the global norm of every gradient
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
+            else:
+                norm = guard.grad_norm(model.parameters())
             opt.step()
             step += 1
             bar.update(1)
             # summed over ranks every step (one small all-reduce), so the sums resume exactly
-            epoch_sums += distributed.total(_sums(loss.detach().double() * len(y), logits, y), d)
+            step_sums = distributed.total(_sums(loss.detach().double() * len(y), logits, y), d)
+            epoch_sums += step_sums
+            watch.update(step, step_sums[0], norm)  # both the same on every rank
             if step % args.log_every == 0:
+                watch.check(f" ({name})")
                 e = epoch_sums.tolist()
                 logger.log({"kind": "train", "step": step, "epoch_loss": e[0] / e[2], "epoch_acc": e[1] / e[2],
                             "lr": lr})
@@ -370,6 +408,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
             if args.ckpt_every and step % args.ckpt_every == 0 and (it + 1) < steps_per_epoch:
                 save(it + 1)
         else:
+            watch.check(f" ({name})")
             # the training batch, as the LRA code's loaders: where the scans read padding, it sets how much
             val = evaluate(ddp, data["val"], pixels, per_rank, d, amp)
             test = evaluate(ddp, data["test"], pixels, per_rank, d, amp)
@@ -394,6 +433,15 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
     bar.close()
     logger.close()
     return record(stopped)
+
+
+def _nothing_to_train(epoch: int, step: int, epochs: int, max_steps: int | None) -> str | None:
+    """Why a run at (epoch, step) has nothing left to train under these limits, else None."""
+    if epoch >= epochs:
+        return f"it has trained {epoch} epoch(s), --epochs is {epochs}"
+    if max_steps is not None and step >= max_steps:
+        return f"it is at step {step}, --max-steps is {max_steps}"
+    return None
 
 
 def results_in(out: str | Path) -> list[dict]:
@@ -466,7 +514,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"TASK-MODEL+NAME/ ({PRESET!r}: the preset itself, into TASK-MODEL/); default: {PRESET}")
     p.add_argument("--out", default="runs/lra", help="output folder (one subfolder per task and model)")
     p.add_argument("--data", help="folder holding the public data (text, retrieval, image; for listops, pathfinder "
-                   "and pathx: LRA's released files instead of generated ones)")
+                   "and pathx: LRA's released files instead of generated ones). CIFAR-10's python release "
+                   "(image) is read with Python's pickle, which can run code: give only files you trust, or its "
+                   "binary release (cifar-10-batches-bin), which is read as plain bytes")
     p.add_argument("--data-dir", help="cache for generated data (default ~/.cache/hgrn2/lra or $HGRN2_CACHE/lra)")
     p.add_argument("--config", default=str(CONFIG_DIR), help="folder of per-task preset YAML files")
     p.add_argument("--examples", type=int, help="ListOps: expressions in all splits (default LRA's 96K/2K/2K)")

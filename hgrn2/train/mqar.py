@@ -15,11 +15,11 @@ and the plot take, per (mixer, d, L), the max over learning rates of each run's 
 
 Each finished run is saved atomically as `OUT/runs/<run id>.json`; a sweep skips runs whose file says complete,
 so a killed sweep continues where it stopped. A run in progress checkpoints after every epoch
-(`OUT/checkpoints/<run id>/`: model, optimiser, schedule, history and RNG, `hgrn2.train.checkpoint`) and
-continues from its last epoch exactly, so a run longer than one sitting finishes over several (the checkpoint is
-deleted once the run is complete). `--concurrent N` trains N runs at once in worker processes that
-share the GPU(s) (small models leave a GPU mostly idle), and `--max-minutes` stops the sweep in time: runs cut
-by the budget are saved as incomplete (marked * in the table) and run again on the next call.
+(`OUT/checkpoints/<run id>/`: model, optimiser, schedule, history and RNG; each run trains on the engine,
+`hgrn2.train.engine`) and continues from its last epoch exactly, so a run longer than one sitting finishes over
+several (the checkpoint is deleted once the run is complete). `--concurrent N` trains N runs at once in worker
+processes that share the GPU(s) (small models leave a GPU mostly idle), and `--max-minutes` stops the sweep in time:
+runs cut by the budget are saved as incomplete (marked * in the table) and run again on the next call.
 """
 
 from __future__ import annotations
@@ -45,9 +45,8 @@ from hgrn2.bench.common import add_record_argument, command_of, environment, wri
 from hgrn2.data import mqar
 from hgrn2.data.files import write_json
 from hgrn2.models.zoology import ZoologyLM
-from hgrn2.train import checkpoint
-from hgrn2.train.graphed import GraphedStep
-from hgrn2.train.sweep import best_device, finished_results, sweep
+from hgrn2.train.engine import Engine
+from hgrn2.train.sweep import best_device, finished_results, main_process, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
 
@@ -117,35 +116,49 @@ def evaluate(model: ZoologyLM, inputs, positions, targets, batch_size: int) -> t
     return correct / targets.numel(), loss_sum / targets.numel()
 
 
-def _rng_state(dev: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if dev.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(dev)  # the run's device, which need not be the current one
-    return state
+class MQARTask:
+    """MQAR as a task of the training engine (`engine.Task`): batches in a fixed order, the loss over the query
+    tokens (fp32 cross entropy; padded targets −100 are ignored), test accuracy, early stop above a threshold."""
 
+    pad_values = (0, 0, -100)
 
-def _set_rng_state(state: dict, dev: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if dev.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], dev)
+    def __init__(self, model: ZoologyLM, train, test, batch_size: int, early_stop_accuracy: float):
+        self.model, self.train, self.test = model, train, test
+        self.batch_size, self.early_stop_accuracy = batch_size, early_stop_accuracy
+
+    def batches(self):
+        inputs, positions, targets = self.train
+        bs = self.batch_size
+        for s in range(0, len(inputs), bs):
+            yield inputs[s : s + bs], positions[s : s + bs], targets[s : s + bs]
+
+    def loss(self, ids, pos, tgt) -> torch.Tensor:
+        logits = self.model(ids, pos)
+        return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
+
+    def evaluate(self) -> dict:
+        acc, test_loss = evaluate(self.model, *self.test, self.batch_size)
+        return {"test_loss": test_loss, "accuracy": acc}
+
+    def done(self, metrics: dict) -> bool:
+        return metrics["accuracy"] > self.early_stop_accuracy
 
 
 def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str | Path | None = None,
               deadline: float | None = None, on_epoch=None, checkpoint_dir: str | Path | None = None,
               cuda_graph: bool = False, on_step=None) -> dict:
-    """Train and test one run; returns its result (spec, final/best accuracy, per-epoch history, timing).
+    """Train and test one run on the training engine (`hgrn2.train.engine`); returns its result (spec,
+    final/best accuracy, per-epoch history, timing).
 
     `deadline` (a `time.time()` value) cuts the run after the step that passes it: the result then has
     complete=False. A run whose training loss turns non-finite stops (diverged=True, complete=True).
     `on_epoch(record)` is called after every epoch with that epoch's record, `on_step()` after every step.
     `checkpoint_dir`: save the state after every epoch there, and start from the newest one found (exactly:
-    the batches come in a fixed order and the RNG is restored).
+    the batches come in a fixed order and the RNG is restored); it is locked while the run trains.
     `cuda_graph`: replay each training step as one CUDA graph (`hgrn2.train.graphed`; the same updates, the
     epoch's last, smaller batch padded with ignored targets), for these small, launch-bound models.
     """
     dev = torch.device(device)
-    if cuda_graph and dev.type != "cuda":
-        raise ValueError(f"`cuda_graph`: needs a CUDA device, got {device!r}")
     torch.manual_seed(spec.seed)
     load = dict(vocab_size=spec.vocab_size, data_seed=spec.data_seed, cache_dir=data_dir)
     train = _tensors(mqar.load("train", spec.seq_len, spec.kv_pairs, spec.train_examples, **load), dev)
@@ -159,72 +172,15 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=spec.weight_decay, fused=dev.type == "cuda",
                             capturable=cuda_graph)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=spec.epochs, eta_min=0.0)
-    inputs, positions, targets = train
-    n, bs = len(inputs), spec.batch_size
-    history, steps, cut, diverged, early, before = [], 0, False, False, False, 0.0
-    state = checkpoint.load_latest(str(checkpoint_dir)) if checkpoint_dir is not None else None
-    if state is not None:
-        if state["run_id"] != spec.run_id:
-            raise ValueError(f"`checkpoint_dir`: holds run {state['run_id']}, not {spec.run_id}")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        history, steps, before = state["history"], state["steps"], state["seconds"]
-        _set_rng_state(state["rng"], dev)
-        for group in opt.param_groups:  # the checkpoint's learning rate, as this run's optimizer takes it
-            group["lr"] = torch.tensor(float(group["lr"]), device=dev) if cuda_graph else float(group["lr"])
-
-    def compute_loss(ids, pos, tgt):
-        # autocast's weight cache must be off while a graph is captured
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda", cache_enabled=not cuda_graph):
-            logits = model(ids, pos)
-            return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())  # padded targets: −100, ignored
-
-    graphed = GraphedStep(compute_loss, opt, pad_values=(0, 0, -100)) if cuda_graph else None
-    start = time.time() - before
-    for epoch in range(len(history), spec.epochs):
-        model.train()
-        loss_sum, batches = torch.zeros((), device=dev), 0
-        for s in range(0, n, bs):
-            batch = (inputs[s : s + bs], positions[s : s + bs], targets[s : s + bs])
-            if graphed is not None:
-                loss, _ = graphed(*batch)
-            else:
-                opt.zero_grad(set_to_none=True)
-                loss = compute_loss(*batch)
-                loss.backward()
-                opt.step()
-            loss_sum += loss.detach()
-            steps, batches = steps + 1, batches + 1
-            if on_step is not None:
-                on_step()
-            if deadline is not None and time.time() > deadline:
-                cut = True
-                break
-        train_loss = loss_sum.item() / batches  # the batches run (fewer when the budget cut the epoch)
-        acc, test_loss = evaluate(model, *test, bs)
-        history.append(dict(epoch=epoch, lr=float(sched.get_last_lr()[0]), train_loss=train_loss, test_loss=test_loss,
-                            accuracy=acc, seconds=round(time.time() - start, 2)))
-        diverged = not math.isfinite(train_loss)
-        early = acc > spec.early_stop_accuracy
-        stop = cut or diverged or early
-        if not stop:
-            sched.step()
-            if checkpoint_dir is not None:
-                checkpoint.save(str(checkpoint_dir), epoch + 1, dict(
-                    run_id=spec.run_id, model=model.state_dict(), optimizer=opt.state_dict(),
-                    scheduler=sched.state_dict(), history=history, steps=steps, seconds=time.time() - start,
-                    rng=_rng_state(dev)), keep_last=1)
-        if on_epoch is not None:
-            on_epoch(history[-1])
-        if stop:
-            break
-    seconds = time.time() - start
+    task = MQARTask(model, train, test, spec.batch_size, spec.early_stop_accuracy)
+    fit = Engine(task, opt, sched, device=dev, cuda_graph=cuda_graph, checkpoint_dir=checkpoint_dir,
+                 run_id=spec.run_id).fit(spec.epochs, deadline=deadline, on_step=on_step, on_epoch=on_epoch)
+    history = fit.history
     return dict(
         run_id=spec.run_id, spec=asdict(spec), final_accuracy=history[-1]["accuracy"],
-        best_accuracy=max(h["accuracy"] for h in history), epochs_run=len(history), early_stopped=early,
-        diverged=diverged, complete=not cut, steps=steps, seconds=round(seconds, 2),
-        steps_per_second=round(steps / max(seconds, 1e-9), 2), device=str(dev),
+        best_accuracy=max(h["accuracy"] for h in history), epochs_run=len(history), early_stopped=fit.early,
+        diverged=fit.diverged, complete=not fit.cut, steps=fit.steps, seconds=round(fit.seconds, 2),
+        steps_per_second=round(fit.steps / max(fit.seconds, 1e-9), 2), device=str(dev),
         gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, torch=torch.__version__,
         parameters=sum(p.numel() for p in model.parameters()), history=history,
     )
@@ -467,6 +423,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         results, errors = run_sweep(runs, out, device, concurrent, args.data_dir, grid["max_minutes"],
                                     args.cuda_graph)
+        if not main_process():  # torchrun: rank 0 writes the tables
+            return 1 if errors else 0
     text = table(results, grid["mixers"], grid["dims"], grid["seq_lens"])
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,8 @@ a JSON-able dict with at least `run_id` and `complete` (False when the deadline 
 Each finished run is saved atomically as `OUT/runs/<run id>.json`; a sweep skips the runs whose file says
 complete, so a killed sweep continues where it stopped. With `concurrent` > 1 the runs train in worker processes
 that share the device(s) (small models leave a GPU mostly idle); `cuda` with several GPUs spreads them over all.
+Under torchrun every process trains its share of the runs (rank r: runs r, r + world, ...; `cuda`: its local GPU),
+then all wait for each other and read every result; only rank 0 (`main_process()`) writes the tables.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hgrn2.data.files import write_json
+from hgrn2.train.guard import RunError
 
 REPORT_SECONDS = 0.5  # a worker sends its step count at most this often
 
@@ -80,6 +83,22 @@ class StepCounter:
         self.pending, self.last = 0, time.time()
 
 
+def main_process() -> bool:
+    """False on torchrun's ranks other than 0, which leave the sweep's tables to rank 0."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _ranks() -> tuple[int, int]:
+    """(rank, world) under torchrun, joining a gloo group for the final wait; (0, 1) alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        from datetime import timedelta
+
+        # the ranks wait for each other's whole share of the runs, which may take days
+        torch.distributed.init_process_group("gloo", timeout=timedelta(days=30))
+    return int(os.environ.get("RANK", "0")), world
+
+
 def _spec_dict(spec) -> dict:
     return asdict(spec) if is_dataclass(spec) else dict(vars(spec))
 
@@ -96,6 +115,8 @@ def run_and_save(train_fn: Callable, spec, device: str, out: Path, deadline: flo
     counter = StepCounter(report or (lambda n: None))
     try:
         result = train_fn(spec, device, deadline=deadline, on_step=counter, checkpoint_dir=ckpt, **options)
+    except RunError as e:  # diverged, or its folder in use: one line says it all
+        return dict(run_id=spec.run_id, spec=_spec_dict(spec), error=str(e))
     except Exception:
         return dict(run_id=spec.run_id, spec=_spec_dict(spec), error=traceback.format_exc())
     finally:
@@ -122,7 +143,24 @@ def sweep(specs: list, out: Path, device: str, train_fn: Callable, *, concurrent
     """Run (or resume) the sweep; returns the results of `specs` (finished before or now) and the number of runs
     that failed. `prepare(todo)` runs first (e.g. draws the data the runs share); `options` go to `train_fn`;
     `summary(result)` is the line printed when a run finishes."""
-    options = options or {}
+    rank, world = _ranks()
+    if world == 1:
+        return _sweep(specs, out, device, train_fn, concurrent, max_minutes, name, summary, prepare, options or {})
+    if device == "cuda":
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    todo = [s for s in specs if not (read_result(out / "runs" / f"{s.run_id}.json") or {}).get("complete")]
+    mine = {s.run_id for s in todo[rank::world]}
+    _, errors = _sweep([s for s in specs if s.run_id not in {t.run_id for t in todo} or s.run_id in mine], out,
+                       device, train_fn, concurrent, max_minutes, f"{name} (rank {rank})", summary, prepare,
+                       options or {})
+    failed = torch.tensor([errors])
+    torch.distributed.all_reduce(failed)  # also the wait for every rank's share
+    torch.distributed.destroy_process_group()
+    done = {res["run_id"]: res for res in finished_results(specs, out)}
+    return [done[s.run_id] for s in specs if s.run_id in done], int(failed)
+
+
+def _sweep(specs, out, device, train_fn, concurrent, max_minutes, name, summary, prepare, options):
     deadline = time.time() + 60 * max_minutes if max_minutes else None
     done = {res["run_id"]: res for res in finished_results(specs, out)}
     todo = [s for s in specs if not done.get(s.run_id, {}).get("complete")]
@@ -187,4 +225,4 @@ def sweep(specs: list, out: Path, device: str, train_fn: Callable, *, concurrent
 
 
 __all__ = ["sweep", "run_and_save", "StepCounter", "read_result", "finished_results", "best_device",
-           "devices"]
+           "devices", "main_process"]

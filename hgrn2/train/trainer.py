@@ -4,7 +4,10 @@ resume.
 
 Exact resume: the data order is a function of the step (hgrn2.data.packed), the schedule a function of the step,
 and a checkpoint holds model, optimiser, every rank's RNG state and the running loss sums; so a run killed at any
-point and restarted from its newest checkpoint logs the same losses as one that never stopped.
+point and restarted from its newest checkpoint logs the same losses as one that never stopped. Checkpoints are
+sharded (`sharded.py`: each rank writes its own part, and a run resumes on another number of ranks). A resume with
+other settings is refused, except a new max_steps (fewer than the run has done: nothing is trained). A step whose
+loss or gradient norm is not finite stops the run before its next log line or checkpoint (`guard.FiniteWatch`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,18 @@ from ..data.packed import PackedDataset, StepSampler, eval_batches, read_meta, t
 from ..data.tokenizer import pretrained_tokenizer, special_token_ids
 from . import checkpoint as ckpt
 from . import distributed as D
+from . import sharded
 from .config import TrainConfig
 from .graphed import GraphedStep, train_step
+from .guard import FiniteWatch, RunLock, check_resume, step_values
 from .logger import RunLogger
 from .model_factory import build_model
 from .optim import build_optimizer, lr_at, set_capturable, set_lr
+
+# settings a run resumes with unchanged (the data compared as resolved paths); max_steps may change
+RESUME_FIXED = ("arch", "model", "seq_len", "batch_size", "seed", "optimizer", "lr", "min_lr", "betas", "eps",
+                "weight_decay", "grad_clip", "schedule", "warmup_steps", "precision")
+RESUME_PATHS = ("data", "init_from")
 
 
 def auto_cuda_graph(cfg: TrainConfig, one_gpu: bool, model_config) -> bool:
@@ -72,9 +82,19 @@ class Trainer:
                                          capturable=self.graphed)
         self.ckpt_dir = os.path.join(cfg.out_dir, "checkpoints")
         self.step, self.loss_sum, self.loss_count, self.pending = 0, 0.0, 0, []
+        self.watch = FiniteWatch(self.d.device)
+        self.lock = RunLock(cfg.out_dir, self.d)
+        try:
+            self._start()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _start(self) -> None:
+        cfg = self.cfg
         if cfg.resume:
             self._resume()
-        elif ckpt.list_checkpoints(self.ckpt_dir):
+        elif sharded.list_checkpoints(self.ckpt_dir):
             raise ValueError(f"resume=false but {self.ckpt_dir} holds checkpoints of an earlier run; use another "
                              f"out_dir (they would be mixed with this run's)")
         if self.step == 0:
@@ -104,7 +124,20 @@ class Trainer:
     def train(self, after_step=None) -> dict:
         """Train to max_steps, then validate on the whole split; returns the final validation record.
         `after_step()` is called after every optimiser step: when it returns True the run stops there, checkpointed
-        (a later run resumes it), and `train` returns {"stopped_at": step}."""
+        (a later run resumes it), and `train` returns {"stopped_at": step}. A run already past max_steps trains
+        nothing and returns {"stopped_at": step}. The run directory is unlocked when `train` returns or raises."""
+        try:
+            if self.step > self.cfg.max_steps:
+                if self.d.main:
+                    print(f"the run in {self.cfg.out_dir} is at step {self.step}, past max_steps={self.cfg.max_steps}:"
+                          " nothing to train")
+                self.log.close()
+                return {"stopped_at": self.step}
+            return self._train(after_step)
+        finally:
+            self.lock.release()
+
+    def _train(self, after_step) -> dict:
         cfg, d = self.cfg, self.d
         sampler = StepSampler(len(self.train_set), cfg.micro_batch_size, self.accum, d.rank, d.world, cfg.seed,
                               self.step, cfg.max_steps)
@@ -123,14 +156,16 @@ class Trainer:
                        max_steps=cfg.max_steps, min_lr=cfg.min_lr)
             set_lr(self.optimizer, lr)
             x = torch.cat([next(batches).to(d.device, non_blocking=True) for _ in range(self.accum)])
-            if graphed is not None:
-                loss, grad_norm = graphed(x)
-                loss = loss.clone()  # the next replay overwrites the graph's output
-            else:
-                loss, grad_norm = self._eager_step(x)
+            with step_values(self.step + 1):
+                if graphed is not None:
+                    loss, grad_norm = graphed(x)
+                    loss = loss.clone()  # the next replay overwrites the graph's output
+                else:
+                    loss, grad_norm = self._eager_step(x)
             self.step += 1
             steps_since += 1
             self.pending.append(D.mean(loss, d))  # stays on the device: no host sync until the log step
+            self.watch.update(self.step, self.pending[-1], grad_norm)
             if bar is not None:
                 bar.update(1)
             if self._log_now():
@@ -217,35 +252,28 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> None:
-        self._flush_pending()
-        model_sd, optim_sd = D.full_state(self.model, self.optimizer)
-        rngs = D.gather_objects(ckpt.rng_state(), self.d)
-        if self.d.main:
-            state = {"step": self.step, "model": model_sd, "optimizer": optim_sd, "rng": rngs,
-                     "loss_sum": self.loss_sum, "loss_count": self.loss_count,
-                     "config": dataclasses.asdict(self.cfg), "world": self.d.world}
-            ckpt.save(self.ckpt_dir, self.step, state, self.cfg.keep_last)
-        D.barrier(self.d)
+        self._flush_pending()  # stops a diverged run here, before its state is saved
+        state = {"step": self.step, "rng": D.gather_objects(ckpt.rng_state(), self.d), "loss_sum": self.loss_sum,
+                 "loss_count": self.loss_count, "config": dataclasses.asdict(self.cfg), "world": self.d.world}
+        sharded.save(self.ckpt_dir, self.step, self.model, self.optimizer, state, self.d, self.cfg.keep_last)
 
     def _flush_pending(self) -> None:
-        """Move the per-step losses since the last log into the running sum (kept in checkpoints)."""
+        """Move the per-step losses since the last log into the running sum (kept in checkpoints); raises
+        `guard.Diverged` if a step since the start was not finite."""
+        self.watch.check(f" (run {self.cfg.out_dir})")
         self.loss_sum += sum(t.item() for t in self.pending)
         self.loss_count += len(self.pending)
         self.pending = []
 
     def _resume(self) -> None:
-        """Every rank reads the newest intact checkpoint (the file system must be shared across nodes)."""
-        state = ckpt.load_latest(self.ckpt_dir)
+        """Every rank reads its part of the newest intact checkpoint (the file system must be shared across nodes)."""
+        set_capturable(self.optimizer, None)  # DCP's state initialisation steps once, with a CPU rate for a tensor one
+        state = sharded.load_latest(self.ckpt_dir, self.model, self.optimizer, self.d)
+        set_capturable(self.optimizer, self.d.device if self.graphed else None)
         if state is None:
             return
-        changed = {k: (v, getattr(self.cfg, k)) for k, v in state["config"].items()
-                   if k in ("arch", "model", "data", "seq_len", "batch_size", "seed") and getattr(self.cfg, k) != v}
-        if changed:
-            raise ValueError(f"{self.ckpt_dir} was written with different settings {changed} (saved, now); use "
-                             f"another out_dir or --set resume=false")
-        set_capturable(self.optimizer, None)  # DCP's state initialisation steps once, with a CPU rate for a tensor one
-        D.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
-        set_capturable(self.optimizer, self.d.device if self.graphed else None)
+        notes = check_resume(self.cfg.out_dir, state["config"], dataclasses.asdict(self.cfg), fixed=RESUME_FIXED,
+                             paths=RESUME_PATHS, extendable=("max_steps",))
         self.step, self.loss_sum, self.loss_count = state["step"], state["loss_sum"], state["loss_count"]
         if state["world"] == self.d.world:
             ckpt.set_rng_state(state["rng"][self.d.rank])
@@ -253,9 +281,12 @@ class Trainer:
             print(f"note: checkpoint written by {state['world']} ranks, resuming on {self.d.world}: RNG not restored")
         if self.d.main:
             print(f"resumed from step {self.step} ({self.ckpt_dir})")
+            for note in notes:
+                print(note + (" (the cosine schedule now ends there)" if self.cfg.schedule == "cosine" else ""))
 
     def save_final(self) -> None:
         """The exported model in `final/`, written whole into `final.tmp/` and swapped in by renames."""
+        self.watch.check(f" (run {self.cfg.out_dir})")
         sd = D.full_model_state(self.model)
         if self.d.main:
             out = os.path.join(self.cfg.out_dir, "final")
@@ -264,10 +295,10 @@ class Trainer:
                 if os.path.isdir(out):
                     os.replace(out, out + ".old")
                 os.replace(out + ".tmp", out)
-            except (OSError, RuntimeError) as e:
+            except Exception as e:  # safetensors reports a full disk as its own SafetensorError
                 shutil.rmtree(out + ".tmp", ignore_errors=True)
-                raise ckpt.SaveError(f"could not write {out} ({e}); the checkpoints are intact: free space and rerun "
-                                     f"with resume=true to export again") from e
+                raise ckpt.SaveError(f"could not write {out} ({ckpt.reason(e)}); the checkpoints are intact: free "
+                                     f"space and rerun with resume=true to export again") from e
             shutil.rmtree(out + ".old", ignore_errors=True)
             print(f"saved {out}")
         D.barrier(self.d)
@@ -286,7 +317,7 @@ class Trainer:
     def _remove_stale(self) -> None:
         """Temporary files of an interrupted save or export; a `final.old/` whose swap was cut short is the export."""
         out = self.cfg.out_dir
-        ckpt.remove_stale(self.ckpt_dir)
+        sharded.remove_stale(self.ckpt_dir)
         log_tmp = os.path.join(out, "log.jsonl.tmp")
         if os.path.exists(log_tmp):
             os.remove(log_tmp)

@@ -20,7 +20,9 @@ curve as a benchmark record, `benchmarks/results/<device>/vision_fashion_mnist.j
 ImageFolder run) with the plot beside it, in the environment the run recorded where it trained.
 
 A checkpoint is written at the end of every epoch (model, optimiser, EMA, RNG states); a restarted run continues
-from the newest intact one and trains the same weights as one that never stopped.
+from the newest intact one and trains the same weights as one that never stopped. It resumes only with the settings
+it started with (`RESUME_FREE` may change, and `epochs`, which reshapes the cosine); a step whose loss or gradient
+norm is not finite stops the run before anything of it is saved.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from ..data.idx import read_fashion_mnist_split
 from ..models.vision import HGRN2ForImageClassification, VisionConfig, num_parameters, preset
 from . import checkpoint as ckpt
 from . import distributed as D
+from . import guard
 from .config import parse_overrides, unknown_key_error
 from .logger import RunLogger, read_log
 from .optim import build_optimizer, set_lr
@@ -135,6 +138,8 @@ class VisionTrainConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(VisionTrainConfig)}
+# settings a resumed run may change; `epochs` may grow or shrink (said in one line), `data` is compared resolved
+RESUME_FREE = ("num_workers", "device", "out_dir", "log_every", "keep_last", "progress", "epochs", "data")
 
 
 def preset_names() -> list[str]:
@@ -303,6 +308,16 @@ class VisionTrainer:
                                num_classes=classes)
         self.ckpt_dir = os.path.join(cfg.out_dir, "checkpoints")
         self.epoch, self.step, self.best = 0, 0, 0.0
+        self.watch = guard.FiniteWatch(self.d.device)
+        self.lock = guard.RunLock(cfg.out_dir, self.d)
+        try:
+            self._start()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _start(self) -> None:
+        cfg = self.cfg
         state = ckpt.load_latest(self.ckpt_dir)
         if state is not None:
             self._restore(state)
@@ -316,6 +331,12 @@ class VisionTrainer:
         self.env = environment(self.d.device, self.d.world)
 
     def _restore(self, state: dict) -> None:
+        now = dataclasses.asdict(self.cfg)
+        notes = guard.check_resume(f"`out_dir`: {self.cfg.out_dir}", state["config"], now, paths=("data",),
+                                   fixed=[k for k in now if k not in RESUME_FREE], extendable=("epochs",))
+        if self.d.main:
+            for note in notes:
+                print(note + " (the cosine schedule is over the new number of epochs)")
         D.unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.ema is not None:
@@ -334,6 +355,19 @@ class VisionTrainer:
         return contextlib.nullcontext()
 
     def train(self) -> dict:
+        """Train to `epochs`; returns the last epoch's result ({} when the run has nothing left to train). The run
+        directory is unlocked when it returns or raises."""
+        try:
+            if self.epoch >= self.cfg.epochs:
+                if self.d.main:
+                    print(f"the run in {self.cfg.out_dir} has trained {self.epoch} epoch(s), epochs={self.cfg.epochs}:"
+                          " nothing to train")
+                return {}
+            return self._train()
+        finally:
+            self.lock.release()
+
+    def _train(self) -> dict:
         cfg, d = self.cfg, self.d
         sampler = train_sampler(cfg, self.train_set, d)
         loader = torch.utils.data.DataLoader(self.train_set, batch_size=self.local_batch, sampler=sampler,
@@ -361,6 +395,7 @@ class VisionTrainer:
                 if bar is not None:
                     bar.update(1)
                 if self.step % cfg.log_every == 0:
+                    self.watch.check(f" ({cfg.out_dir})")
                     self.log.log({"kind": "train", "step": self.step, "epoch": self.epoch, "loss": loss.item(),
                                   "lr": lr})
             if bar is not None:
@@ -376,26 +411,30 @@ class VisionTrainer:
         x, y = x.to(self.d.device, non_blocking=True), y.to(self.d.device, non_blocking=True)
         if self.mixup is not None:
             x, target = self.mixup(x, y)  # soft targets, label smoothing included
-        with self.autocast():
-            logits = self.model(x)
-        if self.mixup is not None:
-            loss = soft_target_cross_entropy(logits, target)
-        else:
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.smoothing)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at step {self.step}; stopping")
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        with guard.step_values(self.step + 1):
+            with self.autocast():
+                logits = self.model(x)
+            if self.mixup is not None:
+                loss = soft_target_cross_entropy(logits, target)
+            else:
+                loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.smoothing)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
         if cfg.clip_grad:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        else:
+            norm = guard.grad_norm(self.model.parameters())
         self.optimizer.step()
         if self.ema is not None:
             self.ema.update_parameters(D.unwrap(self.model))
         self.step += 1
+        # the gradient norm is the same on every rank (DDP averages the gradients), so all stop together
+        self.watch.update(self.step, loss, norm)
         return loss
 
     def _end_epoch(self, train_loss: float, images_per_s: float, lr: float) -> dict:
         cfg, d = self.cfg, self.d
+        self.watch.check(f" ({cfg.out_dir})")  # a diverged epoch is neither evaluated nor saved
         metrics = evaluate(D.unwrap(self.model), self.val_set, self.local_batch, d, self.autocast)
         ema_metrics = evaluate(self.ema.module, self.val_set, self.local_batch, d, self.autocast) if self.ema else {}
         self.best = max(self.best, metrics["acc1"], ema_metrics.get("acc1", 0.0))
@@ -483,8 +522,15 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
         D.shutdown()
         return 2
+    except guard.RunError as e:  # the run directory in use, no intact checkpoint
+        print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
+        D.shutdown()
+        return 1
     try:
         trainer.train()
+    except (OSError, guard.RunError) as e:  # a full disk, a diverged run: one line, what was saved is intact
+        print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
+        return 1
     finally:
         del trainer  # before the process group goes (D.shutdown)
         D.shutdown()
@@ -576,7 +622,7 @@ def run_eval(args: argparse.Namespace) -> int:
             require_timm(cfg)
         val = fashion_mnist(cfg.data, "val") if cfg.dataset == "fashion_mnist" else image_folder(cfg, "val")
         d = D.init(cfg.device)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, guard.RunError) as e:
         print(f"hgrn2 vision eval: error: {e}", file=sys.stderr)
         return 2
     model = HGRN2ForImageClassification(VisionConfig(**state["model_config"]))

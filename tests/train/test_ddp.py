@@ -1,5 +1,6 @@
 """torchrun on CPU (gloo): 2 ranks with DDP and with FSDP2 give the 1-process loss curve with accumulation 2;
-their checkpoints resume on 2 ranks, and across world sizes (DDP checkpoint, 1 process)."""
+their sharded checkpoints resume on 2 ranks and across world sizes (2 ranks -> 1 process and 1 process -> 2 ranks)
+with the same loss curve."""
 
 import os
 import shutil
@@ -21,8 +22,8 @@ def _close(a: dict, b: dict, tol=1e-5):
 def _rewind(out_dir, to_step):
     """Make a finished run look like one that stopped right after the checkpoint of `to_step`."""
     for f in os.listdir(os.path.join(out_dir, "checkpoints")):
-        if int(f[5:13]) > to_step:
-            os.remove(os.path.join(out_dir, "checkpoints", f))
+        if f.startswith("step_") and int(f[5:13]) > to_step:
+            shutil.rmtree(os.path.join(out_dir, "checkpoints", f))
     shutil.rmtree(os.path.join(out_dir, "final"))
 
 
@@ -48,14 +49,20 @@ def test_two_ranks_match_one_process_with_accumulation(reference, parallel):
     _close(losses(out, "val", "val_loss"), ref_val)
     assert ref[STEPS] < ref[1]
 
-    # resume on 2 ranks (DDP: rank 0 reads and broadcasts; FSDP: sharded load) and, for DDP, also the 2-rank
-    # checkpoint on 1 process (accumulation 2)
-    for step, nproc in [(8, 2)] + ([(4, 1)] if parallel == "ddp" else []):
+    # resume on 2 ranks, and the 2-rank checkpoint on 1 process (accumulation 2): each reads its shards
+    for step, nproc in [(8, 2), (4, 1)]:
         _rewind(out, step)
         p = run_train(overrides, nproc=nproc)
         assert f"resumed from step {step}" in p.stdout
         _close(losses(out), ref)
         assert os.path.isfile(os.path.join(out, "final", "model.safetensors"))
+    # and the 1-process run's checkpoint on 2 ranks
+    shutil.copytree(tmp / "one", tmp / f"one-on-2-{parallel}")
+    out = str(tmp / f"one-on-2-{parallel}")
+    _rewind(out, 4)
+    p = run_train(base_overrides(data, out, dropout=0.0, max_steps=STEPS, parallel=parallel), nproc=2)
+    assert "resumed from step 4" in p.stdout
+    _close(losses(out), ref)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import pytest
 
 from hgrn2.data.packed import DataFileError, PackedDataset
 from hgrn2.train import checkpoint as ckpt
+from hgrn2.train import sharded
 from hgrn2.train.config import make_config
 from hgrn2.train.trainer import Trainer
 from tests.train.helpers import ROOT, base_overrides, env, make_corpus
@@ -87,32 +88,33 @@ class _FullDisk(io.FileIO):
 
 
 def _fill_disk_at(monkeypatch, name_part: str, room: int = 4096):
-    """Writes to files whose name holds `name_part` hit a full disk after `room` bytes."""
+    """Writes of the checkpoint's train state to paths that hold `name_part` hit a full disk after `room` bytes."""
     real_open = open
 
     def fake_open(path, mode="r", *args, **kwargs):
-        if "w" in mode and "b" in mode and name_part in os.path.basename(str(path)):
+        if "w" in mode and "b" in mode and name_part in str(path):
             _FullDisk.room = room
             return _FullDisk(path, "w")
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "open", fake_open, raising=False)
+    monkeypatch.setattr(sharded, "open", fake_open, raising=False)
 
 
 def test_full_disk_keeps_the_last_checkpoint_and_resumes_exactly(data, tmp_path, monkeypatch):
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
     Trainer(config(data, ref_dir)).train()
 
-    _fill_disk_at(monkeypatch, "step_00000008.pt")
+    _fill_disk_at(monkeypatch, "step_00000008.tmp/train_state.pt")
     with pytest.raises(ckpt.SaveError, match="No space left on device.*previous checkpoint is intact") as e:
         Trainer(config(data, cut_dir)).train()
     assert "\n" not in str(e.value)
     ckpt_dir = cut_dir / "checkpoints"
-    assert sorted(os.listdir(ckpt_dir)) == ["step_00000004.json", "step_00000004.pt"]  # no partial file
-    assert ckpt.load_latest(str(ckpt_dir))["step"] == 4
+    assert sorted(os.listdir(ckpt_dir)) == ["step_00000004"]  # nothing partial
+    assert [s for s, _ in sharded.list_checkpoints(str(ckpt_dir))] == [4]
 
     monkeypatch.undo()  # space freed; an interrupted earlier save may also have left temporary files
-    for stale in (ckpt_dir / "step_00000008.pt.tmp", cut_dir / "log.jsonl.tmp"):
+    (ckpt_dir / "step_00000008.tmp").mkdir()
+    for stale in (ckpt_dir / "step_00000008.pt.tmp", ckpt_dir / "step_00000008.tmp" / "x", cut_dir / "log.jsonl.tmp"):
         stale.write_bytes(b"")
     Trainer(config(data, cut_dir)).train()
     assert not list(ckpt_dir.glob("*.tmp")) and not (cut_dir / "log.jsonl.tmp").exists()
@@ -180,12 +182,12 @@ def test_cli_reports_a_full_disk_in_one_line(data, tmp_path):
     """The CLI prints the save error as one line (exit 1), not a traceback."""
     script = textwrap.dedent(f"""
         import errno, os, sys
-        from hgrn2.train import checkpoint
+        from hgrn2.train import sharded
         def full_disk(path, mode="r", *args, **kwargs):
             if "w" in mode:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return open(path, mode, *args, **kwargs)
-        checkpoint.open = full_disk
+        sharded.open = full_disk
         from hgrn2.cli import main
         sys.exit(main(["train", "--set", *{base_overrides(data, str(tmp_path), max_steps=4, save_every=4)!r}]))
     """)

@@ -371,7 +371,7 @@ def test_a_run_resumes_only_with_its_own_settings(tmp_path):
     with pytest.raises(ValueError, match=r"`--out`: .* other settings \{'train.lr': \(0.003, 0.001\)\}"):
         _cli(tmp_path, "--lr", "1e-3")
     # another seed is another run: a second seed in the same folder would otherwise continue the first
-    with pytest.raises(ValueError, match=r"other settings \{'train.seed': \(2222, 1\)\}"):
+    with pytest.raises(ValueError, match=r"other settings \{'run.seed': \(2222, 1\)\}"):
         _cli(tmp_path, "--seed", "1")
     _cli(tmp_path, "--epochs", "3")  # more epochs continue the same run
     assert json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())["epochs_done"] == 3

@@ -16,7 +16,7 @@ from tests.train.helpers import ROOT, base_overrides, env, losses, make_corpus, 
 def _kill_after_checkpoint(overrides, out_dir, step):
     """Start a run and SIGKILL it as soon as the checkpoint of `step` is complete."""
     p = subprocess.Popen(train_cmd(overrides), cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    marker = os.path.join(out_dir, "checkpoints", f"step_{step:08d}.json")
+    marker = os.path.join(out_dir, "checkpoints", f"step_{step:08d}")  # renamed into place when complete
     deadline = time.time() + 120
     while not os.path.exists(marker):
         assert p.poll() is None, p.stdout.read().decode()[-3000:]
@@ -40,8 +40,8 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     overrides = base_overrides(data, cut_dir, max_steps=max_steps)
     _kill_after_checkpoint(overrides, cut_dir, 12)
     # corrupt the newest checkpoint: resume must warn and use the one before
-    ckpts = sorted(f for f in os.listdir(os.path.join(cut_dir, "checkpoints")) if f.endswith(".pt"))
-    newest = os.path.join(cut_dir, "checkpoints", ckpts[-1])
+    ckpts = sorted(f for f in os.listdir(os.path.join(cut_dir, "checkpoints")) if not f.endswith(".tmp"))
+    newest = os.path.join(cut_dir, "checkpoints", ckpts[-1], "__0_0.distcp")
     with open(newest, "r+b") as f:
         f.truncate(os.path.getsize(newest) // 2)
     p = run_train(overrides)

@@ -9,6 +9,7 @@ import torch
 
 from hgrn2.cli import main
 from hgrn2.train import checkpoint as ckpt
+from hgrn2.train import sharded
 from hgrn2.train.config import make_config, preset_names
 from hgrn2.train.optim import build_optimizer, lr_at
 from tests.train.helpers import base_overrides, losses, make_corpus
@@ -161,7 +162,7 @@ def test_short_run_logs_saves_and_plots(data, tmp_path, capsys):
     assert "val loss" in capsys.readouterr().out
     final = os.path.join(out, "final")
     model = AutoModelForCausalLM.from_pretrained(final)
-    saved = torch.load(os.path.join(out, "checkpoints", "step_00000006.pt"), weights_only=False)["model"]
+    saved = sharded.read_model(os.path.join(out, "checkpoints", "step_00000006"))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
     assert os.path.isfile(os.path.join(final, "train_config.yaml"))
     png = str(tmp_path / "loss.png")

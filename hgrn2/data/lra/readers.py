@@ -116,7 +116,8 @@ CIFAR_FILES = {"train": [f"data_batch_{k}" for k in range(1, 6)], "test": ["test
 
 
 def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(rgb uint8 [N, 32, 32, 3], labels) of one python-pickle or binary (.bin) CIFAR-10 batch file."""
+    """(rgb uint8 [N, 32, 32, 3], labels) of one python-pickle or binary (.bin) CIFAR-10 batch file. A pickle is
+    read only from the folder the user gave (`hgrn2 lra --data`, whose help says it runs code), never downloaded."""
     if path.suffix == ".bin":
         rows = np.fromfile(path, np.uint8).reshape(-1, 3073)
         data, labels = rows[:, 1:], rows[:, 0].astype(np.int64)

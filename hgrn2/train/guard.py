@@ -1,0 +1,133 @@
+"""What every training loop guarantees about its run directory, shared by `train`, `lra`, `vision`, `mqar` and
+`ablate`: one process at a time (`RunLock`), a stop before a non-finite step reaches a checkpoint (`FiniteWatch`),
+and a resume only with the settings the run started with (`check_resume`).
+
+Failures are `RunError`s: one line for the user (the CLI prints it and exits 1), what was saved before is intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+STOPPED = ("stopped without saving: the newest checkpoint holds the last finite step (lower the learning rate or "
+           "clip gradients, and start again from it or from scratch)")
+
+
+class RunError(RuntimeError):
+    """A run cannot go on; its message is one line and names what to do."""
+
+
+class Diverged(RunError):
+    """The loss or the gradient norm turned non-finite; the checkpoints hold only finite steps."""
+
+
+class RunLock:
+    """An exclusive lock (flock) on `<directory>/.lock` for as long as the run trains in it. Under torchrun rank 0
+    takes it and every rank learns the outcome, so that all refuse together."""
+
+    def __init__(self, directory: str, d=None):
+        from . import distributed as D
+
+        self.file = None
+        error = self._take(directory) if d is None or d.main else None
+        if d is not None:
+            error = D.gather_objects(error, d)[0]  # rank 0's outcome
+        if error:
+            raise RunError(error)
+
+    def _take(self, directory: str) -> str | None:
+        import fcntl
+
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, ".lock")
+        f = open(path, "a+")  # noqa: SIM115 - held open for the run's lifetime
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            return (f"{directory} is in use by another process (pid {holder}); wait for it to finish or use another "
+                    "output directory")
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        self.file = f
+        return None
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing drops the flock
+            self.file = None
+
+    def __del__(self):
+        self.release()
+
+
+class FiniteWatch:
+    """Remembers on the device the first step whose loss or gradient norm was not finite (no host sync per step);
+    `check()` reads it, and is called before anything is saved."""
+
+    def __init__(self, device: torch.device):
+        self.first_bad = torch.zeros((), dtype=torch.int64, device=device)  # 0: every step finite
+
+    def update(self, step: int, *values: torch.Tensor | None) -> None:
+        ok = torch.stack([v.detach().float().isfinite().all() for v in values if v is not None]).all()
+        self.first_bad = torch.where((self.first_bad == 0) & ~ok, step, self.first_bad)
+
+    def bad_step(self) -> int | None:
+        step = int(self.first_bad)
+        return step or None
+
+    def check(self, what: str = "") -> None:
+        step = self.bad_step()
+        if step is not None:
+            raise Diverged(f"the loss or gradient norm is not finite from step {step}{what}; {STOPPED}")
+
+
+@contextlib.contextmanager
+def step_values(step: int):
+    """The context of training step `step` (1-based): from the second step on, a ValueError of the model's value
+    checks (a lower bound at 1, say) comes from weights that left their range, not from the input (the first step
+    ran on the same shapes), and is reported as `Diverged`."""
+    try:
+        yield
+    except ValueError as e:
+        if step <= 1:
+            raise
+        raise Diverged(f"the model's values left their range at step {step} ({str(e).splitlines()[0][:200]}); "
+                       f"{STOPPED}") from e
+
+
+def grad_norm(parameters) -> torch.Tensor:
+    """The global gradient norm (measured, nothing clipped)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.nn.utils.get_total_norm(grads, foreach=True)
+
+
+def same_path(a, b) -> bool:
+    """Two spellings of one path (a trailing slash, `..`, a symlink) are the same."""
+    if not a or not b:
+        return a == b
+    return os.path.realpath(str(a)) == os.path.realpath(str(b))
+
+
+def check_resume(where: str, saved: dict, now: dict, *, fixed, paths=(), extendable=(), names=None) -> list[str]:
+    """Compare a run's saved settings with this call's: a change to a `fixed` key (or to the resolved `paths`) is
+    refused in one line; a change of an `extendable` key (epochs, steps) is allowed and returned as one line each.
+    Keys absent from `saved` (checkpoints from before they were kept) are not compared. `names` maps keys to the
+    flags users set them with."""
+    names = names or {}
+    changed = {k: (saved[k], now[k]) for k in fixed if k in saved and k in now and saved[k] != now[k]}
+    changed |= {k: (saved[k], now[k]) for k in paths if k in saved and k in now and not same_path(saved[k], now[k])}
+    if changed:
+        what = ", ".join(f"{names.get(k, k)} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        raise ValueError(f"{where} holds a run started with other settings ({what}); resume it with its own, "
+                         "or use another output directory")
+    return [f"{names.get(k, k)} {saved[k]} -> {now[k]}: the run continues with the new value"
+            for k in extendable if k in saved and k in now and saved[k] != now[k]]
