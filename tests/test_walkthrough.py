@@ -77,7 +77,9 @@ def test_walkthrough_runs_as_written(tmp_path):
     assert vals[-1]["step"] == 300 and vals[-1]["val_ppl"] < 500  # README: from ~2000 to a few hundred
     assert (work / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     final = work / "runs/tiny/final"
-    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(final))
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "configuration_hgrn2.py",
+            "modeling_hgrn2.py"} <= set(os.listdir(final))
+    assert "AutoModelForCausalLM" in json.loads((final / "config.json").read_text())["auto_map"]
     generated = outputs[0].split("wrote loss.png\n", 1)[1]
     assert len(generated.strip()) > 0
     if _has_eval():

@@ -232,6 +232,10 @@ def evaluate(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":  # lm-eval's own CLI with "hgrn2" registered
+    import sys
+
     from lm_eval.__main__ import cli_evaluate
 
+    if not any(a == "--device" or a.startswith("--device=") for a in sys.argv[1:]):
+        sys.argv += ["--device", default_device()]  # lm-eval's default is cuda:0, absent on a CPU-only host
     cli_evaluate()
