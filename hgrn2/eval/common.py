@@ -36,13 +36,13 @@ def resolve_dtype(name: str | None, device: str) -> torch.dtype:
 def load_model(path: str, device: str | None = None, dtype: str | torch.dtype | None = None):
     """A causal LM from a local directory (ours, a converted fla checkpoint, or any transformers model), in eval
     mode on `device`."""
-    from transformers import AutoModelForCausalLM
+    from hgrn2.models.saved import load_causal_lm
 
     if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
         raise EvalError(f"MODEL: {path!r} is not a model directory (no config.json)")
     device = device or default_device()
     dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    model = load_causal_lm(path, dtype=dtype)
     return model.to(device).eval()
 
 
