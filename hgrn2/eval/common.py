@@ -3,6 +3,7 @@ limit, greedy generation, atomic JSON and the argument-error type."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -42,8 +43,39 @@ def load_model(path: str, device: str | None = None, dtype: str | torch.dtype | 
         raise EvalError(f"MODEL: {path!r} is not a model directory (no config.json)")
     device = device or default_device()
     dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
-    model = load_causal_lm(path, dtype=dtype)
+    try:
+        model = load_causal_lm(path, dtype=dtype)
+    except ValueError as e:
+        raise EvalError(f"MODEL: {e}") from None
     return model.to(device).eval()
+
+
+def check_out_file(path: str, flag: str = "--out") -> None:
+    """Refuse an output file that could not be written, before the work whose result it would hold."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise EvalError(f"{flag}: {path!r} is a directory; expected a file name")
+    if not os.path.isdir(parent):
+        raise EvalError(f"{flag}: the folder of {path!r} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise EvalError(f"{flag}: {path!r} is not writable")
+
+
+def fingerprint(*paths: str) -> str:
+    """sha256 over files (for a directory: its config.json and weight files), so that partial results are kept with
+    what they were computed from rather than with a path whose contents may be replaced."""
+    h = hashlib.sha256()
+    for path in paths:
+        files = [path]
+        if os.path.isdir(path):
+            files = [os.path.join(path, n) for n in sorted(os.listdir(path))
+                     if n == "config.json" or n.endswith((".safetensors", ".bin", ".pt"))]
+        for file in files:
+            h.update(os.path.basename(file).encode() + b"\0")
+            with open(file, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):  # noqa: B023 - f is read in this loop only
+                    h.update(block)
+    return h.hexdigest()
 
 
 def load_tokenizer(path: str):

@@ -31,6 +31,7 @@ from hgrn2.data.files import write_json
 from .common import (
     EvalError,
     add_device_arguments,
+    check_out_file,
     default_device,
     evaluate_or_report,
     forward,
@@ -54,6 +55,9 @@ class HGRN2LM(TemplateLM):
         super().__init__()
         if unused:
             raise EvalError(f"--model_args: unknown argument(s) {sorted(unused)} for the hgrn2 model")
+        for name, v in (("batch_size", batch_size), ("chunk", chunk), ("max_gen_toks", max_gen_toks)):
+            if not (str(v).isdigit() and int(v) >= 1) and not (name == "batch_size" and str(v).startswith("auto")):
+                raise EvalError(f"{name}: expected a whole number >= 1, got {v!r}")
         self._device = device or default_device()
         self.model = load_model(pretrained, self._device, None if dtype in (None, "auto") else dtype)
         if not is_recurrent(self.model):
@@ -214,6 +218,14 @@ def evaluate(args: argparse.Namespace) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    for name in ("batch_size", "chunk", "num_fewshot"):
+        v = getattr(args, name)
+        if v is not None and v < (0 if name == "num_fewshot" else 1):
+            raise EvalError(f"--{name.replace('_', '-')}: expected >= {0 if name == 'num_fewshot' else 1}, got {v}")
+    if args.limit is not None and not args.limit > 0:
+        raise EvalError(f"--limit: expected > 0, got {args.limit}")
+    if args.out:
+        check_out_file(args.out)
     if args.include_path and not os.path.isdir(args.include_path):
         raise EvalError(f"--include-path: {args.include_path!r} is not a directory")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -35,6 +35,7 @@ from .common import (
     check_length,
     default_device,
     evaluate_or_report,
+    fingerprint,
     forward,
     load_model,
     load_tokenizer,
@@ -135,11 +136,11 @@ def _record(args, result: dict, device: str) -> None:
 
 def _parts_dir(args, model) -> str:
     """OUT/ppl.parts: each finished batch's losses, so an interrupted run resumes; refused if written with other
-    settings."""
+    settings or other weights (their checksum, wherever the model lies)."""
     settings = {k: v for k, v in sorted(vars(args).items()) if k in (
         "data", "split", "tokenizer", "sample_by", "sequences", "length", "mode", "window", "chunk", "batch_size",
         "max_sequences")}
-    settings.update(model=os.path.abspath(args.model), dtype=str(next(model.parameters()).dtype))
+    settings.update(weights=fingerprint(args.model), dtype=str(next(model.parameters()).dtype))
     settings = json.loads(json.dumps(settings))
     parts = os.path.join(args.out, "ppl.parts")
     path = os.path.join(parts, "settings.json")
@@ -173,6 +174,8 @@ def _check_args(args) -> None:
         raise EvalError("--length: required with --sequences stream")
     if args.mode == "windows" and args.window is None:
         raise EvalError("--window: required with --mode windows")
+    if args.window is not None and args.window < 2:
+        raise EvalError(f"--window: expected >= 2 (a window's first token is not predicted), got {args.window}")
     if args.length is not None and args.length < 2:
         raise EvalError(f"--length: expected >= 2 (one context and one predicted token), got {args.length}")
 
