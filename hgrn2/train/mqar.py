@@ -385,8 +385,28 @@ def _flat(values):
     return None if values is None else [x for group in values for x in group]
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The command line's numbers and mixer names, refused in one line before any run starts."""
+    from hgrn2.layers import TOKEN_MIXERS
+
+    for mixer in _flat(args.mixers) or []:
+        if mixer not in TOKEN_MIXERS and ":" not in mixer:
+            raise ValueError(f"--mixers: unknown token mixer {mixer!r}; expected one of {sorted(TOKEN_MIXERS)} or "
+                             f"module:Class")
+    for name in ("dims", "epochs", "train_examples", "test_examples", "batch_size", "vocab_size", "concurrent"):
+        for v in (_flat(args.dims) or []) if name == "dims" else [getattr(args, name)]:
+            if v is not None and v < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: expected a positive number, got {v}")
+    for lr in _flat(args.lrs) or []:
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"--lrs: expected positive finite learning rates, got {lr}")
+    if args.max_minutes is not None and not (math.isfinite(args.max_minutes) and args.max_minutes > 0):
+        raise ValueError(f"--max-minutes: expected a positive number of minutes, got {args.max_minutes}")
+
+
 def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict]:
     """The sweep's runs from the preset and the command-line overrides; also the resolved grid."""
+    check_arguments(args)
     name = args.preset or "quick"
     if name not in cfg["presets"]:
         raise ValueError(f"--preset: expected one of {sorted(cfg['presets'])}, got {name!r}")
