@@ -108,8 +108,10 @@ class HGRN2Config(PretrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> HGRN2Config:
-        """A named size from `hgrn2.models.presets.PRESETS` ("tiny", "paper-385m", "fla-1.3b", ...)."""
-        from .presets import PRESETS
+        """A named size from `hgrn2.models.presets.PRESETS` ("tiny", "paper-385m", "fla-1.3b", ...); the training
+        presets' names of the paper's sizes ("hgrn2-0.385b", ...) are accepted too."""
+        from .presets import MODEL_PRESETS, PRESETS
+        name = MODEL_PRESETS.get(name, name)
         if name not in PRESETS:
             raise ValueError(f"`name`: expected one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **overrides})
