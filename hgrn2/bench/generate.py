@@ -8,12 +8,14 @@ Models of the same width, depth and MLP size (0.4B: d 1024, 24 layers, SwiGLU 28
                    their cache in transformers ≥ 5.24's `generate`)
     llama          transformers' LlamaForCausalLM (SDPA, head dim 64), `generate` with its dynamic cache
     llama-static   the same with `cache_implementation="static"` (transformers compiles its decode step)
-Prefill: one forward over the prompt with the cache on (`time_ms`). Decode: one full decoding after a warm-up one
-(wall clock between CUDA synchronises; a decoding takes seconds, so the timer's repeated calls would multiply the
-run time), minus the prefill, over the `new − 1` one-token steps; for our models also the one-token forward alone
-(`forward ms`, without `generate`'s per-step work). The floor is the time to read every weight once at
-the copy bandwidth measured here. The rows are written after each one, so a run stopped by `--budget-s` (or killed)
-keeps them, and the same command run again measures only the rows still missing (`--fresh`: all of them).
+Prefill: one forward over the prompt with the cache on, after the warm-up decoding (`time_ms` on CUDA; on a CPU the
+fastest of ten calls, as the decodings it is compared with are the fastest of three). Decode: one full decoding
+after a warm-up one (wall clock between CUDA synchronises; a decoding takes seconds, so the timer's repeated calls
+would multiply the run time), minus the prefill, over the `new − 1` one-token steps; for our models also the
+one-token forward alone (`forward ms`, without `generate`'s per-step work). The floor is the time to read every
+weight once at the copy bandwidth measured here. The rows are written after each one, so a run stopped by
+`--budget-s` (or killed) keeps them, and the same command run again measures only the rows still missing
+(`--fresh`: all of them).
 
     hgrn2 bench generate                           # writes benchmarks/results/<device>/generate.json
     hgrn2 bench generate --quick                   # tiny CPU smoke run of the same code path
@@ -224,9 +226,12 @@ def measure(name, model, batch, prompt, new, vocab, device, seed) -> dict:
     cuda = device.type == "cuda"
     try:
         with torch.no_grad():
-            prefill_ms = time_ms(lambda: model(ids, use_cache=True, logits_to_keep=1), device=device, rep=200)
-            # warm-up; transformers' static cache is sized by the decoding length, so it warms up at full length
+            # warm-up, before any timing; transformers' static cache is sized by the decoding length, so it warms up
+            # at full length
             decode(name, model, ids, new if name == "llama-static" else min(new, 8))
+            prefill = lambda: model(ids, use_cache=True, logits_to_keep=1)  # noqa: E731
+            prefill_ms = time_ms(prefill, device=device, rep=200) if cuda else min(
+                _wall_ms(prefill, cuda) for _ in range(10))
             # decoding = generating `new` tokens minus generating one (both read the prompt the same way); the
             # fastest of a few runs, since the difference of two noisy times can vanish for tiny models on a CPU
             reps = 3 if device.type == "cpu" else 1
