@@ -137,7 +137,8 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
 
     `deadline` (a `time.time()` value) cuts the run after the step that passes it: the result then has
     complete=False. A run whose training loss turns non-finite stops (diverged=True, complete=True).
-    `on_epoch(record)` is called after every epoch with that epoch's record, `on_step()` after every step.
+    `on_epoch(record)` is called after every epoch with that epoch's record (and the run's id and epochs),
+    `on_step()` after every step.
     `checkpoint_dir`: save the state after every epoch there, and start from the newest one found (exactly:
     the batches come in a fixed order and the RNG is restored).
     `cuda_graph`: replay each training step as one CUDA graph (`hgrn2.train.graphed`; the same updates, the
@@ -216,7 +217,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
                     scheduler=sched.state_dict(), history=history, steps=steps, seconds=time.time() - start,
                     rng=_rng_state(dev)), keep_last=1)
         if on_epoch is not None:
-            on_epoch(history[-1])
+            on_epoch({"run_id": spec.run_id, "epochs": spec.epochs, **history[-1]})
         if stop:
             break
     seconds = time.time() - start
@@ -250,6 +251,12 @@ def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
             f.result()
 
 
+def _epoch_line(record: dict) -> None:
+    """The latest test accuracy of the run in training, above the progress bar (which names the run)."""
+    tqdm.write(f"{record['run_id']}: epoch {record['epoch'] + 1}/{record['epochs']}, test accuracy "
+               f"{record['accuracy']:.3f}")
+
+
 def _summary_line(r: dict) -> str:
     s = r["spec"]
     flags = "".join(f" [{k}]" for k in ("early_stopped", "diverged") if r[k]) + ("" if r["complete"] else " [cut]")
@@ -264,8 +271,9 @@ def run_sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, 
     """Run (or resume) the sweep (`hgrn2.train.sweep`); returns the results and the number of failed runs."""
     # longest first (packs the workers better); mixers interleaved, so a budget cut leaves every mixer covered
     order = sorted(runs, key=lambda r: (-r.seq_len * r.train_examples * r.epochs, r.d_model, r.lr))
+    options = dict(data_dir=data_dir, cuda_graph=cuda_graph, on_epoch=_epoch_line)
     results, errors = sweep(order, out, device, train_run, concurrent=concurrent, max_minutes=max_minutes,
-                            name="MQAR", summary=_summary_line, options=dict(data_dir=data_dir, cuda_graph=cuda_graph),
+                            name="MQAR", summary=_summary_line, options=options,
                             prepare=lambda todo: _prepare_data(todo, data_dir, workers=min(os.cpu_count() or 1, 8)))
     by_id = {r["run_id"]: r for r in results}
     return [by_id[r.run_id] for r in runs if r.run_id in by_id], errors
