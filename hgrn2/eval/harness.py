@@ -42,6 +42,9 @@ from .common import (
 )
 from .ppl import score_carried
 
+# tasks that ship with hgrn2 (an offline multiple-choice example, `hgrn2_tiny_mc`), always on the include path
+TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
+
 
 @register_model("hgrn2")
 class HGRN2LM(TemplateLM):
@@ -229,11 +232,11 @@ def evaluate(args: argparse.Namespace) -> dict:
     if args.include_path and not os.path.isdir(args.include_path):
         raise EvalError(f"--include-path: {args.include_path!r} is not a directory")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    manager = None
-    if args.include_path:  # indexing lm-eval's own task tree takes seconds: skip it when the local tasks suffice
-        manager = TaskManager(include_path=args.include_path, include_defaults=False)
-        manager = manager if all(manager.match_tasks([t]) for t in tasks) else None
-    manager = manager or TaskManager(include_path=args.include_path)
+    local = [TASKS_DIR, *([args.include_path] if args.include_path else [])]
+    # indexing lm-eval's own task tree takes seconds: skip it when the local tasks suffice
+    manager = TaskManager(include_path=local, include_defaults=False)
+    if not all(manager.match_tasks([t]) for t in tasks):
+        manager = TaskManager(include_path=local)
     unknown = [t for t in tasks if not manager.match_tasks([t])]
     if unknown:
         raise EvalError(f"--tasks: unknown task name(s) {unknown} (list them with `lm-eval ls tasks`)")

@@ -14,7 +14,7 @@ from lm_eval.api.instance import Instance
 from hgrn2.cli import main
 from hgrn2.eval.harness import HGRN2LM
 
-FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "eval" / "mc"
+FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "hgrn2" / "eval" / "tasks" / "hgrn2_tiny_mc"
 
 PAIRS = [
     ("The grammar of the language", " is defined here."),
@@ -87,9 +87,8 @@ def test_generate_until_is_greedy_and_stops(lm):
 def test_cli_runs_local_task(lm, hgrn2_dir, tmp_path, monkeypatch):
     data = FIXTURE / "hgrn2_tiny_mc.jsonl"
     out = tmp_path / "r.json"
-    monkeypatch.chdir(tmp_path)  # the task's data resolves beside its YAML, not from the working directory
-    assert main(["eval", "lm-eval", hgrn2_dir, "--tasks", "hgrn2_tiny_mc", "--include-path", str(FIXTURE),
-                 "--device", "cpu", "--out", str(out)]) == 0
+    monkeypatch.chdir(tmp_path)  # the bundled task's data resolves beside its YAML, not from the working directory
+    assert main(["eval", "lm-eval", hgrn2_dir, "--tasks", "hgrn2_tiny_mc", "--device", "cpu", "--out", str(out)]) == 0
     acc = json.loads(out.read_text())["results"]["hgrn2_tiny_mc"]["acc,none"]
     docs = [json.loads(line) for line in data.read_text().splitlines()]
     right = 0

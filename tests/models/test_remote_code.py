@@ -18,7 +18,7 @@ from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
 from hgrn2.models.remote_code import AUTO_MAP, MODULES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FIXTURE = ROOT / "tests" / "fixtures" / "eval" / "mc"
+FIXTURE = ROOT / "hgrn2" / "eval" / "tasks" / "hgrn2_tiny_mc"
 
 
 @pytest.fixture(scope="module")
