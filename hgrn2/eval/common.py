@@ -51,12 +51,15 @@ def load_model(path: str, device: str | None = None, dtype: str | torch.dtype | 
 
 
 def check_out_file(path: str, flag: str = "--out") -> None:
-    """Refuse an output file that could not be written, before the work whose result it would hold."""
-    parent = os.path.dirname(os.path.abspath(path))
+    """Refuse an output file that could not be written (its missing folders are made when it is), before the work
+    whose result it would hold."""
     if os.path.isdir(path):
         raise EvalError(f"{flag}: {path!r} is a directory; expected a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise EvalError(f"{flag}: the folder of {path!r} does not exist")
+        raise EvalError(f"{flag}: {path!r} cannot be written: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise EvalError(f"{flag}: {path!r} is not writable")
 

@@ -120,11 +120,13 @@ def test_scrolls_log_is_kept_with_the_data(hgrn2_dir, tmp_path, capsys):
     (["--batch-size", "0"], "--batch-size: expected >= 1, got 0"),
     (["--chunk", "0"], "--chunk: expected >= 1, got 0"),
     (["--limit", "0"], "--limit: expected > 0"),
-    (["--out", "/proc/no/such/r.json"], "does not exist"),
+    (["--out", "FILE/sub/r.json"], "is a file, not a folder"),
     (["--out", "/"], "is a directory"),
 ])
 def test_lm_eval_arguments_checked_before_any_work(argv, message, tmp_path, capsys):
     """The model directory does not exist: an argument error must come first."""
+    (tmp_path / "file").write_text("")
+    argv = [a.replace("FILE", str(tmp_path / "file")) for a in argv]
     assert main(["eval", "lm-eval", str(tmp_path / "no-model"), "--tasks", "hgrn2_tiny_mc"] + argv) == 2
     assert message in _last_error(capsys)
 
