@@ -212,11 +212,12 @@ def _split_text(text: str, sample_by: str) -> list[str]:
 
 
 def _prepared_documents(path: str, split: str) -> list[np.ndarray]:
-    meta_path = os.path.join(path, "meta.json")
-    if not os.path.isfile(meta_path):
-        raise EvalError(f"DATA: directory {path!r} has no meta.json (write it with `hgrn2 data prepare`)")
-    with open(meta_path) as f:
-        meta = json.load(f)
+    from hgrn2.data.packed import read_meta
+
+    try:
+        meta = read_meta(path)
+    except (ValueError, FileNotFoundError) as e:
+        raise EvalError(str(e)) from None
     if split not in meta["splits"]:
         raise EvalError(f"--split: {split!r} is not in {path!r} (splits: {sorted(meta['splits'])})")
     tokens = np.memmap(os.path.join(path, meta["splits"][split]["file"]), dtype=meta["dtype"], mode="r")

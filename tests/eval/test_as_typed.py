@@ -138,3 +138,17 @@ def test_lm_eval_unwritable_out(tmp_path, capsys):
     locked.chmod(0o500)
     assert main(["eval", "lm-eval", str(tmp_path / "no-model"), "--tasks", "x", "--out", str(locked / "r.json")]) == 2
     assert "is not writable" in _last_error(capsys)
+
+
+@pytest.mark.parametrize("text", ['{"format": "hgrn2-tok', "[1, 2]", "\xff\xfe"])
+def test_corrupt_meta_json_names_the_file(text, corpus, hgrn2_dir, tmp_path, capsys):
+    from hgrn2.cli import console
+
+    data = tmp_path / "data"
+    shutil.copytree(corpus, data)
+    (data / "meta.json").write_bytes(text.encode("latin-1"))
+    assert console(["eval", "ppl", hgrn2_dir, str(data), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]  # after the progress of loading the model
+    assert last.startswith("hgrn2 eval ppl: error: data: ") and str(data / "meta.json") in last
