@@ -44,10 +44,66 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 }
 
 
-def _usage() -> str:
-    rows = [f"  {' '.join(k):<18} {h}" for k, (_, h) in COMMANDS.items()]
-    head = "usage: hgrn2 <command> [options]   (hgrn2 <command> --help for its options)"
+# every command's --help, written by `write_help()` from the parsers themselves (tests/test_cli.py checks it is
+# current), so that help prints without importing a command's module, which imports torch (seconds)
+HELP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_help.json")
+
+
+def _usage(group: tuple[str, ...] = ()) -> str:
+    rows = [f"  {' '.join(k[len(group):]):<18} {h}" for k, (_, h) in COMMANDS.items() if k[:len(group)] == group]
+    name = " ".join(("hgrn2", *group))
+    head = f"usage: {name} <command> [options]   ({name} <command> --help for its options)"
     return head + "\n\ncommands:\n" + "\n".join(rows)
+
+
+def _parser(words: tuple[str, ...]) -> argparse.ArgumentParser:
+    module, help_ = COMMANDS[words]
+    parser = argparse.ArgumentParser(prog="hgrn2 " + " ".join(words), description=help_)
+    importlib.import_module(module).add_arguments(parser)
+    return parser
+
+
+def help_texts() -> dict[str, str]:
+    """Each command's --help (and each of its subcommands', as `vision train`) as its parser prints it on a terminal
+    100 columns wide."""
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "102"  # argparse wraps at COLUMNS - 2
+    try:
+        texts = {}
+        for words in COMMANDS:
+            parser = _parser(words)
+            texts[" ".join(words)] = parser.format_help()
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    texts |= {" ".join((*words, name)): sub.format_help() for name, sub in action.choices.items()}
+        return texts
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+
+
+def write_help() -> None:
+    """Rewrite HELP_FILE after a command's arguments change."""
+    import json
+
+    with open(HELP_FILE, "w", encoding="utf-8") as f:
+        json.dump(help_texts(), f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def _saved_help(words: tuple[str, ...], rest: list[str]) -> str | None:
+    """The saved help of `words`, or of its subcommand when the first word after it names one."""
+    import json
+
+    try:
+        with open(HELP_FILE, encoding="utf-8") as f:
+            texts = json.load(f)
+    except (OSError, ValueError):
+        return None
+    sub = [a for a in rest if not a.startswith("-")][:1]
+    return texts.get(" ".join((*words, *sub))) or texts.get(" ".join(words))
 
 
 def _what_was_wrong(argv: list[str]) -> str:
@@ -71,14 +127,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for words in sorted(COMMANDS, key=len, reverse=True):
         if tuple(argv[: len(words)]) == words:
-            module, help_ = COMMANDS[words]
+            rest = argv[len(words):]
+            asks_help = any(a in ("-h", "--help") for a in rest[: rest.index("--") if "--" in rest else None])
+            saved = _saved_help(words, rest) if asks_help else None
+            if saved is not None:
+                print(saved, end="")
+                return 0
             importlib.import_module("hgrn2.models")  # registers the Auto classes that commands load models with
-            mod = importlib.import_module(module)
-            parser = argparse.ArgumentParser(prog="hgrn2 " + " ".join(words), description=help_)
-            mod.add_arguments(parser)
-            args = parser.parse_args(argv[len(words):])
+            parser = _parser(words)
+            args = parser.parse_args(rest)
             args.command_line = shlex.join(["hgrn2", *argv])  # what results record as their command
-            return int(mod.run(args) or 0)
+            return int(importlib.import_module(COMMANDS[words][0]).run(args) or 0)
+    group = tuple(argv[:1])
+    if any(k[:1] == group and len(k) > 1 for k in COMMANDS) and argv[1:2] in (["-h"], ["--help"]):
+        print(_usage(group))
+        return 0
     print(f"hgrn2: {_what_was_wrong(argv)}\n\n{_usage()}", file=sys.stderr)
     return 2
 

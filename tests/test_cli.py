@@ -11,6 +11,8 @@ import pytest
 from hgrn2 import __version__
 from hgrn2.cli import COMMANDS, console, main
 
+COMMANDS_WORDS = [" ".join(k) for k in COMMANDS]
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     code = ("import sys, hgrn2_cli; sys.argv = ['hgrn2', *sys.argv[1:]]; rc = hgrn2_cli.main(); "
@@ -24,6 +26,52 @@ def test_help_lists_commands_without_importing_torch():
     assert r.returncode == 0
     assert "train" in r.stdout and "bench ops" in r.stdout
     assert "torch not imported" in r.stderr
+
+
+def test_saved_help_is_current():
+    """hgrn2/cli_help.json is what the parsers print; after changing a command's arguments run
+    `python -c "from hgrn2.cli import write_help; write_help()"`."""
+    import json
+
+    from hgrn2.cli import HELP_FILE, help_texts
+
+    with open(HELP_FILE, encoding="utf-8") as f:
+        saved = json.load(f)
+    assert saved == help_texts(), "stale hgrn2/cli_help.json: rewrite it with hgrn2.cli.write_help()"
+
+
+def test_every_help_prints_at_once_without_importing_torch():
+    """Each command's and command group's --help, as the `hgrn2` command runs it: exit 0, its own text, no torch
+    (importing it takes seconds), well under half a second each after the interpreter has started."""
+    import json
+
+    from hgrn2.cli import HELP_FILE
+
+    with open(HELP_FILE, encoding="utf-8") as f:
+        saved = json.load(f)
+    groups = sorted({k.split()[0] for k in COMMANDS_WORDS if len(k.split()) > 1})
+    code = ("import contextlib, io, json, sys, time, hgrn2_cli\n"
+            "from hgrn2.cli import main\n"
+            "out = {}\n"
+            "for words in json.loads(sys.argv[1]):\n"
+            "    buf, t = io.StringIO(), time.perf_counter()\n"
+            "    with contextlib.redirect_stdout(buf):\n"
+            "        rc = main([*words.split(), '--help'])\n"
+            "    out[words] = [rc, buf.getvalue(), time.perf_counter() - t]\n"
+            "print(json.dumps({'torch': 'torch' in sys.modules, 'out': out}))\n")
+    words = sorted(saved) + groups
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(words)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    assert not got["torch"]
+    for w in words:
+        rc, text, seconds = got["out"][w]
+        assert rc == 0 and seconds < 0.5, (w, rc, seconds)
+        if w in groups:
+            assert text.startswith(f"usage: hgrn2 {w} <command>"), w
+            assert all(f"  {k.split(' ', 1)[1]} " in text for k in COMMANDS_WORDS if k.startswith(w + " ")), w
+        else:
+            assert text == saved[w], w
 
 
 def test_unknown_command_says_what_was_wrong(capsys):

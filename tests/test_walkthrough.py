@@ -35,6 +35,7 @@ def test_walkthrough_commands_parse():
     lines = [line for block in _blocks() for line in block.strip().splitlines()]
     assert [line.split()[:3] for line in lines][:3] == [["hgrn2", "data", "corpus"], ["hgrn2", "data", "prepare"],
                                                          ["hgrn2", "train", "--config"]]
+    assert {"ppl", "needle", "lm-eval"} <= {line.split()[2] for line in lines if line.startswith("hgrn2 eval ")}
     for line in lines:
         argv = shlex.split(line)[1:]
         words = next((w for w in sorted(COMMANDS, key=len, reverse=True) if tuple(argv[: len(w)]) == w), None)
@@ -77,9 +78,16 @@ def test_walkthrough_runs_as_written(tmp_path):
     assert vals[-1]["step"] == 300 and vals[-1]["val_ppl"] < 500  # README: from ~2000 to a few hundred
     assert (work / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     final = work / "runs/tiny/final"
-    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(final))
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "configuration_hgrn2.py",
+            "modeling_hgrn2.py"} <= set(os.listdir(final))
+    assert "AutoModelForCausalLM" in json.loads((final / "config.json").read_text())["auto_map"]
     generated = outputs[0].split("wrote loss.png\n", 1)[1]
     assert len(generated.strip()) > 0
     if _has_eval():
         ppl = json.loads((work / "eval" / "ppl.json").read_text())
         assert ppl["ppl"] < 500
+        needle = json.loads((work / "eval" / "needle" / "needle.json").read_text())
+        assert needle["lengths"] == [256, 512] and len(needle["cells"]) == 6
+        assert (work / "eval" / "needle" / "needle.png").stat().st_size > 0
+        acc = json.loads((work / "eval" / "lm_eval.json").read_text())["results"]["hgrn2_tiny_mc"]["acc,none"]
+        assert 0 <= acc <= 1

@@ -8,12 +8,14 @@ Models of the same width, depth and MLP size (0.4B: d 1024, 24 layers, SwiGLU 28
                    their cache in transformers ≥ 5.24's `generate`)
     llama          transformers' LlamaForCausalLM (SDPA, head dim 64), `generate` with its dynamic cache
     llama-static   the same with `cache_implementation="static"` (transformers compiles its decode step)
-Prefill: one forward over the prompt with the cache on (`time_ms`). Decode: one full decoding after a warm-up one
-(wall clock between CUDA synchronises; a decoding takes seconds, so the timer's repeated calls would multiply the
-run time), minus the prefill, over the `new − 1` one-token steps; for our models also the one-token forward alone
-(`forward ms`, without `generate`'s per-step work). The floor is the time to read every weight once at
-the copy bandwidth measured here. The rows are written after each one, so a run stopped by `--budget-s` (or killed)
-keeps them, and the same command run again measures only the rows still missing (`--fresh`: all of them).
+Prefill: one forward over the prompt with the cache on, after the warm-up decoding (`time_ms` on CUDA; on a CPU the
+fastest of five calls taken in turns with the decodings it is compared with). Decode: one full decoding
+after a warm-up one (wall clock between CUDA synchronises; a decoding takes seconds, so the timer's repeated calls
+would multiply the run time), minus the prefill, over the `new − 1` one-token steps; for our models also the
+one-token forward alone (`forward ms`, without `generate`'s per-step work). The floor is the time to read every
+weight once at the copy bandwidth measured here. The rows are written after each one, so a run stopped by
+`--budget-s` (or killed) keeps them, and the same command run again measures only the rows still missing
+(`--fresh`: all of them).
 
     hgrn2 bench generate                           # writes benchmarks/results/<device>/generate.json
     hgrn2 bench generate --quick                   # tiny CPU smoke run of the same code path
@@ -224,16 +226,25 @@ def measure(name, model, batch, prompt, new, vocab, device, seed) -> dict:
     cuda = device.type == "cuda"
     try:
         with torch.no_grad():
-            prefill_ms = time_ms(lambda: model(ids, use_cache=True, logits_to_keep=1), device=device, rep=200)
-            # warm-up; transformers' static cache is sized by the decoding length, so it warms up at full length
+            # warm-up, before any timing; transformers' static cache is sized by the decoding length, so it warms up
+            # at full length
             decode(name, model, ids, new if name == "llama-static" else min(new, 8))
+            prefill = lambda: model(ids, use_cache=True, logits_to_keep=1)  # noqa: E731
+            prefill_ms = time_ms(prefill, device=device, rep=200) if cuda else None
             # decoding = generating `new` tokens minus generating one (both read the prompt the same way); the
-            # fastest of a few runs, since the difference of two noisy times can vanish for tiny models on a CPU
-            reps = 3 if device.type == "cpu" else 1
-            one_ms = min(_wall_ms(lambda: decode(name, model, ids, 1), cuda) for _ in range(reps))
+            # fastest of a few runs of each, taken in turns so that a busy spell slows both alike, since the
+            # difference of two noisy times can vanish for tiny models on a CPU
+            reps = 5 if device.type == "cpu" else 1
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            runs = [_wall_ms(lambda: decode(name, model, ids, new), cuda, keep=True) for _ in range(reps)]
+            ones, runs, prefills = [], [], []
+            for _ in range(reps):
+                if not cuda:  # timed in the same turns as the decodings it is compared with
+                    prefills.append(_wall_ms(prefill, cuda))
+                ones.append(_wall_ms(lambda: decode(name, model, ids, 1), cuda))
+                runs.append(_wall_ms(lambda: decode(name, model, ids, new), cuda, keep=True))
+            prefill_ms = prefill_ms if cuda else min(prefills)
+            one_ms = min(ones)
             total_ms, out = min(runs, key=lambda r: r[0])
             step_ms = forward_step_ms(name, model, ids, device) if name.startswith("hgrn2") else None
     except torch.cuda.OutOfMemoryError:

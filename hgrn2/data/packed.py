@@ -34,10 +34,14 @@ def read_meta(path: str) -> dict:
     file = os.path.join(path, "meta.json")
     if not os.path.isfile(file):
         raise FileNotFoundError(f"data: {path!r} is not a prepared corpus (no meta.json); run `hgrn2 data prepare`")
-    with open(file) as f:
-        meta = json.load(f)
-    if meta.get("format") not in FORMATS:
-        raise ValueError(f"data: {file} has format {meta.get('format')!r}, expected one of {list(FORMATS)}")
+    with open(file, encoding="utf-8") as f:
+        try:
+            meta = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"data: {file} is not valid JSON ({e}); run `hgrn2 data prepare` again") from None
+    if not isinstance(meta, dict) or meta.get("format") not in FORMATS:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"data: {file} has format {found!r}, expected one of {list(FORMATS)}")
     return meta
 
 

@@ -65,19 +65,21 @@ def eos_id(tok, eos: str | None = None) -> int | None:
 
 def pretrained_tokenizer(source: str, eos_id: int | None = None):
     """transformers' fast tokenizer for `source` (a tokenizer.json file or a directory holding one), with its
-    special tokens set: a directory's own `tokenizer_config.json` wins; otherwise the token `eos_id` is the
-    end-of-text, beginning-of-text and padding token (GPT-2's convention, as `train_bpe` has one special token).
+    special tokens set and padding on the left (a decoder's batch: the recurrent state must start at each prompt's
+    first token): a directory's own `tokenizer_config.json` wins for the special tokens; otherwise the token
+    `eos_id` is the end-of-text, beginning-of-text and padding token (GPT-2's convention, as `train_bpe` has one
+    special token).
     `save_pretrained(dir)` on the result writes what `AutoTokenizer.from_pretrained(dir)` loads."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if os.path.isdir(source) and os.path.isfile(os.path.join(source, "tokenizer_config.json")):
-        hf = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        hf = AutoTokenizer.from_pretrained(source, local_files_only=True, padding_side="left")
     else:
         tok = load_tokenizer(source)
         eos = tok.id_to_token(eos_id) if eos_id is not None else None
         if eos_id is not None and eos is None:
             raise ValueError(f"tokenizer: eos id {eos_id} is outside the vocabulary of {source!r}")
-        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=eos)
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=eos, padding_side="left")
     if hf.pad_token is None and hf.eos_token is not None:
         hf.pad_token = hf.eos_token  # batched generation pads on the left; the mask hides the padding
     return hf

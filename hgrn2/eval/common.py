@@ -3,6 +3,7 @@ limit, greedy generation, atomic JSON and the argument-error type."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -36,14 +37,48 @@ def resolve_dtype(name: str | None, device: str) -> torch.dtype:
 def load_model(path: str, device: str | None = None, dtype: str | torch.dtype | None = None):
     """A causal LM from a local directory (ours, a converted fla checkpoint, or any transformers model), in eval
     mode on `device`."""
-    from transformers import AutoModelForCausalLM
+    from hgrn2.models.saved import load_causal_lm
 
     if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
         raise EvalError(f"MODEL: {path!r} is not a model directory (no config.json)")
     device = device or default_device()
     dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    try:
+        model = load_causal_lm(path, dtype=dtype)
+    except ValueError as e:
+        raise EvalError(f"MODEL: {e}") from None
     return model.to(device).eval()
+
+
+def check_out_file(path: str, flag: str = "--out") -> None:
+    """Refuse an output file that could not be written (its missing folders are made when it is), before the work
+    whose result it would hold."""
+    if os.path.isdir(path):
+        raise EvalError(f"{flag}: {path!r} is a directory; expected a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise EvalError(f"{flag}: {path!r} cannot be written: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise EvalError(f"{flag}: {path!r} is not writable")
+
+
+def fingerprint(*paths: str) -> str:
+    """sha256 over files (for a directory: its config.json and weight files), so that partial results are kept with
+    what they were computed from rather than with a path whose contents may be replaced."""
+    h = hashlib.sha256()
+    for path in paths:
+        files = [path]
+        if os.path.isdir(path):
+            files = [os.path.join(path, n) for n in sorted(os.listdir(path))
+                     if n == "config.json" or n.endswith((".safetensors", ".bin", ".pt"))]
+        for file in files:
+            h.update(os.path.basename(file).encode() + b"\0")
+            with open(file, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):  # noqa: B023 - f is read in this loop only
+                    h.update(block)
+    return h.hexdigest()
 
 
 def load_tokenizer(path: str):

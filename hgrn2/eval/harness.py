@@ -31,6 +31,7 @@ from hgrn2.data.files import write_json
 from .common import (
     EvalError,
     add_device_arguments,
+    check_out_file,
     default_device,
     evaluate_or_report,
     forward,
@@ -40,6 +41,9 @@ from .common import (
     load_tokenizer,
 )
 from .ppl import score_carried
+
+# tasks that ship with hgrn2 (an offline multiple-choice example, `hgrn2_tiny_mc`), always on the include path
+TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
 
 
 @register_model("hgrn2")
@@ -54,6 +58,9 @@ class HGRN2LM(TemplateLM):
         super().__init__()
         if unused:
             raise EvalError(f"--model_args: unknown argument(s) {sorted(unused)} for the hgrn2 model")
+        for name, v in (("batch_size", batch_size), ("chunk", chunk), ("max_gen_toks", max_gen_toks)):
+            if not (str(v).isdigit() and int(v) >= 1) and not (name == "batch_size" and str(v).startswith("auto")):
+                raise EvalError(f"{name}: expected a whole number >= 1, got {v!r}")
         self._device = device or default_device()
         self.model = load_model(pretrained, self._device, None if dtype in (None, "auto") else dtype)
         if not is_recurrent(self.model):
@@ -214,14 +221,22 @@ def evaluate(args: argparse.Namespace) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    for name in ("batch_size", "chunk", "num_fewshot"):
+        v = getattr(args, name)
+        if v is not None and v < (0 if name == "num_fewshot" else 1):
+            raise EvalError(f"--{name.replace('_', '-')}: expected >= {0 if name == 'num_fewshot' else 1}, got {v}")
+    if args.limit is not None and not args.limit > 0:
+        raise EvalError(f"--limit: expected > 0, got {args.limit}")
+    if args.out:
+        check_out_file(args.out)
     if args.include_path and not os.path.isdir(args.include_path):
         raise EvalError(f"--include-path: {args.include_path!r} is not a directory")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    manager = None
-    if args.include_path:  # indexing lm-eval's own task tree takes seconds: skip it when the local tasks suffice
-        manager = TaskManager(include_path=args.include_path, include_defaults=False)
-        manager = manager if all(manager.match_tasks([t]) for t in tasks) else None
-    manager = manager or TaskManager(include_path=args.include_path)
+    local = [TASKS_DIR, *([args.include_path] if args.include_path else [])]
+    # indexing lm-eval's own task tree takes seconds: skip it when the local tasks suffice
+    manager = TaskManager(include_path=local, include_defaults=False)
+    if not all(manager.match_tasks([t]) for t in tasks):
+        manager = TaskManager(include_path=local)
     unknown = [t for t in tasks if not manager.match_tasks([t])]
     if unknown:
         raise EvalError(f"--tasks: unknown task name(s) {unknown} (list them with `lm-eval ls tasks`)")
@@ -232,6 +247,10 @@ def evaluate(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":  # lm-eval's own CLI with "hgrn2" registered
+    import sys
+
     from lm_eval.__main__ import cli_evaluate
 
+    if not any(a == "--device" or a.startswith("--device=") for a in sys.argv[1:]):
+        sys.argv += ["--device", default_device()]  # lm-eval's default is cuda:0, absent on a CPU-only host
     cli_evaluate()

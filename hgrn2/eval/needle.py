@@ -35,6 +35,7 @@ from .common import (
     check_length,
     default_device,
     evaluate_or_report,
+    fingerprint,
     greedy_generate,
     load_model,
     load_tokenizer,
@@ -99,8 +100,8 @@ def evaluate(args: argparse.Namespace) -> dict:
                 ids = build_prompt(tok, hay, n, d / 100, needle, question, offset=t * 997)
                 cells.append((li, di, t, ids, answer, _key(n, d, t)))
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in (
-        "out", "batch_size", "device", "metric", "ignore_context_limit", "record", "command_line")}
-    settings.update(model=os.path.abspath(args.model), dtype=str(next(model.parameters()).dtype))
+        "out", "batch_size", "device", "metric", "ignore_context_limit", "record", "command_line", "model")}
+    settings.update(weights=fingerprint(args.model), dtype=str(next(model.parameters()).dtype))
     os.makedirs(args.out, exist_ok=True)
     log = ResultLog(os.path.join(args.out, "needle.log.jsonl"), settings)
     try:

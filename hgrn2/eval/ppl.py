@@ -36,6 +36,7 @@ from .common import (
     check_length,
     default_device,
     evaluate_or_report,
+    fingerprint,
     forward,
     load_model,
     load_tokenizer,
@@ -136,11 +137,11 @@ def _record(args, result: dict, device: str) -> None:
 
 def _parts_dir(args, model) -> str:
     """OUT/ppl.parts: each finished batch's losses, so an interrupted run resumes; refused if written with other
-    settings."""
+    settings or other weights (their checksum, wherever the model lies)."""
     settings = {k: v for k, v in sorted(vars(args).items()) if k in (
         "data", "split", "tokenizer", "sample_by", "sequences", "length", "mode", "window", "chunk", "batch_size",
         "max_sequences")}
-    settings.update(model=os.path.abspath(args.model), dtype=str(next(model.parameters()).dtype))
+    settings.update(weights=fingerprint(args.model), dtype=str(next(model.parameters()).dtype))
     settings = json.loads(json.dumps(settings))
     parts = os.path.join(args.out, "ppl.parts")
     path = os.path.join(parts, "settings.json")
@@ -174,6 +175,8 @@ def _check_args(args) -> None:
         raise EvalError("--length: required with --sequences stream")
     if args.mode == "windows" and args.window is None:
         raise EvalError("--window: required with --mode windows")
+    if args.window is not None and args.window < 2:
+        raise EvalError(f"--window: expected >= 2 (a window's first token is not predicted), got {args.window}")
     if args.length is not None and args.length < 2:
         raise EvalError(f"--length: expected >= 2 (one context and one predicted token), got {args.length}")
 
@@ -210,11 +213,12 @@ def _split_text(text: str, sample_by: str) -> list[str]:
 
 
 def _prepared_documents(path: str, split: str) -> list[np.ndarray]:
-    meta_path = os.path.join(path, "meta.json")
-    if not os.path.isfile(meta_path):
-        raise EvalError(f"DATA: directory {path!r} has no meta.json (write it with `hgrn2 data prepare`)")
-    with open(meta_path) as f:
-        meta = json.load(f)
+    from hgrn2.data.packed import read_meta
+
+    try:
+        meta = read_meta(path)
+    except (ValueError, FileNotFoundError) as e:
+        raise EvalError(str(e)) from None
     if split not in meta["splits"]:
         raise EvalError(f"--split: {split!r} is not in {path!r} (splits: {sorted(meta['splits'])})")
     tokens = read_split(path, split)  # the single file or the shards of `hgrn2 data prepare`

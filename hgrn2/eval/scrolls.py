@@ -30,6 +30,7 @@ from .common import (
     check_length,
     default_device,
     evaluate_or_report,
+    fingerprint,
     greedy_generate,
     load_model,
     load_tokenizer,
@@ -71,6 +72,11 @@ def evaluate(args: argparse.Namespace) -> dict:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise EvalError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
     examples = read_examples(args.data)[: args.limit]
+    if args.task in QUESTION_FIRST:
+        bad = next((ex for ex in examples if "\n\n" not in ex["input"]), None)
+        if bad is not None:
+            raise EvalError(f"DATA: {args.data}:{bad['line']}: a {args.task} input starts with its question and a "
+                            f"blank line before the document; this one has no blank line")
     tok = load_tokenizer(args.tokenizer or args.model)
     prompts, truncated = [], 0
     for ex in examples:
@@ -81,7 +87,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     model = load_model(args.model, device, args.dtype)
     check_length(model, max(map(len, prompts)) + args.max_new_tokens, "prompt + --max-new-tokens (use "
                  "--max-input-tokens)")
-    settings = {"model": os.path.abspath(args.model), "data": os.path.abspath(args.data), "task": args.task,
+    settings = {"weights": fingerprint(args.model), "data": fingerprint(args.data), "task": args.task,
                 "max_input_tokens": args.max_input_tokens, "max_new_tokens": args.max_new_tokens,
                 "dtype": str(next(model.parameters()).dtype)}
     os.makedirs(args.out, exist_ok=True)
@@ -128,12 +134,18 @@ def read_examples(path: str) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise EvalError(f"DATA: {path}:{n} is not JSON ({e.msg})") from e
+            if not isinstance(row, dict):
+                raise EvalError(f"DATA: {path}:{n} is not a JSON object with the SCROLLS fields id, input, output")
             missing = [k for k in ("id", "input", "output") if k not in row]
             if missing:
                 raise EvalError(f"DATA: {path}:{n} lacks SCROLLS field(s) {missing}")
-            if not str(row["input"]).strip():
+            wrong = [f"{k} is {type(row[k]).__name__}" for k in ("id", "input", "output")
+                     if not isinstance(row[k], str)]
+            if wrong:
+                raise EvalError(f"DATA: {path}:{n}: expected text in id, input and output, but {', '.join(wrong)}")
+            if not row["input"].strip():
                 raise EvalError(f"DATA: {path}:{n} has an empty input")
-            ex = by_id.setdefault(row["id"], {"id": row["id"], "input": row["input"], "outputs": []})
+            ex = by_id.setdefault(row["id"], {"id": row["id"], "input": row["input"], "outputs": [], "line": n})
             ex["outputs"].append(row["output"])
     if not by_id:
         raise EvalError(f"DATA: {path!r} has no examples")

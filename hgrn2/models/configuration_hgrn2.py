@@ -9,6 +9,7 @@ with eps 1e-5 (fla 0.6.0 calls `rms_norm_linear` without an eps, so `norm_eps` n
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -91,10 +92,26 @@ class HGRN2Config(PretrainedConfig):
                   conv_size=self.conv_size, backend=self.backend)
         return {**kw, **self.mixer_options}
 
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any) -> None:
+        """config.json with the `auto_map` of `remote_code.py` and its modules beside it, so that transformers' Auto
+        classes load the directory with `trust_remote_code=True` without `import hgrn2` first."""
+        from .remote_code import AUTO_MAP, write_modules
+
+        self.auto_map = dict(AUTO_MAP)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        write_modules(save_directory)
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class: str = "AutoConfig") -> None:
+        """Nothing to do: `save_pretrained` writes the remote-code modules itself (transformers' copy of this file
+        would not import outside the package)."""
+
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> HGRN2Config:
-        """A named size from `hgrn2.models.presets.PRESETS` ("tiny", "paper-385m", "fla-1.3b", ...)."""
-        from .presets import PRESETS
+        """A named size from `hgrn2.models.presets.PRESETS` ("tiny", "paper-385m", "fla-1.3b", ...); the training
+        presets' names of the paper's sizes ("hgrn2-0.385b", ...) are accepted too."""
+        from .presets import MODEL_PRESETS, PRESETS
+        name = MODEL_PRESETS.get(name, name)
         if name not in PRESETS:
             raise ValueError(f"`name`: expected one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **overrides})

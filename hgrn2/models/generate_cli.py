@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"hgrn2 generate: error: {e}", file=sys.stderr)
         return 2
     # the Auto classes know hgrn2: this module's package, hgrn2.models, registers them on import
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from .saved import load_causal_lm
 
     torch.manual_seed(args.seed)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
@@ -61,12 +63,15 @@ def run(args: argparse.Namespace) -> int:
               f"token to pad a batch of prompts with; give one --prompt, or save the tokenizer with a pad token",
               file=sys.stderr)
         return 2
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype).to(args.device).eval()
+    model = load_causal_lm(args.model_dir, dtype=dtype).to(args.device).eval()
     batch = tok(args.prompt, return_tensors="pt", padding=len(args.prompt) > 1).to(args.device)
     kw = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p) \
         if args.sample else dict(do_sample=False)
     with torch.no_grad():
         out = model.generate(**batch, max_new_tokens=args.max_new_tokens, pad_token_id=tok.pad_token_id, **kw)
-    for text in tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True):
+    texts = tok.batch_decode(out, skip_special_tokens=True)  # each prompt (its padding dropped) and what follows
+    for n, text in enumerate(texts, 1):
+        if len(texts) > 1:
+            print(("\n" if n > 1 else "") + f"--- {n}/{len(texts)} ---")
         print(text)
     return 0

@@ -121,6 +121,11 @@ class HGRN2PreTrainedModel(PreTrainedModel):
             module.reset_parameters()
 
     @classmethod
+    def register_for_auto_class(cls, auto_class: str = "AutoModel") -> None:
+        """Nothing to do: the config's `save_pretrained` writes the remote-code modules and `auto_map`
+        (`remote_code.py`); transformers' copy of this file would not import outside the package."""
+
+    @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # we build an HGRN2Cache ourselves on the first forward with use_cache
 

@@ -46,6 +46,13 @@ PRESETS: dict[str, dict] = {
     **{f"paper-385m-hgrn2-e{e}": dict(_385M, expand_ratio=e) for e in (4, 8)},
 }
 
+# The paper's sizes under both spellings, each accepted wherever the other is: the model preset here
+# (`HGRN2Config.from_preset`) and the training preset of the same model with the paper's training settings
+# (`hgrn2/configs/lm/<name>.yaml`, `hgrn2 train --config`).
+TRAINING_PRESETS: dict[str, str] = {"paper-150m": "hgrn2-0.15b", "paper-385m": "hgrn2-0.385b", "paper-1b": "hgrn2-1b",
+                                    "paper-2.9b": "hgrn2-2.9b", "paper-wt103-44m": "wikitext103"}
+MODEL_PRESETS: dict[str, str] = {v: k for k, v in TRAINING_PRESETS.items()}
+
 # The paper's parameter count (in parameters) for each preset it gives one for.
 PAPER_PARAMETERS: dict[str, float] = {
     "paper-150m": 0.15e9, "paper-385m": 0.385e9, "paper-1b": 1e9, "paper-2.9b": 2.9e9,

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -338,6 +339,10 @@ def run(args: argparse.Namespace) -> int:
     recipes = list(cfg["recipes"]) if args.recipes == ["all"] else args.recipes
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps: expected a positive number, got {args.steps}")
+    if args.concurrent is not None and args.concurrent < 1:
+        raise ValueError(f"--concurrent: expected a positive number, got {args.concurrent}")
+    if args.max_minutes is not None and not (math.isfinite(args.max_minutes) and args.max_minutes > 0):
+        raise ValueError(f"--max-minutes: expected a positive number of minutes, got {args.max_minutes}")
     build_runs(recipes, args.scale, "", cfg)  # a bad recipe or scale fails here, before a corpus is assembled
     out = Path(args.out)
     data = _data_dir(args, cfg["scales"][args.scale], out)

@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.list_presets:
-        print("\n".join(preset_names()))
+        from hgrn2.models.presets import MODEL_PRESETS
+
+        print("\n".join(f"{n} (or {MODEL_PRESETS[n]})" if n in MODEL_PRESETS else n for n in preset_names()))
         return 0
     try:
         cfg = make_config(args.config, args.set + (["cuda_graph=true"] if args.cuda_graph else []))

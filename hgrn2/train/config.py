@@ -113,8 +113,12 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name_or_path: str) -> dict:
-    """Raw dict of a preset given by name (`hgrn2/configs/lm/<name>.yaml`) or by a YAML file path."""
-    path = name_or_path if os.path.isfile(name_or_path) else os.path.join(PRESET_DIR, f"{name_or_path}.yaml")
+    """Raw dict of a preset given by name (`hgrn2/configs/lm/<name>.yaml`, or the model preset's name of a paper
+    size, `paper-150m`, ...) or by a YAML file path."""
+    from hgrn2.models.presets import TRAINING_PRESETS
+
+    name = TRAINING_PRESETS.get(name_or_path, name_or_path)
+    path = name_or_path if os.path.isfile(name_or_path) else os.path.join(PRESET_DIR, f"{name}.yaml")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config {name_or_path!r} is neither a file nor a preset; presets: {preset_names()}")
     with open(path) as f:

@@ -152,7 +152,8 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
 
     `deadline` (a `time.time()` value) cuts the run after the step that passes it: the result then has
     complete=False. A run whose training loss turns non-finite stops (diverged=True, complete=True).
-    `on_epoch(record)` is called after every epoch with that epoch's record, `on_step()` after every step.
+    `on_epoch(record)` is called after every epoch with that epoch's record (and the run's id and epochs),
+    `on_step()` after every step.
     `checkpoint_dir`: save the state after every epoch there, and start from the newest one found (exactly:
     the batches come in a fixed order and the RNG is restored); it is locked while the run trains.
     `cuda_graph`: replay each training step as one CUDA graph (`hgrn2.train.graphed`; the same updates, the
@@ -173,8 +174,12 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
                             capturable=cuda_graph)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=spec.epochs, eta_min=0.0)
     task = MQARTask(model, train, test, spec.batch_size, spec.early_stop_accuracy)
+    def epoch_done(record):  # the run's id and epochs beside the epoch's record, for the sweep's progress line
+        if on_epoch is not None:
+            on_epoch({"run_id": spec.run_id, "epochs": spec.epochs, **record})
+
     fit = Engine(task, opt, sched, device=dev, cuda_graph=cuda_graph, checkpoint_dir=checkpoint_dir,
-                 run_id=spec.run_id).fit(spec.epochs, deadline=deadline, on_step=on_step, on_epoch=on_epoch)
+                 run_id=spec.run_id).fit(spec.epochs, deadline=deadline, on_step=on_step, on_epoch=epoch_done)
     history = fit.history
     return dict(
         run_id=spec.run_id, spec=asdict(spec), final_accuracy=history[-1]["accuracy"],
@@ -206,6 +211,12 @@ def _prepare_data(runs: list[RunSpec], data_dir, workers: int) -> None:
             f.result()
 
 
+def _epoch_line(record: dict) -> None:
+    """The latest test accuracy of the run in training, above the progress bar (which names the run)."""
+    tqdm.write(f"{record['run_id']}: epoch {record['epoch'] + 1}/{record['epochs']}, test accuracy "
+               f"{record['accuracy']:.3f}")
+
+
 def _summary_line(r: dict) -> str:
     s = r["spec"]
     flags = "".join(f" [{k}]" for k in ("early_stopped", "diverged") if r[k]) + ("" if r["complete"] else " [cut]")
@@ -220,8 +231,9 @@ def run_sweep(runs: list[RunSpec], out: Path, device: str, concurrent: int = 1, 
     """Run (or resume) the sweep (`hgrn2.train.sweep`); returns the results and the number of failed runs."""
     # longest first (packs the workers better); mixers interleaved, so a budget cut leaves every mixer covered
     order = sorted(runs, key=lambda r: (-r.seq_len * r.train_examples * r.epochs, r.d_model, r.lr))
+    options = dict(data_dir=data_dir, cuda_graph=cuda_graph, on_epoch=_epoch_line)
     results, errors = sweep(order, out, device, train_run, concurrent=concurrent, max_minutes=max_minutes,
-                            name="MQAR", summary=_summary_line, options=dict(data_dir=data_dir, cuda_graph=cuda_graph),
+                            name="MQAR", summary=_summary_line, options=options,
                             prepare=lambda todo: _prepare_data(todo, data_dir, workers=min(os.cpu_count() or 1, 8)))
     by_id = {r["run_id"]: r for r in results}
     return [by_id[r.run_id] for r in runs if r.run_id in by_id], errors
@@ -341,8 +353,28 @@ def _flat(values):
     return None if values is None else [x for group in values for x in group]
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The command line's numbers and mixer names, refused in one line before any run starts."""
+    from hgrn2.layers import TOKEN_MIXERS
+
+    for mixer in _flat(args.mixers) or []:
+        if mixer not in TOKEN_MIXERS and ":" not in mixer:
+            raise ValueError(f"--mixers: unknown token mixer {mixer!r}; expected one of {sorted(TOKEN_MIXERS)} or "
+                             f"module:Class")
+    for name in ("dims", "epochs", "train_examples", "test_examples", "batch_size", "vocab_size", "concurrent"):
+        for v in (_flat(args.dims) or []) if name == "dims" else [getattr(args, name)]:
+            if v is not None and v < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: expected a positive number, got {v}")
+    for lr in _flat(args.lrs) or []:
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"--lrs: expected positive finite learning rates, got {lr}")
+    if args.max_minutes is not None and not (math.isfinite(args.max_minutes) and args.max_minutes > 0):
+        raise ValueError(f"--max-minutes: expected a positive number of minutes, got {args.max_minutes}")
+
+
 def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict]:
     """The sweep's runs from the preset and the command-line overrides; also the resolved grid."""
+    check_arguments(args)
     name = args.preset or "quick"
     if name not in cfg["presets"]:
         raise ValueError(f"--preset: expected one of {sorted(cfg['presets'])}, got {name!r}")

@@ -197,6 +197,7 @@ def _sweep(specs, out, device, train_fn, concurrent, max_minutes, name, summary,
 
     if concurrent <= 1:
         for i, spec in enumerate(todo):
+            bar.set_postfix_str(f"run {i + 1}/{len(todo)}: {spec.run_id}")
             result = run_and_save(train_fn, spec, devs[i % len(devs)], out, deadline, None,
                                   lambda n, rid=spec.run_id: advance(rid, n), options)
             report(spec, result)

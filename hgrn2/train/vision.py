@@ -615,6 +615,9 @@ def run_eval(args: argparse.Namespace) -> int:
         state = ckpt.load_latest(os.path.join(args.run, "checkpoints"))
         if state is None:
             raise FileNotFoundError(f"`--run`: no checkpoint in {args.run}/checkpoints")
+        if not isinstance(state, dict) or not {"config", "model_config", "model", "ema", "epoch"} <= set(state):
+            raise ValueError(f"`--run`: {args.run} is not a `hgrn2 vision train` run (its checkpoints were written "
+                             f"by another command)")
         if args.ema and state["ema"] is None:
             raise ValueError("`--ema`: the run kept no EMA weights (ema_decay=0)")
         cfg = VisionTrainConfig(**{**state["config"], **({"data": args.data} if args.data else {})})

@@ -9,13 +9,12 @@ import pathlib
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from lm_eval.api.instance import Instance
 
 from hgrn2.cli import main
 from hgrn2.eval.harness import HGRN2LM
 
-FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "eval" / "mc"
+FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "hgrn2" / "eval" / "tasks" / "hgrn2_tiny_mc"
 
 PAIRS = [
     ("The grammar of the language", " is defined here."),
@@ -85,15 +84,11 @@ def test_generate_until_is_greedy_and_stops(lm):
         assert text == lm.tok_decode(new).split("\n\n")[0]
 
 
-def test_cli_runs_local_task(lm, hgrn2_dir, tmp_path):
-    cfg = yaml.safe_load((FIXTURE / "hgrn2_tiny_mc.yaml").read_text())
+def test_cli_runs_local_task(lm, hgrn2_dir, tmp_path, monkeypatch):
     data = FIXTURE / "hgrn2_tiny_mc.jsonl"
-    cfg["dataset_kwargs"]["data_files"]["test"] = str(data)
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "t.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "r.json"
-    assert main(["eval", "lm-eval", hgrn2_dir, "--tasks", "hgrn2_tiny_mc", "--include-path", str(tmp_path / "tasks"),
-                 "--device", "cpu", "--out", str(out)]) == 0
+    monkeypatch.chdir(tmp_path)  # the bundled task's data resolves beside its YAML, not from the working directory
+    assert main(["eval", "lm-eval", hgrn2_dir, "--tasks", "hgrn2_tiny_mc", "--device", "cpu", "--out", str(out)]) == 0
     acc = json.loads(out.read_text())["results"]["hgrn2_tiny_mc"]["acc,none"]
     docs = [json.loads(line) for line in data.read_text().splitlines()]
     right = 0
@@ -123,16 +118,16 @@ def test_registered_with_lm_eval():
 
 @pytest.mark.slow
 def test_lm_eval_own_cli(hgrn2_dir, tmp_path):
+    import os
     import subprocess
     import sys
 
-    cfg = yaml.safe_load((FIXTURE / "hgrn2_tiny_mc.yaml").read_text())
-    cfg["dataset_kwargs"]["data_files"]["test"] = str(FIXTURE / "hgrn2_tiny_mc.jsonl")
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "t.yaml").write_text(yaml.safe_dump(cfg))
+    root = pathlib.Path(__file__).parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    # as the README types it: no --device (the default is the device that exists), from another folder
     run = subprocess.run([sys.executable, "-m", "hgrn2.eval.harness", "--model", "hgrn2", "--model_args",
-                          f"pretrained={hgrn2_dir},dtype=float32", "--device", "cpu", "--tasks", "hgrn2_tiny_mc",
-                          "--include_path", str(tmp_path / "tasks"), "--output_path", str(tmp_path / "o")],
-                         capture_output=True, text=True, timeout=600, cwd=pathlib.Path(__file__).parents[2])
+                          f"pretrained={hgrn2_dir},dtype=float32", "--tasks", "hgrn2_tiny_mc",
+                          "--include_path", str(FIXTURE), "--output_path", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "hgrn2_tiny_mc" in run.stdout and "acc" in run.stdout

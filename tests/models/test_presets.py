@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from hgrn2.models import HGRN2Config, HGRN2ForCausalLM
-from hgrn2.models.presets import PAPER_PARAMETERS, PRESETS
+from hgrn2.models.presets import PAPER_PARAMETERS, PRESETS, TRAINING_PRESETS
 from hgrn2.ops.gates import lower_bounds_from_logits
 from hgrn2.train.config import PRESET_DIR
 
@@ -108,3 +108,13 @@ def test_ddp_trains_softmax_attention(tmp_path):
     overrides = base_overrides(data, str(tmp_path / "out"), max_steps=2, parallel="ddp")
     p = run_train([*overrides, "model.token_mixer=attention"], nproc=2, timeout=300)
     assert "2 rank(s)" in p.stdout
+
+
+@pytest.mark.parametrize("model_name, train_name", sorted(TRAINING_PRESETS.items()))
+def test_both_spellings_of_a_paper_size_are_accepted_everywhere(model_name, train_name):
+    import dataclasses
+
+    from hgrn2.train.config import make_config
+
+    assert HGRN2Config.from_preset(train_name).to_dict() == HGRN2Config.from_preset(model_name).to_dict()
+    assert dataclasses.asdict(make_config(model_name)) == dataclasses.asdict(make_config(train_name))

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -172,8 +173,13 @@ def _cli(tmp_path, *extra):
 
 def test_cli_sweep_resumes(tmp_path, capsys):
     assert _cli(tmp_path, "--dims", "16,32") == 0
+    printed = capsys.readouterr()
+    # the bar names the run in training; each epoch's test accuracy is printed above it
+    ids = sorted(p.stem for p in (tmp_path / "out" / "runs").glob("*.json"))
+    assert all(f": {i}" in printed.err for i in ids) and "run 2/2: " in printed.err
+    assert re.search(r": epoch 1/2, test accuracy \d\.\d{3}\n", printed.out)
     # progress counts optimiser steps: 2 runs × 2 epochs × 2 batches of 32 (early stops count their remainder)
-    assert "MQAR steps" in capsys.readouterr().err and RunSpec(**{**asdict(tiny_spec()), "epochs": 2,
+    assert "MQAR steps" in printed.err and RunSpec(**{**asdict(tiny_spec()), "epochs": 2,
                                                                   "train_examples": 64}).total_steps == 4
     out = tmp_path / "out"
     files = sorted((out / "runs").glob("*.json"))
