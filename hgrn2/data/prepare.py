@@ -137,8 +137,6 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
         raise ValueError("--part works on local files, not --dataset")
     if overwrite:
         _clear(out)
-    elif os.path.exists(os.path.join(out, "meta.json")):
-        raise FileExistsError(f"{out!r} already holds a prepared corpus; pass --overwrite to replace it")
     settings = {"text_field": text_field, "sample_by": sample_by, "where": sorted(where or ()),
                 "source_field": source_field, "shard_size": shard_size, "eos": eos, "add_eos": add_eos,
                 "val": "inputs" if every == 0 and any(t["split"] == "val" for t in tasks) else f"every {every}",
@@ -150,6 +148,13 @@ def prepare(inputs=(), out="", *, tokenizer=None, train_tokenizer=None, val_inpu
         src_tok = load_tokenizer(tokenizer)
         settings["tokenizer"] = hashlib.sha256(src_tok.to_str().encode()).hexdigest()
     state = os.path.join(out, "prepare.json")
+    finished = os.path.join(out, "meta.json")
+    if os.path.exists(finished):
+        if not _same_run(state, settings, tasks):
+            raise FileExistsError(f"{out!r} already holds a prepared corpus; pass --overwrite to replace it")
+        print(f"{out}: already prepared by the same command; nothing to do", flush=True)
+        with open(finished) as f:  # the same command again after it finished (a kill that came too late)
+            return json.load(f)
     resumed = _check_state(state, settings, tasks)
     eos_name = eos if tokenizer is not None else eos or "<|endoftext|>"
     tok, eos_i = _tokenizer(out, src_tok, tokenizer, train_tokenizer, eos_name, add_eos, reader, tasks, resumed)
@@ -257,6 +262,15 @@ def _clear(out: str) -> None:
     for path in [os.path.join(out, n) for n in names] + glob.glob(os.path.join(out, "part-*-of-*.json")):
         if os.path.exists(path):
             os.remove(path)
+
+
+def _same_run(state: str, settings: dict, tasks: list[dict]) -> bool:
+    """Whether `state` (prepare.json) records these settings and inputs."""
+    if not os.path.isfile(state):
+        return False
+    with open(state) as f:
+        old = json.load(f)
+    return old["settings"] == settings and old["tasks"] == tasks
 
 
 def _check_state(state: str, settings: dict, tasks: list[dict]) -> bool:

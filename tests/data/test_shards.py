@@ -418,3 +418,15 @@ def test_old_single_file_datasets_still_load(tmp_path):
     assert read_meta(str(tmp_path))["format"] == "hgrn2-tokens-v1"
     ds = PackedDataset(str(tmp_path), "train", 10)
     assert ds.file.endswith("train.bin") and torch.equal(ds[7], torch.arange(70, 80) % 50)
+
+
+def test_the_same_command_after_it_finished_changes_nothing(corpus, tmp_path, capsys):
+    """A finished prepare run again with the same command (say, after a kill that came too late) changes no byte and
+    says so; other inputs into the same folder are refused in one line."""
+    out = tmp_path / "o"
+    meta = _prepare(corpus, out, workers=1)
+    before = _tree(out)
+    assert _prepare(corpus, out, workers=2) == meta
+    assert _tree(out) == before and "nothing to do" in capsys.readouterr().out
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        _prepare(corpus, out, workers=1, val_fraction=0.2)
