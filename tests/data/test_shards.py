@@ -1,9 +1,7 @@
 """The sharded `hgrn2 data prepare`: the same bytes for any number of workers, parts merged, resumed after a kill or
 a full disk, the Pile's and SlimPajama's .jsonl.zst layouts, and the loader over shards."""
 
-import errno
 import hashlib
-import io
 import json
 import os
 import random
@@ -16,6 +14,7 @@ from hgrn2.data import shards as S
 from hgrn2.data.packed import PackedDataset, StepSampler, read_meta, read_split, train_loader
 from hgrn2.data.prepare import merge, prepare, write_corpus
 from hgrn2.data.tokenizer import load_tokenizer, train_bpe
+from tests.train.helpers import FullDisk
 
 WORDS = "the cat sat on a mat dog ran far away and then slept under old green trees".split()
 SHARD = 3000  # characters per shard: dozens of shards from a few hundred documents
@@ -243,32 +242,17 @@ def test_finished_shards_are_checked_and_never_rewritten(corpus, tmp_path):
         _prepare(corpus, out, workers=1, part="1/2", shard_size=SHARD * 2)
 
 
-class _FullDisk(io.FileIO):
-    """A file on a disk that fills up after `room` bytes: the write that crosses it fails with ENOSPC."""
-
-    room = 0
-
-    def write(self, b):
-        n = len(memoryview(b).cast("B"))
-        if n > _FullDisk.room:
-            super().write(bytes(memoryview(b).cast("B")[: _FullDisk.room]))
-            _FullDisk.room = 0
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        _FullDisk.room -= n
-        return super().write(b)
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_full_disk_names_the_shard_and_leaves_no_partial_one(corpus, reference, tmp_path, monkeypatch, capsys,
                                                              workers):
     from hgrn2.cli import main
 
     real_open = open
-    _FullDisk.room = 6000
+    FullDisk.room = 6000
 
     def fake_open(path, mode="r", *args, **kwargs):
         if "w" in mode and str(path).endswith(".bin.tmp"):
-            return _FullDisk(path, "w")
+            return FullDisk(path, "w")
         return real_open(path, mode, *args, **kwargs)
 
     monkeypatch.setattr(S, "open", fake_open, raising=False)

@@ -3,6 +3,8 @@
 The tiny model is the real HGRN2 when `hgrn2.models` is importable, else transformers' Llama (same trainer path).
 """
 
+import errno
+import io
 import json
 import os
 import signal
@@ -86,3 +88,18 @@ def losses(out_dir, kind="train", key="loss") -> dict:
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     return {r["step"]: r[key] for r in rows if r["kind"] == kind}
+
+
+class FullDisk(io.FileIO):
+    """A file on a disk that fills up after `room` bytes: the write that crosses it fails with ENOSPC."""
+
+    room = 0
+
+    def write(self, b):
+        n = len(memoryview(b).cast("B"))
+        if n > FullDisk.room:
+            super().write(bytes(memoryview(b).cast("B")[: FullDisk.room]))
+            FullDisk.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        FullDisk.room -= n
+        return super().write(b)

@@ -2,7 +2,6 @@
 writer that fails with ENOSPC part-way, as the OS does), an interrupted export, and resuming a finished run."""
 
 import errno
-import io
 import json
 import os
 import subprocess
@@ -17,7 +16,7 @@ from hgrn2.train import checkpoint as ckpt
 from hgrn2.train import sharded
 from hgrn2.train.config import make_config
 from hgrn2.train.trainer import Trainer
-from tests.train.helpers import ROOT, base_overrides, env, make_corpus
+from tests.train.helpers import ROOT, FullDisk, base_overrides, env, make_corpus
 
 
 @pytest.fixture(scope="module")
@@ -72,29 +71,14 @@ def test_truncated_read_in_process(tmp_path):
         ds[len(ds) - 1]
 
 
-class _FullDisk(io.FileIO):
-    """A file on a disk that fills up after `room` bytes: the write that crosses it fails with ENOSPC."""
-
-    room = 0
-
-    def write(self, b):
-        n = len(memoryview(b).cast("B"))
-        if n > _FullDisk.room:
-            super().write(bytes(memoryview(b).cast("B")[: _FullDisk.room]))
-            _FullDisk.room = 0
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        _FullDisk.room -= n
-        return super().write(b)
-
-
 def _fill_disk_at(monkeypatch, name_part: str, room: int = 4096):
     """Writes of the checkpoint's train state to paths that hold `name_part` hit a full disk after `room` bytes."""
     real_open = open
 
     def fake_open(path, mode="r", *args, **kwargs):
         if "w" in mode and "b" in mode and name_part in str(path):
-            _FullDisk.room = room
-            return _FullDisk(path, "w")
+            FullDisk.room = room
+            return FullDisk(path, "w")
         return real_open(path, mode, *args, **kwargs)
 
     monkeypatch.setattr(sharded, "open", fake_open, raising=False)
