@@ -71,6 +71,7 @@ def test_a_time_limit_still_records_what_ran(tmp_path):
     assert len(sum((r["failures"] for r in rec["rows"]), [])) == 1
 
 
+@pytest.mark.slow
 def test_shards_split_files_and_name_their_records(tmp_path):
     """--shard I/N (hgrn2.bench.pytest_shard) runs each file in exactly one part; each part's record is its own
     file."""
