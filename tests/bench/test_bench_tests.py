@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hgrn2.bench import report, tests
 
 SAMPLE = '''
