@@ -27,6 +27,12 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+def state_precision(dt, prec: str) -> str:
+    """tl.dot precision of the backward's products on fp32 state operands: the inputs' where fp32 inputs ask for
+    more than one tf32 pass, else three tf32 passes (a single one truncates the state inside the MMA)."""
+    return prec if dt == tl.float32 and prec != "tf32" else "tf32x3"
+
+
 def seq_layout(o: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[int, int, int, int]:
     """(B, T, H, N) of inputs [B, T, H, K], N the number of sequences (B, or packed ones with cu_seqlens)."""
     B, T, H, _ = o.shape

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from ._common import ACTS, seq_layout, sm_count
+from ._common import ACTS, seq_layout, sm_count, state_precision
 from ._device import cdiv, next_pow2, triton_op
 from .chunk_parallel_bwd import chunk_parallel_bwd_dh_kernel, chunk_parallel_bwd_kernel, chunk_parallel_bwd_small_kernel
 from .chunk_parallel_fwd import chunk_parallel_decay_kernel, chunk_parallel_fwd_h_kernel, chunk_parallel_fwd_o_kernel
@@ -231,7 +231,7 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
             grid = _parallel_grid(o, n_chunks, NV, H, fallback)
             chunk_parallel_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
     if fz.numel():
-        sprec = prec if dt == tl.float32 and prec != "tf32" else "tf32x3"  # fp32 operands: the state, exactly
+        sprec = state_precision(dt, prec)
         # a K-block per program, up to 2 programs per SM and K-block: each chunk's work is latency-bound
         grid = (max(1, min(n_chunks * H, 2 * sm_count(o.device))), NV, cdiv(K, bk_bwd))
         chunk_parallel_bwd_small_kernel[grid](

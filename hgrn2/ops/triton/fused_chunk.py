@@ -11,7 +11,7 @@ import torch
 import triton.language as tl
 
 from ..flip import run_scan
-from ._common import ACTS, seq_layout, sm_count
+from ._common import ACTS, seq_layout, sm_count, state_precision
 from ._device import cdiv, next_pow2, triton_op
 from .chunk_parallel import hgrn2_chunk_parallel_triton
 from .config import FusedChunkConfig, config_key, from_key
@@ -103,8 +103,7 @@ def fused_chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bou
     K, V = o.shape[-1], i.shape[-1]
     BK, BV, NV, launch, dt, prec = _config(o, i, N * H, "bwd", cfg)
     ntok = B * T
-    # the state dots of the backward take fp32 operands: 3 tf32 passes unless fp32 inputs ask for ieee
-    sprec = prec if dt == tl.float32 and prec != "tf32" else "tf32x3"
+    sprec = state_precision(dt, prec)
     split, BT = bwd_form(NV, dt, cfg)
     common = dict(H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_LB=lower_bound is not None,
                   VARLEN=cu_seqlens is not None, MAX_SPREAD=cfg.max_spread, DT=dt, PREC=prec, SPREC=sprec,
