@@ -96,8 +96,9 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
 def fused_chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None,
               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
               dy: torch.Tensor, dht: torch.Tensor | None, scale: float, o_act: int, i_act: int, reverse: bool,
-              config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (do, dg, di, d lower_bound [H, K] or empty, d initial_state or empty)."""
+              config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (do, dg, di, d initial_state or empty). A bound that needs a gradient takes the chunk-parallel
+    kernels (`hgrn2_fused_chunk_triton`), so none of β is formed here."""
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
@@ -117,36 +118,33 @@ def fused_chunk_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bou
     )
     sweep = _reverse_split if split else _reverse_fused
     flags = dict(O_ACT=o_act, I_ACT=i_act, HAS_DHT=dht is not None, STORE_DH0=initial_state is not None)
-    do, dg, di, dlb = sweep(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags)
+    do, dg, di = sweep(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags)
     if initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)
-    return do, dg, di, dlb, dh0
+    return do, dg, di, dh0
 
 
 def _reverse_fused(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags):
-    """The reverse sweep as one kernel (`fused_chunk_bwd_kernel`): (do, dg, di, d lower_bound or empty)."""
+    """The reverse sweep as one kernel (`fused_chunk_bwd_kernel`): (do, dg, di)."""
     B, T, H, N = seq_layout(o, cu_seqlens)
-    NV, K = dys.shape[0], o.shape[-1]
+    NV = dys.shape[0]
     if NV == 1:
         do, dg = torch.empty_like(o)[None], torch.empty_like(g)[None]
     else:  # per-V-block partial sums, added below
         do, dg = torch.empty_like(dys), torch.empty_like(dys)
     di = torch.empty_like(i)
-    dlb = o.new_empty(NV, N, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     fused_chunk_bwd_kernel[(NV, N * H)](
-        o, g, i, lower_bound, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, B * T,
+        o, g, i, lower_bound, dy, dys, ht, dht, do, dg, di, dh0, cu_seqlens, scale, T, B * T,
         **flags, **common,
     )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
-    if lower_bound is not None:
-        dlb = dlb.sum((0, 1)).to(lower_bound.dtype)
-    return do, dg, di, dlb
+    return do, dg, di
 
 
 def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scale, common, flags):
     """The reverse sweep as a state-only sweep and a parallel kernel per sub-block (`fused_chunk_bwd_state_kernel`,
-    `fused_chunk_bwd_diag_kernel`): (do, dg, di, d lower_bound or empty)."""
+    `fused_chunk_bwd_diag_kernel`): (do, dg, di)."""
     B, T, H, N = seq_layout(o, cu_seqlens)
     NV, K, V = dys.shape[0], o.shape[-1], i.shape[-1]
     BT, ntok = common["BT"], B * T
@@ -161,7 +159,6 @@ def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
     if NV > 1:  # the V-blocks' partial sums (V is split only when few programs would run)
         dys, vds, carry = dys.sum(0), vds.sum(0), carry.sum(0)
     do, dg, di = torch.empty_like(o), torch.empty_like(g), torch.empty_like(i)
-    dlb = o.new_zeros(nbt, H, K, dtype=torch.float32) if lower_bound is not None else o.new_empty(0)
     # varlen: one host sync for the grid (T would launch N times the programs needed)
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     diag = {k: common[k] for k in ("H", "K", "V", "BT", "BK", "HAS_LB", "VARLEN", "MAX_SPREAD", "DT", "PREC",
@@ -169,19 +166,16 @@ def _reverse_split(o, g, i, lower_bound, cu_seqlens, dy, dys, ht, dht, dh0, scal
     bv = max(16, next_pow2(V))  # all of V: dA sums over it
     # 8 warps for 8192+ element tiles: they spill the least (4 and 16 warps spill more, compile_sm90.py)
     fused_chunk_bwd_diag_kernel[(cdiv(longest, BT), N * H)](
-        o, g, i, lower_bound, dy, dys, vds, dvs, carry, do, dg, di, dlb, cu_seqlens, scale, T,
+        o, g, i, lower_bound, dy, dys, vds, dvs, carry, do, dg, di, cu_seqlens, scale, T,
         BV=bv, O_ACT=flags["O_ACT"], I_ACT=flags["I_ACT"], num_warps=8 if common["BK"] * bv >= 8192 else 4, **diag,
     )
-    if lower_bound is not None:
-        dlb = dlb.sum(0).to(lower_bound.dtype)
-    return do, dg, di, dlb
+    return do, dg, di
 
 
 @fused_chunk_bwd.register_fake
 def _(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale, o_act, i_act, reverse, config):
-    dlb = torch.empty_like(lower_bound) if lower_bound is not None else o.new_empty(0)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else o.new_empty(0)
-    return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dlb, dh0
+    return torch.empty_like(o), torch.empty_like(g), torch.empty_like(i), dh0
 
 
 class _FusedChunk(torch.autograd.Function):
@@ -203,9 +197,8 @@ class _FusedChunk(torch.autograd.Function):
         scale, o_act, i_act, output_final_state, reverse, config = ctx.args
         dy = torch.zeros_like(i) if dy is None else dy.contiguous()
         dht = dht.contiguous() if output_final_state and dht is not None else None
-        do, dg, di, dlb, dh0 = fused_chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
-                                               o_act, i_act, reverse, config)
-        # a bound that needs a gradient never comes here (`hgrn2_fused_chunk_triton`)
+        do, dg, di, dh0 = fused_chunk_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, dy, dht, scale,
+                                          o_act, i_act, reverse, config)
         return (do, dg, di, None, dh0 if initial_state is not None else None, None, None, None, None, None, None,
                 None)
 

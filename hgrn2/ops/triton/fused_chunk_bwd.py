@@ -14,8 +14,8 @@ Both walk a sequence BT tokens at a time per (V-block, sequence·head), like the
    (a reverse running sum carried across sub-blocks; the last term is the final state's share). Its terms
    cancel pair by pair, so each is formed from the dot operands as rounded (k e^{b_last − b} in S, q e^{b}
    in dS; see `diag_grads` for the diagonal block): the running sum then carries fp32 rounding only. It then
-   chains through the activations and the gate, dg = dlogf·∂log f/∂g + dk·∂k/∂g (and the same for β), and
-   writes do, dg (per V-block partial sums when V is split), di, the β partial sums and d initial_state.
+   chains through the activations and the gate, dg = dlogf·∂log f/∂g + dk·∂k/∂g, and
+   writes do, dg (per V-block partial sums when V is split), di and d initial_state.
 """
 
 import triton
@@ -99,7 +99,7 @@ def _final_state_grad(dht, ht, s_off, s_mask, HAS_DHT: tl.constexpr, BV: tl.cons
 
 @triton.jit
 def fused_chunk_bwd_kernel(
-    o, g, i, lb, dy, dys, ht, dht, do, dg, di, dlb, dh0, cu_seqlens, scale, T, NTOK,
+    o, g, i, lb, dy, dys, ht, dht, do, dg, di, dh0, cu_seqlens, scale, T, NTOK,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, MAX_SPREAD: tl.constexpr, DT: tl.constexpr,
@@ -115,7 +115,6 @@ def fused_chunk_bwd_kernel(
     s_off = i_nh.to(tl.int64) * V * K + cv[:, None] * K + ck[None, :]
     s_mask = (cv < V)[:, None] & (ck < K)[None, :]
     dS, dlogf_carry = _final_state_grad(dht, ht, s_off, s_mask, HAS_DHT, BV, BK)
-    dlb_acc = tl.zeros([BK], dtype=tl.float32)
     part = i_v.to(tl.int64) * NTOK * H * K  # offset of this V-block's slice in dys and partial do/dg
 
     # walk the sub-blocks last to first, loading the previous one while this one computes
@@ -132,7 +131,7 @@ def fused_chunk_bwd_kernel(
         b_do = dy_t.to(DT)
         q, dq_act = act_and_grad(o_raw, O_ACT)
         q = q * scale
-        a, k, s_pos, s_neg, f = gates(g_t.to(tl.float32), beta, HAS_LB)
+        a, k, s_pos, _, f = gates(g_t.to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
         v, dv_act = act_and_grad(i_raw, I_ACT)
@@ -176,13 +175,9 @@ def fused_chunk_bwd_kernel(
         # ∂f/∂β = σ(−g); kσ(g)/f ≤ 1 stays bounded (0 only where f underflowed, and then dlogf ≈ 0 too)
         d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
         tl.store(dg + part + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
-        if HAS_LB:
-            dlb_acc += tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0)
 
     if STORE_DH0:
         tl.store(dh0 + s_off, dS, mask=s_mask)
-    if HAS_LB:
-        tl.store(dlb + (i_v * tl.num_programs(1) + i_nh) * K + ck, dlb_acc, mask=ck < K)
 
 
 # The split backward (FusedChunkConfig.bwd_split): the reverse sweep above keeps ~25 [BT, K] tiles alive beside dS and
@@ -191,7 +186,7 @@ def fused_chunk_bwd_kernel(
 #   2'. `fused_chunk_bwd_state_kernel` walks backwards carrying dS and writes, per sub-block, v dS [BT, K] (fp32,
 #       per V-block), (k ⊙ e^{b_last − b}) dSᵀ [BT, BV] (fp32) and d log f's state-term carry entering it
 #       (Σ over later sub-blocks of q⊙dq − k⊙dk's state terms, plus the final state's share) [K].
-#   3'. `fused_chunk_bwd_diag_kernel` adds the diagonal block's terms and writes do, dg, di and β partial sums.
+#   3'. `fused_chunk_bwd_diag_kernel` adds the diagonal block's terms and writes do, dg and di.
 # Both recompute the gates and factors exactly as the sweeps do, so each dot operand is the same rounded value
 # on both sides of d log f's cancelling pairs.
 
@@ -255,7 +250,7 @@ def fused_chunk_bwd_state_kernel(
 
 @triton.jit
 def fused_chunk_bwd_diag_kernel(
-    o, g, i, lb, dy, dys, vds, dvs, carry, do, dg, di, dlb, cu_seqlens, scale, T,
+    o, g, i, lb, dy, dys, vds, dvs, carry, do, dg, di, cu_seqlens, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
     MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr,
@@ -274,7 +269,7 @@ def fused_chunk_bwd_diag_kernel(
         offk, offv, mtk, mtv = step_tile(t0, bos, eos, i_h, H, K, V, ck, cv, BK, BV, BT, REVERSE)
         q, dq_act = act_and_grad(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT)
         q = q * scale
-        a, k, s_pos, s_neg, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
+        a, k, s_pos, _, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
         a = tl.where(mtk, a, 0.0)
         k = tl.where(mtk, k, 0.0)
         v, dv_act = act_and_grad(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT)
@@ -304,5 +299,3 @@ def fused_chunk_bwd_diag_kernel(
         b_dlogf = (dlogf_carry + tl.sum(db, 0))[None, :] - tl.cumsum(db, 0) + db
         d_f = b_dlogf / tl.maximum(f, 1e-30) - b_dk
         tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
-        if HAS_LB:
-            tl.store(dlb + crow, tl.sum(tl.where(mtk, s_neg * d_f, 0.0), 0), mask=ck < K)

@@ -106,7 +106,7 @@ def fused_chunk_variants():
                    dict(g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32", T="i32", NTOK="i32", **opt),
                    dict(common, I_ACT=1, HAS_H0=full, STORE_HT=full, SPREC=sprec), warps)
             pdt = dt if BV == KV else "fp32"
-            grads = dict(dlb="*fp32", dh0="*fp32", dht="*fp32") if full else {}
+            grads = dict(dh0="*fp32", dht="*fp32") if full else {}
             yield (f"bwd {sfx}", b.fused_chunk_bwd_kernel,
                    dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", dy=f"*{dt}", dys="*fp32", ht="*fp32",
                         do=f"*{pdt}", dg=f"*{pdt}", di=f"*{dt}", scale="fp32", T="i32", NTOK="i32", **opt, **grads),
@@ -116,11 +116,11 @@ def fused_chunk_variants():
                          carry="*fp32", scale="fp32", T="i32", NTOK="i32", NBT="i32",
                          **{k: v for k, v in opt.items() if k != "h0"})
             yield (f"bwd_state {sfx}", b.fused_chunk_bwd_state_kernel,
-                   dict(split, ht="*fp32", **{k: v for k, v in grads.items() if k != "dlb"}),
+                   dict(split, ht="*fp32", **grads),
                    dict(common, BT=split_bt, O_ACT=2, I_ACT=1, HAS_DHT=full, STORE_DH0=full, SPREC=sprec), warps)
             yield (f"bwd_diag {sfx}", b.fused_chunk_bwd_diag_kernel,
                    dict({k: v for k, v in split.items() if k not in ("NTOK", "NBT")}, do=f"*{dt}", dg=f"*{dt}",
-                        di=f"*{dt}", **({"dlb": "*fp32"} if full else {})),
+                        di=f"*{dt}"),
                    dict(common, BT=split_bt, BV=KV, O_ACT=2, I_ACT=1), warps)
 
 
