@@ -19,6 +19,9 @@ ACTS = {None: 0, "silu": 1, "sigmoid": 2}  # activation names → the kernels' A
 # / f − dk) from d log f's running sum, whose terms cancel: its fp32 rounding, relative to the gradient's scale, is
 # multiplied by σ(−g)/f < 1/SMALL_F, a few 1e-4 of the scale at most, under bf16 training's own rounding.
 SMALL_F = tl.constexpr(2.0 ** -8)
+# `chunk_parallel_decay_kernel` marks which groups of this many channels hold such a gate (a bit each), so that the
+# K-blocks of `chunk_parallel_bwd_small_kernel` without one skip the chunk (channels from 496 on share bit 31)
+SMALL_GROUP = tl.constexpr(16)
 
 
 @functools.cache

@@ -232,8 +232,9 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
             chunk_parallel_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
     if fz.numel():
         sprec = state_precision(dt, prec)
-        # a K-block per program, up to 2 programs per SM and K-block: each chunk's work is latency-bound
-        grid = (max(1, min(n_chunks * H, 2 * sm_count(o.device))), NV, cdiv(K, bk_bwd))
+        # a K-block per program, up to 8 programs per SM and K-block: each listed chunk's work is latency-bound,
+        # and the K-blocks that hold none of its small gates leave at once
+        grid = (max(1, min(n_chunks * H, 8 * sm_count(o.device))), NV, cdiv(K, bk_bwd))
         chunk_parallel_bwd_small_kernel[grid](
             o, g, i, lower_bound, h, dh, dy, dlb, fz, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
             BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec, num_warps=4,

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ._common import (
     SMALL_F,
+    SMALL_GROUP,
     act,
     act_and_grad,
     chunk_bounds,
@@ -313,25 +314,39 @@ def chunk_parallel_bwd_small_kernel(
 ):
     """dβ's share of the forget gates below SMALL_F, exactly, added to the β partial sums of the chunks that
     `chunk_parallel_decay_kernel` listed in fz (grid (P, NV, NK): a K-block each, walking the list as the fallback
-    launches do).
+    launches do; a K-block whose channel groups the chunk's mask leaves out skips it without a load).
 
     There dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is formed directly, not as d log f / f (whose cancelling running sum
     would be divided by the small f): at each row holding such a gate, the state h_{t−1} from the chunk-start state
     h_c, and the state's gradient dH_t = e^{b_last − b_t} dh_c + Σ_{u ≥ t} e^{b_u − b_t} q_u dy_uᵀ through one
     product dy (h_{t−1} − v_t) [BT, BK], every exponent a sum of log f over the rows it spans (each ≤ 0: nothing
     divides by f)."""
-    i_v = tl.program_id(1)
-    ck = tl.program_id(2) * BK + tl.arange(0, BK)
+    i_v, i_k = tl.program_id(1), tl.program_id(2)
+    ck = i_k * BK + tl.arange(0, BK)
+    # this K-block's bits of the chunks' channel-group masks (int64: a block may reach bit 31)
+    first = tl.minimum(i_k * BK // SMALL_GROUP, 31)
+    last = tl.minimum((i_k * BK + BK - 1) // SMALL_GROUP, 31)
+    mine = ((tl.full([], 1, tl.int64) << (last - first + 1)) - 1) << first
     for e in range(tl.program_id(0), tl.load(fz), tl.num_programs(0)):
         c_h = tl.load(fz + 1 + NC * H + e)
-        i_c, i_h = c_h // H, c_h % H
-        t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
-        n = (t1 - t0).to(tl.int32)
-        base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
-        state = (i_c.to(tl.int64) * H + i_h) * V * K
-        row = dlb + ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K
-        _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n, i_v,
-                          i_h, ck, scale, H, K, V, BT, BK, BV, O_ACT, I_ACT, SPREC)
+        if (tl.load(fz + 1 + c_h).to(tl.int64) & mine) != 0:
+            _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, i_v, ck, scale, T, NT, NC, H, K, V, BT, BK, BV,
+                         O_ACT, I_ACT, VARLEN, SPREC)
+
+
+@triton.jit
+def _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, i_v, ck, scale, T, NT, NC, H: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr):
+    """`chunk_parallel_bwd_small_kernel` on the listed (chunk, head) c_h: the pointers moved there, then its work."""
+    i_c, i_h = c_h // H, c_h % H
+    t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
+    n = (t1 - t0).to(tl.int32)
+    base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
+    state = (i_c.to(tl.int64) * H + i_h) * V * K
+    row = dlb + ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K
+    _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n, i_v,
+                      i_h, ck, scale, H, K, V, BT, BK, BV, O_ACT, I_ACT, SPREC)
 
 
 @triton.jit

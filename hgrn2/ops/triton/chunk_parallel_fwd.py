@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ._common import (
     SMALL_F,
+    SMALL_GROUP,
     act,
     causal_av,
     chunk_bounds,
@@ -117,6 +118,11 @@ def _suffix_log_f(g, beta, n, HAS_LB: tl.constexpr):
 
 
 @triton.jit
+def _bit_or(a, b):
+    return a | b
+
+
+@triton.jit
 def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.constexpr, K: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
                     CHUNK_SPREAD: tl.constexpr, FLAG_SMALL: tl.constexpr):
@@ -130,7 +136,8 @@ def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.cons
     a grid over every chunk (the chunk-tier launches read no verdict: they take every chunk).
 
     FLAG_SMALL: fz, laid out as fb, lists the chunks (and heads) holding a forget gate below SMALL_F, whose dβ
-    `chunk_parallel_bwd_small_kernel` sums exactly."""
+    `chunk_parallel_bwd_small_kernel` sums exactly; its leaves entry is a bit mask of the SMALL_GROUP-channel groups
+    holding one."""
     i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
@@ -142,8 +149,10 @@ def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.cons
     b = tl.cumsum(tl.where(mtk, a, 0.0), 0)
     tl.store(bb + offk, b, mask=mtk)
     if FLAG_SMALL:
-        if tl.max(tl.max(tl.where(mtk & (f < SMALL_F), 1, 0), 1), 0) > 0:
-            if tl.atomic_or(fz + 1 + i_c * H + i_h, 1) == 0:
+        small = tl.max(tl.where(mtk & (f < SMALL_F), 1, 0), 0)  # per channel
+        if tl.max(small, 0) > 0:
+            groups = tl.reduce(tl.where(small > 0, 1 << tl.minimum(ck // SMALL_GROUP, 31), 0), 0, _bit_or)
+            if tl.atomic_or(fz + 1 + i_c * H + i_h, groups) == 0:
                 tl.store(fz + 1 + NC * H + tl.atomic_add(fz, 1), i_c * H + i_h)
     # the verdict from the chunk's last row, read back (a reduction of the tile in registers would take it in a
     # second layout, and the compiler would redo the gate math for it: twice the instructions)

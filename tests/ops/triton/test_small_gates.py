@@ -47,6 +47,18 @@ def test_exact_through_the_dispatch():
     check(*run_both(small_bound_inputs(T=40, n_states=1), op, scale=0.5, o_act="silu", output_final_state=True))
 
 
+@pytest.mark.parametrize("channels", [[40], [5, 63]], ids=["second-block", "both-blocks"])
+def test_exact_in_later_k_blocks(channels):
+    """K = 64 in fp32 (two 32-wide K-blocks in the small-gates kernel, one 64-wide block in the decay kernel): the
+    channel-group mask sends each K-block only the chunks whose small gates lie in its channels."""
+    o, g, i, beta, h0 = make_inputs(1, 70, 2, 64, 16, lb=(2.0 ** -8, 0.9), n_states=1)
+    for c in channels:
+        beta[1, c] = 0.0
+        g[:, 20:50, 1, c] = -30.0
+    check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
+                    output_final_state=True))
+
+
 def test_listed_chunks():
     """The forward lists exactly the (chunk, head) pairs holding a gate below SMALL_F, and only when the bound needs
     a gradient."""
@@ -61,6 +73,7 @@ def test_listed_chunks():
         else:
             count = int(fz[0])
             assert sorted(fz[1 + 2 * 4:][:count].tolist()) == want
+            assert fz[1:1 + 2 * 4].tolist() == [0, 0, 0, 0, 0, 1, 0, 0]  # channel 3: group 0's bit
 
 
 def test_main_kernel_alone_is_off():
