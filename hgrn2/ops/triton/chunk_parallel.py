@@ -232,12 +232,16 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
             chunk_parallel_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
     if fz.numel():
         sprec = state_precision(dt, prec)
-        # a K-block per program, up to 8 programs per SM and K-block: each listed chunk's work is latency-bound,
+        # a K-block per program, several programs per SM and K-block: each listed chunk's work is latency-bound,
         # and the K-blocks that hold none of its small gates leave at once
-        grid = (max(1, min(n_chunks * H, 8 * sm_count(o.device))), NV, cdiv(K, bk_bwd))
+        bk_small = bk_bwd if cfg.block_k_small is None else max(16, min(next_pow2(K), cfg.block_k_small))
+        bk_small = min(bk_small, 32) if o.dtype != torch.bfloat16 else bk_small  # fp32: ieee dots, as _config
+        per_sm = max(1, cfg.small_programs_per_sm)
+        grid = (max(1, min(n_chunks * H, per_sm * sm_count(o.device))), NV, cdiv(K, bk_small))
         chunk_parallel_bwd_small_kernel[grid](
             o, g, i, lower_bound, h, dh, dy, dlb, fz, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
-            BK=bk_bwd, BV=bv, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec, num_warps=4,
+            BK=bk_small, BV=bv, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec,
+            num_warps=cfg.num_warps_small,
         )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)

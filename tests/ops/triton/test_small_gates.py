@@ -7,6 +7,7 @@ import torch
 
 from hgrn2.ops.triton import chunk_parallel as cp
 from hgrn2.ops.triton.chunk_parallel import hgrn2_chunk_parallel_triton
+from hgrn2.ops.triton.config import launch_config
 from hgrn2.ops.triton.fused_chunk import hgrn2_fused_chunk_triton
 
 from .harness import DEV, check, gpu, make_inputs, needs_triton, run_both
@@ -48,15 +49,17 @@ def test_exact_through_the_dispatch():
 
 
 @pytest.mark.parametrize("channels", [[40], [5, 63]], ids=["second-block", "both-blocks"])
-def test_exact_in_later_k_blocks(channels):
-    """K = 64 in fp32 (two 32-wide K-blocks in the small-gates kernel, one 64-wide block in the decay kernel): the
-    channel-group mask sends each K-block only the chunks whose small gates lie in its channels."""
+@pytest.mark.parametrize("block_k", [None, 16])
+def test_exact_in_later_k_blocks(channels, block_k):
+    """K = 64 in fp32 (32- or 16-wide K-blocks in the small-gates kernel, one 64-wide block in the decay kernel):
+    the channel-group mask sends each K-block only the chunks whose small gates lie in its channels."""
     o, g, i, beta, h0 = make_inputs(1, 70, 2, 64, 16, lb=(2.0 ** -8, 0.9), n_states=1)
     for c in channels:
         beta[1, c] = 0.0
         g[:, 20:50, 1, c] = -30.0
-    check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
-                    output_final_state=True))
+    with launch_config(chunk_parallel=cp.ChunkParallelConfig(block_k_small=block_k, small_programs_per_sm=1)):
+        check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
+                        output_final_state=True))
 
 
 def test_listed_chunks():
