@@ -124,7 +124,7 @@ class ChunkParallelConfig(_Config):
     # (None: block_k_bwd)
     small_programs_per_sm: int = _knob(8, "count")
     num_warps_small: int = _knob(4, "warps")
-    block_k_small: int | None = _knob(None, "block?")
+    block_k_small: int | None = _knob(16, "block?")
     chunk_max_spread: float = _knob(120.0, "spread")  # chunks whose log-decay is below this: one product
     max_spread: float = _knob(60.0, "spread")  # 16-token sub-blocks whose spread is below this: one product each
     fp32_dot_precision: str = _knob("ieee", "precision")  # tl.dot precision for fp32 inputs

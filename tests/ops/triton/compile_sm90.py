@@ -221,12 +221,12 @@ def _chunk_parallel_variants():
                    dict(g=f"*{dt}", lb="*fp32", fz="*i32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
                    dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen, CHUNK_SPREAD=120.0,
                         FLAG_SMALL=not varlen), 4)
-        # dβ at small gates: the default blocks (BK as the backward's, all of V)
+        # dβ at small gates: the default blocks (BK 16, all of V)
         BV_s = 128 if dt == "bf16" else 32
-        yield (f"bwd small gates {dt} K=V=128 BK=32 BV={BV_s} w=4", b.chunk_parallel_bwd_small_kernel,
+        yield (f"bwd small gates {dt} K=V=128 BK=16 BV={BV_s} w=4", b.chunk_parallel_bwd_small_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}",
                     dlb="*fp32", fz="*i32", scale="fp32", T="i32", NT="i32", NC="i32"),
-               dict(H=16, K=128, V=128, BT=common["BT"], BK=32, BV=BV_s, O_ACT=1, I_ACT=0, VARLEN=False,
+               dict(H=16, K=128, V=128, BT=common["BT"], BK=16, BV=BV_s, O_ACT=1, I_ACT=0, VARLEN=False,
                     SPREC="tf32x3" if dt == "bf16" else prec), 4)
         yield (f"fwd_h varlen {dt}", f.chunk_parallel_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
@@ -291,7 +291,7 @@ def chunk_parallel_default_variants():
             "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8",
             "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8",
             "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 fallback",
-            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8 fallback", "bwd small gates bf16 K=V=128 BK=32 BV=128 w=4")
+            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8 fallback", "bwd small gates bf16 K=V=128 BK=16 BV=128 w=4")
     return (v for v in chunk_parallel_variants() if v[0] in keep)
 
 
