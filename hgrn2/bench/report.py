@@ -391,10 +391,16 @@ def tests_table(rec: dict) -> str:
     t = rec["totals"]
     head = (f"pytest exit {rec['pytest_exit']}: " + ", ".join(f"{v} {k}" for k, v in t.items() if v)
             + f" in {rec['wall_s']:.0f} s.\n\n")
-    return head + format_table(rows, [("file", "file", ""), ("passed", "passed", "d"), ("failed", "failed", "d"),
-                                      ("xfailed", "xfailed", "d"), ("skipped", "skipped", "d"),
-                                      ("interrupted", "interrupted", "d"),
-                                      ("seconds", "seconds", ".1f"), ("failures", "failures", "")])
+    table = head + format_table(rows, [("file", "file", ""), ("passed", "passed", "d"), ("failed", "failed", "d"),
+                                       ("xfailed", "xfailed", "d"), ("skipped", "skipped", "d"),
+                                       ("interrupted", "interrupted", "d"),
+                                       ("seconds", "seconds", ".1f"), ("failures", "failures", "")])
+    if rec.get("tier") != "quick":
+        return table
+    # the quick tier's tests one by one: where its time goes (mostly the first compile of each kernel variant)
+    per_test = [{"test": t, "seconds": s} for t, s in sorted(rec["durations"].items(), key=lambda kv: -kv[1])]
+    columns = [("test", "test", ""), ("seconds", "seconds", ".2f")]
+    return f"{table}\n\nPer test, slowest first:\n\n{format_table(per_test, columns)}"
 
 
 def parity_table(rec: dict) -> str:

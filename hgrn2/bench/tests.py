@@ -3,8 +3,11 @@ file as a benchmark record, so that the GPU suite's result sits in BENCHMARKS.md
 
     hgrn2 bench tests tests/ops/test_gate_edges.py tests/ops/triton -m ""   # -> benchmarks/results/<device>/tests.json
     hgrn2 bench tests tests/ops tests/layers tests/models --shard 2/3   # part 2 of 3 -> tests_shard2of3.json
+    hgrn2 bench tests --quick   # the tests marked gpu_quick (every kernel variant once) -> tests_quick.json
 
-Everything after the options goes to pytest unchanged; the exit status is pytest's.
+Everything after the options goes to pytest unchanged; the exit status is pytest's. Each record also keeps every
+test's seconds (setup, call and teardown: on a GPU the first test of a kernel variant pays its compile), which a
+`--quick` run prints, slowest first.
 """
 
 from __future__ import annotations
@@ -23,10 +26,15 @@ import torch
 from hgrn2.bench.common import add_output_argument, command_of, environment, write_result
 
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "interrupted")
+QUICK_MARK = "gpu_quick"  # pyproject.toml's marker of the quick tier (tests/ops/triton/test_quick.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="test paths and pytest options")
+    p.add_argument("--quick", action="store_true",
+                   help=f"only the quick tier: the tests marked {QUICK_MARK} (every kernel variant once against fp64) "
+                        "under the paths given (default: all tests); records tests_quick.json and prints each test's "
+                        "seconds")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="the device named in the record (default: cuda if available)")
     add_output_argument(p)
@@ -44,6 +52,26 @@ def outcome(case: ET.Element) -> str:
     return "passed"
 
 
+def file_of(case: ET.Element) -> str:
+    """A junit <testcase>'s file (the interrupt's own entry has no class name)."""
+    return case.get("classname").replace(".", "/") + ".py" if case.get("classname") else "(interrupted)"
+
+
+def durations(junit: Path) -> dict[str, float]:
+    """Every test's seconds (setup, call and teardown) by node id, in the order run."""
+    return {f"{file_of(case)}::{case.get('name') or '(interrupted)'}": round(float(case.get("time") or 0), 2)
+            for case in ET.parse(junit).getroot().iter("testcase")}
+
+
+def print_durations(seconds: dict[str, float]) -> None:
+    """Each test's seconds, slowest first, and their sum."""
+    width = max(map(len, seconds), default=0)
+    print("seconds per test (setup + call + teardown; the first test of a kernel variant pays its compile):")
+    for name, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
+        print(f"  {s:8.2f}  {name:<{width}}")
+    print(f"  {sum(seconds.values()):8.2f}  (sum over {len(seconds)} tests)")
+
+
 def summarise(junit: Path, interrupted: bool = False) -> list[dict]:
     """One row per test file: the count of each outcome, the seconds, and the failures' names. `interrupted`:
     pytest was stopped (exit status 2), and the last test it wrote is the one the interrupt cut short."""
@@ -51,9 +79,7 @@ def summarise(junit: Path, interrupted: bool = False) -> list[dict]:
                                                                "failures": []})
     cases = list(ET.parse(junit).getroot().iter("testcase"))
     for n, case in enumerate(cases):
-        # the interrupt's own entry has no class name
-        name = case.get("classname").replace(".", "/") + ".py" if case.get("classname") else "(interrupted)"
-        row = files[name]
+        row = files[file_of(case)]
         kind = "interrupted" if interrupted and n == len(cases) - 1 else outcome(case)
         row[kind] += 1
         row["seconds"] += float(case.get("time") or 0)
@@ -74,12 +100,24 @@ def shard_of(pytest_args: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def quick_args(pytest_args: list[str]) -> list[str]:
+    """The pytest arguments of a `--quick` run: the given ones, selecting the quick tier's marker."""
+    if any(a == "-m" or a.startswith(("-m=", "--markexpr")) or (a.startswith("-m") and len(a) > 2)
+           for a in pytest_args):
+        raise ValueError(f"--quick: selects the tests marked {QUICK_MARK}; leave out -m")
+    if shard_of(pytest_args):
+        raise ValueError("--quick: the quick tier runs in one call; leave out --shard")
+    return [*pytest_args, "-m", QUICK_MARK]
+
+
 def run(args: argparse.Namespace) -> int:
+    quick = getattr(args, "quick", False)
+    pytest_args = quick_args(args.pytest_args) if quick else args.pytest_args
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         t0 = time.time()
         proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                                 "hgrn2.bench.pytest_shard", f"--junitxml={junit}", *args.pytest_args])
+                                 "hgrn2.bench.pytest_shard", f"--junitxml={junit}", *pytest_args])
         try:
             rc = proc.wait()
         except KeyboardInterrupt:  # a time limit's SIGINT reaches pytest too, which still writes what it ran
@@ -88,10 +126,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"pytest exited with {rc} and wrote no results; nothing recorded", file=sys.stderr)
             return rc or 1
         rows = summarise(junit, interrupted=rc == 2)
+        seconds = durations(junit)
     total = {k: sum(r[k] for r in rows) for k in OUTCOMES}
-    shard = shard_of(args.pytest_args)
-    path = write_result(args.out, "tests", environment(args.device), rows, command_of(args),
-                        file_stem=f"tests_shard{shard[0]}of{shard[1]}" if shard else None,
-                        pytest_exit=rc, totals=total, wall_s=round(time.time() - t0, 1))
+    shard = shard_of(pytest_args)
+    stem = "tests_quick" if quick else f"tests_shard{shard[0]}of{shard[1]}" if shard else None
+    path = write_result(args.out, "tests", environment(args.device), rows, command_of(args), file_stem=stem,
+                        pytest_exit=rc, totals=total, wall_s=round(time.time() - t0, 1), durations=seconds,
+                        **({"tier": "quick"} if quick else {}))
+    if quick:
+        print_durations(seconds)
     print(" ".join(f"{v} {k}" for k, v in total.items() if v) + f"; record {path}")
     return rc
