@@ -1,25 +1,28 @@
-"""The quick GPU tier (marker `gpu_quick`, run by `hgrn2 bench tests --quick`): every compiled variant of the Triton
-kernels once, at one small but real shape, against fp64 — outputs, final states and every gradient.
+"""The quick GPU tier (marker `gpu_quick`, run by `hgrn2 bench tests --quick`): every Triton kernel with every value
+of each of its compile-time flags, once, at a small but real shape, against fp64 — outputs, final states and every
+gradient.
 
-A Triton kernel compiles once per set of constexpr flags (and dtype), and on a cold GPU machine the compiles are most
-of a test run's time; so each case below sets a different combination of the flags, chosen so that every value of
-every flag comes up at least once with as few cases as that takes (the per-file suites cross them further):
+A Triton kernel compiles once per set of constexpr flags, block sizes and dtypes, and on a cold GPU machine the
+compiles are most of a test run's time; so each case below sets a different combination, chosen so that every value
+of every flag comes up at least once in as few cases as that takes (the per-file suites cross them further):
 
 - chunk-parallel (`chunk_parallel_{fwd,bwd}.py`): bf16 / fp32 / fp16 dot operands (64- and 32-token chunks), bound
   none / fixed / with a gradient — the small-gates kernel `chunk_parallel_bwd_small_kernel` (β 0, 1e-6 and 2^-9
-  behind g = −80, mixed with large β in one head) and, behind those closed gates, the fallback launches and their
-  exact tier —, initial / final state each on and off, packed sequences, every o_act / i_act, A and b kept (fused
-  and split backward) or rebuilt, inference (no A stored);
+  behind g = −80, mixed with large β in one head, g = +80 elsewhere) and, behind those closed gates, the fallback
+  launches and their exact tier —, initial / final state each on and off, packed sequences, every o_act / i_act, A
+  and b kept (fused and split backward) or rebuilt, inference (no A stored);
 - fused-chunk (`fused_chunk_{fwd,bwd}.py`): bf16 / fp32 / fp16, fused and split backward, forward and reverse walk,
   the same flags; a bound with a gradient handed over to the chunk-parallel kernels through `hgrn2_triton`, time
   flipped (no new variant);
-- the decode kernel (`recurrent.py`: one token into a state updated in place; packed sequences through the dispatch),
-  the HGRN1 scan (real with chunked passes, complex packed), RMSNorm / LayerNorm (each affine form, the residual
-  add), SwiGLU, cross entropy, and the decode projections (`gemv.py`: biases, three weights; SwiGLU with the norm
-  prologue and residual).
+- the decode kernel (`recurrent.py`: one token into states updated in place or from none; packed sequences through
+  the dispatch), the HGRN1 scan (real with chunked passes, complex packed), RMSNorm / LayerNorm (each affine form,
+  the residual add), SwiGLU, cross entropy, and the decode projections (`gemv.py`: biases, three weights; SwiGLU
+  with the norm prologue and residual).
 
-On the GPU the shapes are the models' head size 128 over 301 tokens (odd, five 64-token chunks); without one the
-same cases run in the Triton interpreter at the smallest blocks, still over several chunks.
+On a GPU the shapes are the models' head size 128 over 301 tokens (odd; five 64-token chunks), in 96 (sequence, head)
+pairs — the launch blocks of training batches — or, packed, in 12 — the smaller blocks the launchers take to fill
+the GPU with few pairs (`config.py`). Without a GPU the same cases run in the Triton interpreter at the smallest
+blocks, still over several chunks.
 """
 
 from __future__ import annotations
@@ -55,9 +58,11 @@ pytestmark = [needs_triton, pytest.mark.gpu_quick,
               pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
                                          "ignore:invalid value encountered:RuntimeWarning")]
 
-# (sequences, tokens, heads, head size) and packed lengths summing to the tokens
-B, T, H, K = (2, 301, 4, 128) if CUDA else (1, 100, 2, 16)
-LENS = (100, 1, 200) if CUDA else (30, 1, 69)
+# (sequences, tokens, heads, head size): on a GPU enough (sequence, head) pairs for the launch blocks of training
+# batches; packed sequences (lengths summing to the tokens) in few heads: few pairs, for which the launchers split
+# their blocks to fill the GPU (another variant of each kernel)
+B, T, H, K = (2, 301, 48, 128) if CUDA else (1, 100, 2, 16)
+LENS, PACKED_H = ((100, 1, 200), 4) if CUDA else ((30, 1, 69), 2)
 BF16, FP32, FP16 = torch.bfloat16, torch.float32, torch.float16
 
 
@@ -85,17 +90,19 @@ class Case:
 
 
 CASES = {
-    # the training path: bf16, a learned bound with small gates, packed sequences, states in and out (fused backward
-    # reading the kept A)
-    "parallel-bf16-small-varlen": Case("parallel", BF16, "small", varlen=True),
+    # the training path: bf16, a learned bound with small gates, states in and out (fused backward reading the
+    # kept A)
+    "parallel-bf16-small": Case("parallel", BF16, "small"),
     # the same through the dispatch, walked backwards (fused-chunk hands a bound with a gradient over, time flipped)
-    "dispatch-bf16-small-varlen-reverse": Case("dispatch", BF16, "small", varlen=True, reverse=True),
-    "parallel-fp32-small-split": Case("parallel", FP32, "small", acts=(None, "sigmoid"),
-                                      config={"chunk_parallel": dict(bwd_split=True)}),
+    "dispatch-bf16-small-reverse": Case("dispatch", BF16, "small", reverse=True),
+    "parallel-fp32-small-split-varlen": Case("parallel", FP32, "small", varlen=True, acts=(None, "sigmoid"),
+                                             config={"chunk_parallel": dict(bwd_split=True)}),
     "parallel-fp32-rebuilt": Case("parallel", FP32, "none", h0=False, final=False, acts=("sigmoid", "silu"),
                                   config={"chunk_parallel": dict(save_a=False, save_b=False)}),
     "parallel-fp16": Case("parallel", FP16, final=False),
-    "parallel-bf16-inference": Case("parallel", BF16, h0=False, grad=False, acts=("sigmoid", "silu")),
+    # few long sequences without autograd: what the dispatch gives the chunk-parallel kernels in inference
+    "parallel-bf16-inference-varlen": Case("parallel", BF16, h0=False, varlen=True, grad=False,
+                                           acts=("sigmoid", "silu")),
     "fused-bf16-split-varlen-reverse": Case("fused", BF16, varlen=True, reverse=True,
                                             config={"fused_chunk": dict(bwd_split=True)}),
     "fused-bf16": Case("fused", BF16, config={"fused_chunk": dict(bwd_split=False)}),
@@ -117,7 +124,8 @@ def hgrn2_inputs(case: Case):
     """([o, g, i, β, h0], cu_seqlens or None) for the case."""
     n_seq = len(LENS) if case.varlen else B
     lb = {"none": None, "fixed": (0.05, 0.95), "small": (2.0 ** -8, 0.9)}[case.bound]
-    inputs = make_inputs(1 if case.varlen else B, T, H, K, K, lb=lb, n_states=n_seq if case.h0 else None,
+    inputs = make_inputs(1 if case.varlen else B, T, PACKED_H if case.varlen else H, K, K, lb=lb,
+                         n_states=n_seq if case.h0 else None,
                          dtype=case.dtype)
     if case.bound == "small":
         small_gates(inputs[1], inputs[3])
@@ -157,14 +165,18 @@ def test_hgrn2(name):
 
 # --- the decode kernel -------------------------------------------------------------------------------------------
 
-def test_recurrent_decode_step_in_place():
-    """One bf16 token per sequence into the state, updated in place (the cache's step)."""
-    o, g, i, beta, h0 = make_inputs(B, 1, H, K, K, lb=(0.0, 1.0), n_states=B, dtype=BF16)
-    y_ref, ht_ref = hgrn2_reference(o.double(), g.double(), i.double(), beta.double(), o_act="silu",
-                                    initial_state=h0.double(), output_final_state=True)
+@pytest.mark.parametrize("o_act,i_act", [("silu", None), (None, "sigmoid")])
+def test_recurrent_decode_step(o_act, i_act):
+    """One bf16 token per sequence: into the given states, updated in place (the cache's step), or from none."""
+    in_place = o_act == "silu"
+    o, g, i, beta, h0 = make_inputs(B, 1, PACKED_H, K, K, lb=(0.0, 1.0), n_states=B if in_place else None,
+                                    dtype=BF16)
+    kw = dict(o_act=o_act, i_act=i_act, output_final_state=True)
+    y_ref, ht_ref = hgrn2_reference(o.double(), g.double(), i.double(), beta.double(),
+                                    initial_state=h0.double() if in_place else None, **kw)
     with torch.no_grad():
-        y, ht = hgrn2_recurrent_triton(o, g, i, beta, o_act="silu", initial_state=h0, final_state_out=h0)
-    assert ht is h0 and y.dtype == BF16
+        y, ht = hgrn2_recurrent_triton(o, g, i, beta, initial_state=h0, final_state_out=h0, **kw)
+    assert (ht is h0) == in_place and y.dtype == BF16
     assert rel_err(y, y_ref) <= TOL[BF16] and rel_err(ht, ht_ref) <= TOL[BF16]
 
 
@@ -173,7 +185,7 @@ def test_recurrent_packed_through_the_dispatch():
     states."""
     lens = (3, 1, 5)
     cu = torch.tensor([0, *lens], device=DEV).cumsum(0).to(torch.int32)
-    o, g, i, _, _ = make_inputs(1, sum(lens), H, K, K, lb=None)
+    o, g, i, _, _ = make_inputs(1, sum(lens), PACKED_H, K, K, lb=None)
     kw = dict(scale=0.5, o_act="sigmoid", i_act="silu", cu_seqlens=cu)
     with torch.no_grad():
         y, ht = hgrn2_triton(o, g, i, **kw)
@@ -257,7 +269,7 @@ def test_add_rms_norm(glue_kernels, monkeypatch):
                exact_fn=lambda x, res, w: (x + res, rms_composite(x + res, w, 1e-5)))
 
 
-@pytest.mark.parametrize("affine,dtype", [("weight+bias", FP32), ("none", BF16)])
+@pytest.mark.parametrize("affine,dtype", [("weight+bias", FP32), ("none", BF16)], ids=["fp32-affine", "bf16-plain"])
 def test_layer_norm(glue_kernels, monkeypatch, affine, dtype):
     x = rand(*ROWS, D, dtype=dtype, scale=2.0, shift=0.5)
     params = [rand(D, scale=0.3, shift=1.0), rand(D, scale=0.2)] if affine == "weight+bias" else []
