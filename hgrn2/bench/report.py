@@ -389,8 +389,9 @@ PREPARE_COLUMNS = [("workers", "workers", ""), ("seconds", "seconds", ".1f"), ("
 def tests_table(rec: dict) -> str:
     rows = [{**r, "failures": ", ".join(r["failures"]) or "-"} for r in rec["rows"]]
     t = rec["totals"]
+    workers = f" ({rec['workers']} pytest processes)" if rec.get("workers", 1) > 1 else ""
     head = (f"pytest exit {rec['pytest_exit']}: " + ", ".join(f"{v} {k}" for k, v in t.items() if v)
-            + f" in {rec['wall_s']:.0f} s.\n\n")
+            + f" in {rec['wall_s']:.0f} s{workers}.\n\n")
     table = head + format_table(rows, [("file", "file", ""), ("passed", "passed", "d"), ("failed", "failed", "d"),
                                        ("xfailed", "xfailed", "d"), ("skipped", "skipped", "d"),
                                        ("interrupted", "interrupted", "d"),

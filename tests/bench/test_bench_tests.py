@@ -74,21 +74,22 @@ def test_a_time_limit_still_records_what_ran(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_runs_the_marked_tests_and_prints_their_seconds(tmp_path, capsys):
-    """--quick: only the tests marked gpu_quick, recorded as tests_quick.json with each test's seconds, which it
-    prints and BENCHMARKS.md shows."""
-    (tmp_path / "test_tier.py").write_text("import pytest\n\n@pytest.mark.gpu_quick\ndef test_variant():\n    pass\n\n"
-                                           "def test_other():\n    pass\n")
+def test_quick_runs_the_marked_tests_in_workers_and_prints_their_seconds(tmp_path, capsys):
+    """--quick: only the tests marked gpu_quick, here in two pytest processes, recorded together as tests_quick.json
+    with each test's seconds, which it prints and BENCHMARKS.md shows."""
+    marked = "".join(f"@pytest.mark.gpu_quick\ndef test_variant{k}():\n    pass\n\n" for k in range(3))
+    (tmp_path / "test_tier.py").write_text(f"import pytest\n\n{marked}def test_other():\n    pass\n")
     out = tmp_path / "results" / "cpu"
     args = argparse.Namespace(pytest_args=[str(tmp_path / "test_tier.py"), "-p", "no:randomly"], device="cpu",
-                              out=str(out), quick=True, command_line="hgrn2 bench tests --quick")
+                              out=str(out), quick=True, workers=2, command_line="hgrn2 bench tests --quick")
     assert tests.run(args) == 0
     rec = json.loads((out / "tests_quick.json").read_text())
-    assert rec["tier"] == "quick" and rec["totals"]["passed"] == 1 and not (out / "tests.json").exists()
-    (name,) = rec["durations"]
-    assert name.endswith("test_tier.py::test_variant") and rec["durations"][name] >= 0
+    assert rec["tier"] == "quick" and rec["totals"]["passed"] == 3 and not (out / "tests.json").exists()
+    assert sorted(name.split("::")[1] for name in rec["durations"]) == ["test_variant0", "test_variant1",
+                                                                        "test_variant2"]
     assert "seconds per test" in capsys.readouterr().out
-    assert "Per test, slowest first" in report.render(tmp_path / "results")
+    text = report.render(tmp_path / "results")
+    assert "Per test, slowest first" in text and "(2 pytest processes)" in text
 
 
 @pytest.mark.parametrize("bad,word", [(["-m", "slow"], "-m"), (["-mslow"], "-m"), (["--shard", "1/2"], "--shard")])
@@ -96,6 +97,15 @@ def test_quick_takes_no_marker_and_no_shard(bad, word):
     args = argparse.Namespace(pytest_args=["tests", *bad], device="cpu", out=None, quick=True)
     with pytest.raises(ValueError, match=f"--quick: .*{word}"):
         tests.run(args)
+
+
+def test_workers_exit_status_and_arguments():
+    """The workers' exit statuses as one: an interrupt first, then the worst, "no tests" only when none had any."""
+    assert tests.exit_status([0, 5]) == 0 and tests.exit_status([5, 5]) == 5
+    assert tests.exit_status([1, 0, 2]) == 2 and tests.exit_status([0, 1, 5]) == 1
+    for workers, pytest_args, word in ((0, ["tests"], "at least 1"), (2, ["tests", "--shard", "1/2"], "--shard")):
+        with pytest.raises(ValueError, match=f"--workers: .*{word}"):
+            tests.run(argparse.Namespace(pytest_args=pytest_args, device="cpu", out=None, workers=workers))
 
 
 def test_quick_record_shows_each_test():
