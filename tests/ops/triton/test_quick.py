@@ -77,6 +77,8 @@ def gpu_time_limit():
 
 @dataclasses.dataclass
 class Case:
+    """One combination of an HGRN2 kernel family's compile-time flags (and the inputs that set them)."""
+
     entry: str  # "parallel", "fused" (their own entry points) or "dispatch" (`hgrn2_triton`)
     dtype: torch.dtype
     bound: str = "fixed"  # "none"; "fixed" (no gradient); "small": a gradient, small gates included
@@ -125,8 +127,7 @@ def hgrn2_inputs(case: Case):
     n_seq = len(LENS) if case.varlen else B
     lb = {"none": None, "fixed": (0.05, 0.95), "small": (2.0 ** -8, 0.9)}[case.bound]
     inputs = make_inputs(1 if case.varlen else B, T, PACKED_H if case.varlen else H, K, K, lb=lb,
-                         n_states=n_seq if case.h0 else None,
-                         dtype=case.dtype)
+                         n_states=n_seq if case.h0 else None, dtype=case.dtype)
     if case.bound == "small":
         small_gates(inputs[1], inputs[3])
     cu = torch.tensor([0, *LENS], device=DEV).cumsum(0).to(torch.int32) if case.varlen else None
@@ -158,17 +159,17 @@ def test_hgrn2(name):
             return
         with torch.no_grad():
             y, ht = fn(*inputs[:4], initial_state=inputs[4], **kw)
-    y_ref, ht_ref = hgrn2_reference(*(None if x is None else x.double() for x in inputs[:4]), **kw)
+    o, g, i, beta, h0 = (None if x is None else x.double() for x in inputs)
+    y_ref, ht_ref = hgrn2_reference(o, g, i, beta, initial_state=h0, **kw)
     assert y.dtype == case.dtype and rel_err(y, y_ref) <= TOL[case.dtype], rel_err(y, y_ref)
     assert ht.dtype == FP32 and rel_err(ht, ht_ref) <= TOL[case.dtype], rel_err(ht, ht_ref)
 
 
 # --- the decode kernel -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("o_act,i_act", [("silu", None), (None, "sigmoid")])
-def test_recurrent_decode_step(o_act, i_act):
+@pytest.mark.parametrize("o_act,i_act,in_place", [("silu", None, True), (None, "sigmoid", False)])
+def test_recurrent_decode_step(o_act, i_act, in_place):
     """One bf16 token per sequence: into the given states, updated in place (the cache's step), or from none."""
-    in_place = o_act == "silu"
     o, g, i, beta, h0 = make_inputs(B, 1, PACKED_H, K, K, lb=(0.0, 1.0), n_states=B if in_place else None,
                                     dtype=BF16)
     kw = dict(o_act=o_act, i_act=i_act, output_final_state=True)
