@@ -29,14 +29,18 @@ from hgrn2.bench.common import add_output_argument, command_of, environment, wri
 
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "interrupted")
 QUICK_MARK = "gpu_quick"  # pyproject.toml's marker of the quick tier (tests/ops/triton/test_quick.py)
+GPU_SUITE = ("tests/ops", "tests/layers", "tests/models")  # a --quick run's paths when none are given
+# pytest options whose value is the next argument (not a test path)
+TAKE_VALUE = {"-k", "-m", "-p", "-o", "-c", "-W", "--deselect", "--ignore", "--ignore-glob", "--rootdir", "--maxfail",
+              "--durations", "--basetemp", "--confcutdir", "--junitxml", "--shard"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="test paths and pytest options")
     p.add_argument("--quick", action="store_true",
                    help=f"only the quick tier: the tests marked {QUICK_MARK} (every kernel variant once against fp64) "
-                        "under the paths given (default: all tests); records tests_quick.json and prints each test's "
-                        "seconds")
+                        f"under the paths given (default: {' '.join(GPU_SUITE)}); records tests_quick.json and prints "
+                        "each test's seconds")
     p.add_argument("--workers", type=int, default=1, metavar="K",
                    help="pytest processes side by side, each on its share of the tests (as --shard J/K), sharing the "
                         "GPU: a cold run's time goes to compiling kernels, which then runs K at a time (default 1)")
@@ -116,7 +120,9 @@ def quick_args(pytest_args: list[str]) -> list[str]:
         raise ValueError(f"--quick: selects the tests marked {QUICK_MARK}; leave out -m")
     if shard_of(pytest_args):
         raise ValueError("--quick: the quick tier runs in one call; leave out --shard")
-    return [*pytest_args, "-m", QUICK_MARK]
+    values = {n + 1 for n, a in enumerate(pytest_args) if a in TAKE_VALUE}
+    paths = [a for n, a in enumerate(pytest_args) if n not in values and not a.startswith("-")]
+    return [*pytest_args, *([] if paths else GPU_SUITE), "-m", QUICK_MARK]
 
 
 def exit_status(codes: list[int]) -> int:

@@ -99,6 +99,13 @@ def test_quick_takes_no_marker_and_no_shard(bad, word):
         tests.run(args)
 
 
+def test_quick_paths_default_to_the_gpu_suite(tmp_path):
+    """Without a test path --quick looks in the GPU suite's folders; an option's value is no path."""
+    assert tests.quick_args(["-k", "hgrn2", "-p", "no:randomly"]) == ["-k", "hgrn2", "-p", "no:randomly",
+                                                                       *tests.GPU_SUITE, "-m", "gpu_quick"]
+    assert tests.quick_args([str(tmp_path), "-x"]) == [str(tmp_path), "-x", "-m", "gpu_quick"]
+
+
 def test_workers_exit_status_and_arguments():
     """The workers' exit statuses as one: an interrupt first, then the worst, "no tests" only when none had any."""
     assert tests.exit_status([0, 5]) == 0 and tests.exit_status([5, 5]) == 5
