@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU test suite and the benchmarks on any CUDA machine, from the repository root:
 #   OUT=/some/dir bash benchmarks/gpu_suite.sh [STEP ...]        (default steps: tests ops layer train)
-# Steps: tests (the op, layer and model tests, GPU ones included; TESTS=... to choose), ops, layer, fla-warmup,
-# train, generate, vision, parity (DATA=a `hgrn2 data prepare` directory of real text), profile, accuracy,
+# Steps: tests (the op, layer and model tests, GPU ones included; TESTS=... to choose, SHARD=I/N one part of them,
+# WORKERS=K pytest processes side by side), tests-quick (every kernel variant once against fp64), ops, layer,
+# fla-warmup, train, generate, vision, parity (DATA=a `hgrn2 data prepare` directory of real text), profile, accuracy,
 # convert-fla, memory, ddp (needs 2 GPUs). Each bench step writes its JSON to
 # $OUT/results/<device>/<benchmark>.json and its log to $OUT/<step>.log; copy the JSONs into benchmarks/results/
 # and run `hgrn2 bench report` to update BENCHMARKS.md.
@@ -28,7 +29,10 @@ python3 -m hgrn2.cli info | tee "$OUT/info.log"
 step_cmd() {  # the command of one step; its output goes to $OUT/<step>.log
   case $1 in
     tests) timeout -s INT "${TESTS_TIMEOUT:-3000}" python3 -m hgrn2.cli bench tests --out "$RESULTS" \
-             ${TESTS:-tests/ops tests/layers tests/models} -rf ;;
+             ${WORKERS:+--workers "$WORKERS"} ${TESTS:-tests/ops tests/layers tests/models} \
+             ${SHARD:+--shard "$SHARD"} -rf ;;
+    tests-quick) timeout -s INT "$LIMIT" python3 -m hgrn2.cli bench tests --quick --workers "${WORKERS:-1}" \
+                   --out "$RESULTS" -rf ;;
     ops) timeout "$LIMIT" python3 -m hgrn2.cli bench ops --skip hgrn1 --budget-s $((LIMIT - 160)) --out "$RESULTS" ;;
     fla-warmup)  # fla's autotuning alone (minutes on a cold cache), so that the timed steps after it skip it
       timeout "$LIMIT" python3 -m hgrn2.cli bench train --models fla --shapes 8x2048,4x4096 --warmup 1 --steps 1 \

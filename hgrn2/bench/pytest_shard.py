@@ -1,5 +1,9 @@
 """A pytest plugin: `--shard I/N` runs the I-th of N parts of the collected tests, so that a GPU suite fits calls
 of limited length. `hgrn2 bench tests` loads it; with plain pytest, `pytest -p hgrn2.bench.pytest_shard --shard 1/3`.
+
+The tests are dealt to the parts one by one in the order of their ids: a file's tests (a kernel's parametrised
+cases, whose costs are alike) spread evenly over the parts, so no part gets a whole slow file. The split does not
+depend on the order pytest runs them in, nor on earlier runs.
 """
 
 import pytest
@@ -7,9 +11,8 @@ import pytest
 
 def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="I/N",
-                     help="run the I-th of N parts of the collected tests (1-based; a file's tests stay together, "
-                          "files dealt to the parts in order of size), e.g. to fit a GPU suite into calls of limited "
-                          "length")
+                     help="run the I-th of N parts of the collected tests (1-based; the tests dealt to the parts in "
+                          "turn, in order of their ids), e.g. to fit a GPU suite into calls of limited length")
 
 
 def _shard(value: str) -> tuple[int, int]:
@@ -22,21 +25,12 @@ def _shard(value: str) -> tuple[int, int]:
     return i, n
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected: the parts share out what would run
 def pytest_collection_modifyitems(config, items):
     value = config.getoption("--shard")
     if value is None:
         return
     i, n = _shard(value)
-    files: dict[str, list] = {}
-    for item in items:
-        files.setdefault(item.location[0], []).append(item)
-    # largest files first, each to the part with the fewest tests so far: parts of about equal size, kernels that a
-    # file compiles compiled in one part only
-    load, part = [0] * n, {}
-    for name in sorted(files, key=lambda f: (-len(files[f]), f)):
-        k = min(range(n), key=lambda j: (load[j], j))
-        part[name] = k
-        load[k] += len(files[name])
-    keep = [it for it in items if part[it.location[0]] == i - 1]
-    config.hook.pytest_deselected(items=[it for it in items if part[it.location[0]] != i - 1])
-    items[:] = keep
+    mine = {item.nodeid for item in sorted(items, key=lambda it: it.nodeid)[i - 1::n]}
+    config.hook.pytest_deselected(items=[it for it in items if it.nodeid not in mine])
+    items[:] = [it for it in items if it.nodeid in mine]

@@ -389,12 +389,19 @@ PREPARE_COLUMNS = [("workers", "workers", ""), ("seconds", "seconds", ".1f"), ("
 def tests_table(rec: dict) -> str:
     rows = [{**r, "failures": ", ".join(r["failures"]) or "-"} for r in rec["rows"]]
     t = rec["totals"]
+    workers = f" ({rec['workers']} pytest processes)" if rec.get("workers", 1) > 1 else ""
     head = (f"pytest exit {rec['pytest_exit']}: " + ", ".join(f"{v} {k}" for k, v in t.items() if v)
-            + f" in {rec['wall_s']:.0f} s.\n\n")
-    return head + format_table(rows, [("file", "file", ""), ("passed", "passed", "d"), ("failed", "failed", "d"),
-                                      ("xfailed", "xfailed", "d"), ("skipped", "skipped", "d"),
-                                      ("interrupted", "interrupted", "d"),
-                                      ("seconds", "seconds", ".1f"), ("failures", "failures", "")])
+            + f" in {rec['wall_s']:.0f} s{workers}.\n\n")
+    table = head + format_table(rows, [("file", "file", ""), ("passed", "passed", "d"), ("failed", "failed", "d"),
+                                       ("xfailed", "xfailed", "d"), ("skipped", "skipped", "d"),
+                                       ("interrupted", "interrupted", "d"),
+                                       ("seconds", "seconds", ".1f"), ("failures", "failures", "")])
+    if rec.get("tier") != "quick":
+        return table
+    # the quick tier's tests one by one: where its time goes (mostly the first compile of each kernel variant)
+    per_test = [{"test": t, "seconds": s} for t, s in sorted(rec["durations"].items(), key=lambda kv: -kv[1])]
+    columns = [("test", "test", ""), ("seconds", "seconds", ".2f")]
+    return f"{table}\n\nPer test, slowest first:\n\n{format_table(per_test, columns)}"
 
 
 def parity_table(rec: dict) -> str:

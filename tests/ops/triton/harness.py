@@ -56,16 +56,16 @@ def make_inputs(B, T, H, K, V, *, g_scale=2.0, lb=(0.05, 0.95), n_states=None, d
     return [o.to(dtype), g.to(dtype), i.to(dtype), beta, h0]
 
 
-def run_both(inputs, fn, bound_grad=True, **kw):
+def run_both(inputs, fn, bound_grad=True, reference=hgrn2_reference, **kw):
     """fn's outputs and gradients and the fp64 reference's for the same inputs and random cotangents (a random
     final-state cotangent too when the final state is returned): ((y, ht, leaves), (y_ref, ht_ref, ref_leaves)).
     bound_grad=False: the bound takes no gradient (the fused-chunk kernels hand one that does to the chunk-parallel
-    ones)."""
+    ones); reference: the fp64 function to compare with (another for a reversed scan)."""
     final = kw.get("output_final_state", False)
     leaves = [None if x is None else x.clone().requires_grad_(bound_grad or n != 3) for n, x in enumerate(inputs)]
     ref_leaves = [None if x is None else x.detach().double().requires_grad_() for x in inputs]
     y, ht = fn(*leaves[:4], initial_state=leaves[4], **kw)
-    y_ref, ht_ref = hgrn2_reference(*ref_leaves[:4], initial_state=ref_leaves[4], **kw)
+    y_ref, ht_ref = reference(*ref_leaves[:4], initial_state=ref_leaves[4], **kw)
     dy = torch.randn_like(y_ref)
     loss, loss_ref = (y.double() * dy).sum(), (y_ref * dy).sum()
     if final:
