@@ -115,19 +115,19 @@ class Engine:
     def __init__(self, task: Task, optimizer: torch.optim.Optimizer, schedule: Callable[[int, int], float], *,
                  d: D.Dist | None = None, device: torch.device | None = None, bf16: bool = True,
                  clip: float | None = None, cuda_graph: bool = False, checkpoint_dir=None, run_dir=None,
-                 run_id: str = "", keep_last: int = 1, name_by: str = "step", ckpt_every: int = 0,
+                 lock: bool = True, run_id: str = "", keep_last: int = 1, name_by: str = "step", ckpt_every: int = 0,
                  mid_epoch: bool = False, log_every: int = 0, progress: bool = False, name: str = "",
                  raise_on_divergence: bool = True):
         """`schedule(step, epoch)`: the learning rate of optimiser step `step` (0-based) in epoch `epoch`.
         `d` (None: one process on `device`). `bf16`: autocast on CUDA. `clip`: the global gradient norm clipped
         to it (0: measured only; None: not measured). `cuda_graph`: the optimizer must be capturable with its
         learning rate a CUDA tensor (`graphed.py`). `checkpoint_dir` (None: no checkpoints) holds the run `run_id`
-        only, `keep_last` checkpoints named by `name_by` ("step" or "epoch"); `run_dir` (default
-        `checkpoint_dir`) is locked while the run trains and holds `log.jsonl` when `log_every` > 0.
-        `mid_epoch`: a limit or `ckpt_every` checkpoints inside an epoch (the task's batches start at any
-        iteration); without it a limit ends the epoch early, which is evaluated and not saved.
-        `raise_on_divergence`: `guard.Diverged` at the first check (log line, save, epoch end) after a non-finite
-        step; else the diverged epoch is evaluated, not saved, and `Fit.diverged` says so."""
+        only, `keep_last` checkpoints named by `name_by` ("step" or "epoch"). `run_dir` (default
+        `checkpoint_dir`) is locked while the run trains (`lock`; False: the caller holds the lock) and holds
+        `log.jsonl` when `log_every` > 0. `mid_epoch`: a limit or `ckpt_every` checkpoints inside an epoch (the
+        task's batches start at any iteration); without it a limit ends the epoch early, which is evaluated and
+        not saved. `raise_on_divergence`: `guard.Diverged` at the first check (log line, save, epoch end) after a
+        non-finite step; else the diverged epoch is evaluated, not saved, and `Fit.diverged` says so."""
         self.d = d or D.Dist(0, 1, 0, device if device is not None else torch.device("cpu"))
         self.device = self.d.device
         if cuda_graph and (self.device.type != "cuda" or self.d.world > 1):
@@ -141,6 +141,7 @@ class Engine:
         self.bf16, self.clip, self.cuda_graph = bf16, clip, cuda_graph
         self.checkpoint_dir, self.run_id, self.keep_last, self.name_by = checkpoint_dir, run_id, keep_last, name_by
         self.run_dir = run_dir if run_dir is not None else checkpoint_dir
+        self.take_lock = lock
         self.ckpt_every, self.mid_epoch, self.log_every = ckpt_every, mid_epoch, log_every
         self.progress, self.name, self.raise_on_divergence = progress, name, raise_on_divergence
         self.model = task.model
@@ -155,7 +156,7 @@ class Engine:
     def start(self) -> bool:
         """Lock the run folder and load the newest checkpoint (model, optimiser, position, RNG); returns whether
         there was one. Releases the lock if loading fails."""
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.take_lock:
             self.lock = guard.RunLock(str(self.run_dir), self.d if self.d.world > 1 else None)
         try:
             resumed = self._resume()
