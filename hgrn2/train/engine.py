@@ -44,7 +44,8 @@ class EpochEnd:
     sums: list[float]  # the epoch's running sums over every rank (`Task.loss`)
     metrics: dict  # `Task.evaluate`
     seconds: float  # the run's training time so far
-    epoch_time: float  # this epoch's time in this call
+    train_time: float  # this epoch's training time in this call
+    epoch_time: float  # the same with the evaluation
     steps: int  # steps of this epoch in this call
     whole: bool  # this call trained the whole epoch (it did not continue one)
 
@@ -88,6 +89,10 @@ class Task:
     def done(self, entry: dict) -> bool:
         """Stop early after an epoch with this entry."""
         return False
+
+    def score(self, entry: dict) -> float:
+        """How good an epoch is (higher is better): the best epoch is `Engine.best()`."""
+        raise NotImplementedError
 
     def after_step(self) -> None:
         """Runs after every optimiser step (an EMA of the weights)."""
@@ -176,6 +181,10 @@ class Engine:
         if self.log is not None:
             self.log.close()
 
+    def best(self) -> dict | None:
+        """The history entry of the best epoch by `Task.score` (the first of equals; None before any epoch)."""
+        return max(self.history, key=self.task.score, default=None)
+
     def nothing_to_train(self, epochs: int, max_steps: int | None = None) -> str | None:
         """Why the run has nothing left to train under these limits, else None."""
         if self.epoch >= epochs:
@@ -241,9 +250,10 @@ class Engine:
                 watch.check(f" ({self.name})")  # a diverged epoch is neither evaluated nor saved
             diverged = watch.bad_step() is not None
             sums = self.sums.tolist() if self.sums is not None else [0.0, 0.0]
-            entry = task.entry(EpochEnd(self.epoch, self.step, float(lr if lr is not None else 0.0), sums,
-                                        task.evaluate(self.wrapped), self.seconds, time.time() - t_epoch, steps,
-                                        first == 0))
+            train_time = time.time() - t_epoch
+            metrics = task.evaluate(self.wrapped)
+            entry = task.entry(EpochEnd(self.epoch, self.step, float(lr if lr is not None else 0.0), sums, metrics,
+                                        self.seconds, train_time, time.time() - t_epoch, steps, first == 0))
             self.history.append(entry)
             if self.log is not None:
                 self.log.log({"kind": "val", "step": self.step, **entry})

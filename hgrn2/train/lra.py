@@ -309,6 +309,9 @@ class LRATask(Task):
         return {"epoch": end.epoch + 1, "step": end.step, "train_loss": loss / n, "train_acc": correct / n,
                 **end.metrics, "epoch_time": end.epoch_time, "complete": end.whole}
 
+    def score(self, entry: dict) -> float:
+        return entry["val_acc"]  # LRA reports the test accuracy at the best validation epoch
+
     def running(self, sums: list[float]) -> dict:
         return {"epoch_loss": sums[0] / sums[2], "epoch_acc": sums[1] / sums[2]}
 
@@ -372,8 +375,7 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
     t_start, first_step, env = time.time(), engine.step, environment(d.device, d.world)
 
     def record(stopped: str | None, write: bool = True) -> dict:
-        history = engine.history
-        best = max(history, key=lambda h: h["val_acc"], default=None)
+        history, best = engine.history, engine.best()
         times = [h["epoch_time"] for h in history if h.get("complete")]
         result = {"task": task, "model": mixer, "settings_of": settings, "variant": variant, "parameters": params,
                   "config": cfg.to_dict(), "train": tr, "data": data_opts,

@@ -143,6 +143,9 @@ class MQARTask(Task):
     def done(self, entry: dict) -> bool:
         return entry["accuracy"] > self.early_stop_accuracy
 
+    def score(self, entry: dict) -> float:
+        return entry["accuracy"]
+
 
 def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str | Path | None = None,
               deadline: float | None = None, on_epoch=None, checkpoint_dir: str | Path | None = None,
@@ -177,13 +180,14 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
         if on_epoch is not None:
             on_epoch({"run_id": spec.run_id, "epochs": spec.epochs, **record})
 
-    fit = Engine(task, opt, lambda step, epoch: cosine(spec.lr, epoch, spec.epochs), device=dev,
-                 cuda_graph=cuda_graph, checkpoint_dir=checkpoint_dir, run_id=spec.run_id, name_by="epoch",
-                 raise_on_divergence=False).fit(spec.epochs, deadline=deadline, on_step=on_step, on_epoch=epoch_done)
+    engine = Engine(task, opt, lambda step, epoch: cosine(spec.lr, epoch, spec.epochs), device=dev,
+                    cuda_graph=cuda_graph, checkpoint_dir=checkpoint_dir, run_id=spec.run_id, name_by="epoch",
+                    raise_on_divergence=False)
+    fit = engine.fit(spec.epochs, deadline=deadline, on_step=on_step, on_epoch=epoch_done)
     history = fit.history
     return dict(
         run_id=spec.run_id, spec=asdict(spec), final_accuracy=history[-1]["accuracy"],
-        best_accuracy=max(h["accuracy"] for h in history), epochs_run=len(history), early_stopped=fit.early,
+        best_accuracy=engine.best()["accuracy"], epochs_run=len(history), early_stopped=fit.early,
         diverged=fit.diverged, complete=fit.stopped is None, steps=fit.step, seconds=round(fit.seconds, 2),
         steps_per_second=round(fit.step / max(fit.seconds, 1e-9), 2), device=str(dev),
         gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, torch=torch.__version__,

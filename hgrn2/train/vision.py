@@ -340,7 +340,7 @@ class VisionTask(Task):
         m = end.metrics
         self.best = max(self.best, m["acc1"], m.get("ema_acc1", 0.0))
         return {"step": end.step, "epoch": end.epoch + 1, "train_loss": end.sums[0] / end.sums[1], "lr": end.lr,
-                "train_images_per_s": end.steps * self.cfg.batch_size / end.epoch_time, **m}
+                "train_images_per_s": end.steps * self.cfg.batch_size / end.train_time, **m}
 
     def line(self, entry: dict) -> str:
         ema = f", EMA top-1 {entry['ema_acc1']:.2f}%" if "ema_acc1" in entry else ""

@@ -46,6 +46,9 @@ class Regression(Task):
         with torch.no_grad():
             return {"mse": F.mse_loss(model(self.x)[:, 0], self.y).item()}
 
+    def score(self, entry):
+        return -entry["mse"]
+
 
 def engine(task, directory, **kw):
     opt = torch.optim.AdamW(task.model.parameters(), lr=1e-2)
@@ -71,6 +74,13 @@ def test_a_limit_inside_an_epoch_saves_and_resumes_at_the_iteration(tmp_path):
     drop = lambda h: [{k: v for k, v in e.items() if k != "seconds"} for e in h]  # noqa: E731
     assert drop(fit.history) == drop(ref.history)  # the epochs' metrics and sums, whichever call trained them
     assert all(torch.equal(a, b) for a, b in zip(weights(task), weights(whole)))
+
+
+def test_the_best_epoch_is_the_tasks_best_score(tmp_path):
+    e = engine(Regression(), tmp_path)
+    assert e.best() is None
+    history = e.fit(4).history
+    assert e.best() is min(history, key=lambda h: h["mse"]) and len({h["mse"] for h in history}) == 4
 
 
 def test_a_deadline_stops_after_the_step_that_passes_it(tmp_path):
