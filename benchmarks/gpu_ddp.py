@@ -254,8 +254,15 @@ def variants_main(args) -> None:
     baseline = json.load(open(args.baseline)) if args.baseline else None
     rows = []
     for name in (names if d.world > 1 else [None]):
-        r = measure_variant(args, cfg, d, name)
-        _release(d)
+        try:
+            r = measure_variant(args, cfg, d, name)
+        except Exception as e:  # noqa: BLE001 - a variant that fails on every rank alike; the others still run
+            rows.append({"run": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+            if d.main:
+                print(f"{name}: failed ({rows[-1]['error']})", flush=True)
+            continue
+        finally:
+            _release(d)
         row = {"run": name or "1 GPU", "tok_per_s": r["tok_per_s"], "peak_gib": r["peak_gib"]}
         if baseline:
             one = baseline["rows"][0]
@@ -276,7 +283,7 @@ def variants_main(args) -> None:
               f"micro {args.micro}")
         print(format_table(rows, [("run", "run", ""), ("tokens/s", "tok_per_s", ".0f"),
                                   ("× 1 GPU", "speedup_vs_1gpu", ".2f"), ("peak GiB", "peak_gib", ".1f"),
-                                  ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e")]))
+                                  ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e"), ("error", "error", "")]))
         if checkpoints:
             print("\n" + format_table(checkpoints, [("checkpoint", "checkpoint", ""), ("save s", "save_s", ".1f"),
                                              ("load s", "load_s", ".1f"), ("GiB", "gib", ".1f")]))

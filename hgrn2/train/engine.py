@@ -258,7 +258,7 @@ class Engine:
             if self.log is not None:
                 self.log.log({"kind": "val", "step": self.step, **entry})
             early = task.done(entry)
-            if not diverged and (at_end or self.mid_epoch):  # a limit without mid_epoch cut the epoch short
+            if not diverged and at_end:  # else a limit without mid_epoch cut the epoch short: evaluated, not saved
                 self.epoch, self.iteration, self.sums = self.epoch + 1, 0, None
                 self._save(watch)
             line = task.line(entry)
