@@ -17,7 +17,8 @@ and reports tokens/s (the second half of the steps) and the losses; then it time
 (model and AdamW state) the old way (full state dicts gathered to rank 0, `torch.save`, every rank reading the file)
 against the sharded one (`torch.distributed.checkpoint`, `hgrn2.train.sharded`). One process measures the one-GPU
 baseline (no wrapping; its checkpoint times too), which the run on several GPUs reads with --baseline to print
-each variant's speed-up and its largest loss difference. On 4×H200 (each call about 3 minutes at --steps 20):
+each variant's speed-up and its largest loss difference. On an H200 host (each call meant to stay under 4 minutes
+at --steps 20):
 
     python3 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b --steps 20 --batch 16 --micro 4
     torchrun --standalone --nproc_per_node 2 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b \
