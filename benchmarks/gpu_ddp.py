@@ -1,19 +1,37 @@
 """Do DDP and FSDP2 on several GPUs give the one-GPU loss curve, and how do they scale?
 
-The 0.15b preset in bf16 on one GPU with gradient accumulation, then on --nproc GPUs under torchrun with DDP and
-with FSDP2, same global batch, same data: per-step losses side by side, and tokens/s (median of each run's second
-half). A standalone tool, not an `hgrn2 bench` command: it launches `hgrn2 train` under torchrun.
+Two modes. The default: the 0.15b preset in bf16 on one GPU with gradient accumulation, then on --nproc GPUs
+under torchrun with DDP and with FSDP2, same global batch, same data: per-step losses side by side, and tokens/s
+(median of each run's second half). It launches `hgrn2 train` under torchrun.
 
     python3 benchmarks/gpu_ddp.py [--steps 40] [--preset hgrn2-0.15b] [--nproc 2] [--work DIR] [--out DIR]
 
 The corpus is synthetic (a noisy periodic source over the preset's vocabulary, so the loss falls), written to
 --work (default: a temporary folder) with each run's log.jsonl; the result goes to --out (default
 benchmarks/results/<device>x<nproc>/)/ddp.json.
+
+`--fsdp-variants [NAME ...]`: this process itself, launched by torchrun, trains the preset with each variant of
+the library's FSDP2 options (`distributed.wrap`, the train config keys `fsdp_reshard`, `fsdp_param_dtype`,
+`fsdp_prefetch`) and DDP, one after the other on the same global batches (the synthetic source, drawn per step),
+and reports tokens/s (the second half of the steps) and the losses; then it times saving and loading a checkpoint
+(model and AdamW state) the old way (full state dicts gathered to rank 0, `torch.save`, every rank reading the file)
+against the sharded one (`torch.distributed.checkpoint`, `hgrn2.train.sharded`). One process measures the one-GPU
+baseline (no wrapping; its checkpoint times too), which the run on several GPUs reads with --baseline to print
+each variant's speed-up and its largest loss difference. On an H200 host (each call meant to stay under 4 minutes
+at --steps 20):
+
+    python3 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b --steps 20 --batch 16 --micro 4
+    torchrun --standalone --nproc_per_node 2 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b \
+        --steps 20 --batch 16 --micro 4 --baseline benchmarks/results/h200/fsdp_variants.json
+
+(the first writes benchmarks/results/h200/fsdp_variants.json, the second .../h200x2/fsdp_variants.json; names:
+VARIANTS below; --no-checkpoint skips the checkpoint times; a CPU check: --device cpu --preset tiny with gloo).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shlex
@@ -30,6 +48,16 @@ sys.path.insert(0, ROOT)
 
 from hgrn2.bench.common import add_output_argument, environment, write_result  # noqa: E402
 from hgrn2.data.prepare import write_corpus  # noqa: E402
+
+# name: (parallel, fsdp_reshard, fsdp_param_dtype, fsdp_prefetch); "fsdp" is the library's default
+VARIANTS = {
+    "ddp": ("ddp", "auto", "fp32", 1),
+    "fsdp": ("fsdp", "auto", "fp32", 1),
+    "fsdp-never": ("fsdp", "never", "fp32", 1),
+    "fsdp-bf16": ("fsdp", "auto", "bf16", 1),
+    "fsdp-bf16-never": ("fsdp", "never", "bf16", 1),
+    "fsdp-bf16-never-p2": ("fsdp", "never", "bf16", 2),
+}
 
 
 def corpus(path: str, vocab: int, n_train: int, n_val: int) -> None:
@@ -70,6 +98,199 @@ def train(args, name: str, nproc: int, parallel: str) -> dict:
             "tok_per_s": float(np.median([r["tok_per_s"] for r in late]))}
 
 
+def source_batch(step: int, batch: int, seq_len: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """The global batch of `step` [batch, seq_len] from the noisy periodic source: the same on every rank and
+    for every world size (each rank takes its rows)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    n = batch * seq_len
+    base = (torch.arange(n) * 7 + torch.randint(0, 3, (n,), generator=g)) % vocab
+    noisy = torch.where(torch.rand(n, generator=g) < 0.2, torch.randint(0, vocab, (n,), generator=g), base)
+    return noisy.view(batch, seq_len)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _vocab(cfg, args) -> int:
+    """The preset's vocabulary, else --vocab."""
+    v = cfg.model.get("vocab_size", "auto")
+    return args.vocab if v == "auto" else int(v)
+
+
+_TEMPLATE: dict = {}
+
+
+def _fresh(args, cfg, d, variant: str | None):
+    """The preset's model (the same initial weights on every rank) wrapped as `variant` (None: alone), and AdamW."""
+    from hgrn2.train import distributed as D
+    from hgrn2.train.model_factory import build_model
+    from hgrn2.train.optim import build_optimizer
+
+    if "model" not in _TEMPLATE:  # built once: a 1B model's initialisation on the CPU takes many seconds
+        torch.manual_seed(cfg.seed)
+        _TEMPLATE["model"] = build_model(cfg.arch, cfg.model, _vocab(cfg, args))
+    model = copy.deepcopy(_TEMPLATE["model"]).to(d.device)
+    if variant is not None:
+        how, reshard, dtype, prefetch = VARIANTS[variant]
+        model = D.wrap(model, how, d, reshard=reshard, param_dtype=dtype, prefetch=prefetch)
+    return model, build_optimizer(model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
+
+
+def measure_variant(args, cfg, d, variant: str | None) -> dict:
+    """Train `args.steps` steps; tokens/s over the second half, the losses (mean over ranks)."""
+    import contextlib
+
+    from hgrn2.train import distributed as D
+    from hgrn2.train.graphed import train_step
+
+    model, opt = _fresh(args, cfg, d, variant)
+    accum = args.batch // (args.micro * d.world)
+    rows = args.micro * accum
+    vocab = _vocab(cfg, args)
+    amp = torch.autocast(d.device.type, dtype=torch.bfloat16) if d.device.type == "cuda" else contextlib.nullcontext()
+
+    def micro_loss(x):
+        with amp:
+            return model(input_ids=x, labels=x).loss
+
+    losses, half = [], args.steps // 2
+    for step in range(args.steps):
+        if step == half:
+            _sync(d.device)
+            t0 = time.time()
+        x = source_batch(step, args.batch, args.seq_len, vocab)[d.rank * rows:(d.rank + 1) * rows].to(d.device)
+        loss, _ = train_step(micro_loss, opt, [x], accum, max_norm=cfg.grad_clip or None,
+                             sync=lambda last: D.no_sync(model, last))
+        losses.append(D.mean(loss, d))
+    _sync(d.device)
+    seconds = time.time() - t0
+    memory = torch.cuda.max_memory_allocated(d.device) / 2**30 if d.device.type == "cuda" else None
+    return {"tok_per_s": (args.steps - half) * args.batch * args.seq_len / seconds,
+            "loss": [float(v) for v in losses], "peak_gib": memory}
+
+
+def _release(d) -> None:
+    """Free the last measurement's model and optimiser (gone with its frame) before the next one."""
+    import gc
+
+    gc.collect()
+    if d.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(d.device)
+
+
+def _folder_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def measure_checkpoints(args, cfg, d, work: str) -> list[dict]:
+    """Save and load time of the model and AdamW state (after one step, so the moments exist), wrapped as the
+    library's default `parallel` (alone on one process): the old way and the sharded one."""
+    import shutil
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    from hgrn2.train import checkpoint as ckpt
+    from hgrn2.train import distributed as D
+    from hgrn2.train import sharded
+
+    model, opt = _fresh(args, cfg, d, cfg.parallel if d.world > 1 else None)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    out = []
+
+    def timed(fn) -> float:
+        D.barrier(d)
+        _sync(d.device)
+        t0 = time.time()
+        fn()
+        _sync(d.device)
+        D.barrier(d)
+        return time.time() - t0
+
+    old_dir, new_dir = os.path.join(work, "ckpt_old"), os.path.join(work, "ckpt_new")
+
+    def old_save():
+        model_sd, optim_sd = get_state_dict(D.unwrap(model), opt,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if d.main:
+            ckpt.save(old_dir, 1, {"step": 1, "model": model_sd, "optimizer": optim_sd}, keep_last=1)
+
+    save_s = timed(old_save)
+    load_s = timed(lambda: sharded.load_latest(old_dir, model, opt, d))  # every rank reads the whole file
+    out.append({"checkpoint": "full state to rank 0 + torch.save", "save_s": save_s, "load_s": load_s,
+                "gib": _folder_bytes(ckpt.list_checkpoints(old_dir)[-1]) / 2**30 if d.main else None})
+    save_s = timed(lambda: sharded.save(new_dir, 1, model, opt, {"step": 1}, d, keep_last=1))
+    load_s = timed(lambda: sharded.load_latest(new_dir, model, opt, d))
+    out.append({"checkpoint": "sharded (torch.distributed.checkpoint)", "save_s": save_s, "load_s": load_s,
+                "gib": _folder_bytes(sharded.list_checkpoints(new_dir)[-1][1]) / 2**30 if d.main else None})
+    if d.main:
+        for folder in (old_dir, new_dir):
+            shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def variants_main(args) -> None:
+    """--fsdp-variants: this process (one of torchrun's, or alone) measures the variants and the checkpoints."""
+    import shutil
+
+    from hgrn2.bench.common import format_table
+    from hgrn2.train import distributed as D
+    from hgrn2.train.config import make_config
+
+    d = D.init(args.device)
+    names = args.fsdp_variants or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or args.batch % (args.micro * d.world):
+        raise SystemExit(f"gpu_ddp.py: error: --fsdp-variants: unknown {unknown}, choose from {list(VARIANTS)}"
+                         if unknown else f"gpu_ddp.py: error: --batch {args.batch} is not a multiple of --micro "
+                         f"{args.micro} × {d.world} ranks")
+    cfg = make_config(args.preset, [f"seq_len={args.seq_len}", *args.set])
+    work = D.gather_objects(args.work or tempfile.mkdtemp(prefix="hgrn2_fsdp_"), d)[0]  # rank 0's folder
+    baseline = json.load(open(args.baseline)) if args.baseline else None
+    rows = []
+    for name in (names if d.world > 1 else [None]):
+        try:
+            r = measure_variant(args, cfg, d, name)
+        except Exception as e:  # noqa: BLE001 - a variant that fails on every rank alike; the others still run
+            rows.append({"run": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+            if d.main:
+                print(f"{name}: failed ({rows[-1]['error']})", flush=True)
+            continue
+        finally:
+            _release(d)
+        row = {"run": name or "1 GPU", "tok_per_s": r["tok_per_s"], "peak_gib": r["peak_gib"]}
+        if baseline:
+            one = baseline["rows"][0]
+            row["speedup_vs_1gpu"] = r["tok_per_s"] / one["tok_per_s"]
+            row["max_rel_loss_diff_vs_1gpu"] = max(abs(a - b) / abs(b) for a, b in zip(r["loss"], one["loss"]))
+        rows.append({**row, "loss": r["loss"]})
+        if d.main:
+            print(f"{row['run']}: {r['tok_per_s']:.0f} tokens/s", flush=True)
+    checkpoints = [] if args.no_checkpoint else measure_checkpoints(args, cfg, d, work)
+    if d.main:
+        env = environment(args.device if d.device.type != "cuda" else "cuda:0", gpus=d.world)
+        path = write_result(args.out, "fsdp_variants", env, rows, shlex.join(["python3", *sys.argv]),
+                            checkpoints=checkpoints, preset=args.preset, steps=args.steps, batch=args.batch,
+                            micro=args.micro, seq_len=args.seq_len, world_size=d.world)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        print(f"wrote {path}\n\n{args.preset}, {d.world} rank(s), {args.batch}×{args.seq_len} tokens per step, "
+              f"micro {args.micro}")
+        print(format_table(rows, [("run", "run", ""), ("tokens/s", "tok_per_s", ".0f"),
+                                  ("× 1 GPU", "speedup_vs_1gpu", ".2f"), ("peak GiB", "peak_gib", ".1f"),
+                                  ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e"), ("error", "error", "")]))
+        if checkpoints:
+            print("\n" + format_table(checkpoints, [("checkpoint", "checkpoint", ""), ("save s", "save_s", ".1f"),
+                                             ("load s", "load_s", ".1f"), ("GiB", "gib", ".1f")]))
+    D.shutdown()
+
+
 def _max_diff(loss: dict, ref: dict) -> float | None:
     """The largest relative difference of a run's per-step losses from the one-GPU run's."""
     return max(abs(loss[s] - ref[s]) / ref[s] for s in ref) if ref else None
@@ -88,7 +309,13 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--device", default="cuda", help="cpu: a plumbing check with gloo")
     ap.add_argument("--set", nargs="*", default=[], help="more overrides (KEY=VALUE), after the ones above")
+    ap.add_argument("--fsdp-variants", nargs="*", metavar="NAME", help=f"measure these in this process (under "
+                    f"torchrun; none named: all of {', '.join(VARIANTS)}) and the checkpoint times")
+    ap.add_argument("--baseline", help="--fsdp-variants: the one-GPU run's fsdp_variants.json (speed-ups, losses)")
+    ap.add_argument("--no-checkpoint", action="store_true", help="--fsdp-variants: skip the checkpoint times")
     args = ap.parse_args()
+    if args.fsdp_variants is not None:
+        return variants_main(args)
     args.work = args.work or tempfile.mkdtemp(prefix="hgrn2_ddp_")
     tokens = (args.steps + 1) * args.batch * (args.seq_len + 1)
     corpus(os.path.join(args.work, "data"), args.vocab, tokens, 64 * (args.seq_len + 1))

@@ -148,19 +148,22 @@ def load(path: str) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def rng_state() -> dict:
+def rng_state(device: torch.device | None = None) -> dict:
+    """Every RNG of this process; CUDA's of `device` (None: the current one), which need not be the current one."""
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     numpy = (kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss)  # tensors: weights_only loads them
     state = {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
+    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        state["cuda"] = torch.cuda.get_rng_state(device or "cuda")
     return state
 
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), *rest))
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
+    """Restore `rng_state`'s result (a state without Python's and numpy's sets torch's alone)."""
+    if "python" in state:
+        random.setstate(state["python"])
+        kind, key, *rest = state["numpy"]
+        np.random.set_state((kind, np.asarray(key, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        torch.cuda.set_rng_state(state["cuda"], device or "cuda")

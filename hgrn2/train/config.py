@@ -54,6 +54,12 @@ class TrainConfig:
     # faster (BENCHMARKS.md, "Training throughput"); other token mixers and Llama stay eager unless set true.
     cuda_graph: bool | None = None
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2 fully_shard per block) when launched with torchrun
+    # FSDP2 (`distributed.wrap`): reshard after each block's forward ("auto": all but the last block; "always";
+    # "never": gathered until the backward), the dtype its parameters are gathered and computed in ("bf16":
+    # MixedPrecisionPolicy, fp32 gradient reduction), and how many blocks' all-gathers are issued ahead
+    fsdp_reshard: str = "auto"
+    fsdp_param_dtype: str = "fp32"
+    fsdp_prefetch: int = 1
     device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu" (gloo when distributed)
     # run
     out_dir: str = "runs/lm"
@@ -70,7 +76,8 @@ class TrainConfig:
     def validate(self) -> None:
         choices = {"arch": ("hgrn2", "llama"), "optimizer": ("adamw", "adam"), "precision": ("bf16", "fp32"),
                    "schedule": ("inverse_sqrt", "cosine", "constant"), "parallel": ("ddp", "fsdp"),
-                   "device": ("auto", "cuda", "cpu")}
+                   "device": ("auto", "cuda", "cpu"), "fsdp_reshard": ("auto", "always", "never"),
+                   "fsdp_param_dtype": ("fp32", "bf16")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
@@ -78,7 +85,8 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("warmup_steps", "eval_every", "save_every", "num_workers", "eval_sequences", "grad_clip"):
+        for key in ("warmup_steps", "eval_every", "save_every", "num_workers", "eval_sequences", "grad_clip",
+                    "fsdp_prefetch"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):

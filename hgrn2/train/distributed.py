@@ -62,25 +62,39 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def wrap(model: torch.nn.Module, how: str, d: Dist) -> torch.nn.Module:
-    """DDP, or FSDP2 (`fully_shard` on every block, then the root), or the model itself when alone."""
+def wrap(model: torch.nn.Module, how: str, d: Dist, *, reshard: str = "auto", param_dtype: str = "fp32",
+         prefetch: int = 1) -> torch.nn.Module:
+    """DDP, or FSDP2 (`fully_shard` on every block, then the root), or the model itself when alone.
+
+    FSDP2 only: `reshard` after each block's forward: "auto" (every block but the last, whose parameters the
+    backward needs again at once), "always" or "never" (parameters stay gathered from the forward to the backward:
+    more memory, one all-gather per step fewer); `param_dtype` "bf16" gathers and computes with bf16 copies of the
+    parameters (`MixedPrecisionPolicy`, gradients reduced in fp32; half the all-gather bytes), "fp32" gathers the
+    fp32 parameters that autocast then casts; `prefetch`: how many next blocks' all-gathers are issued ahead, in
+    the forward and the backward."""
     if d.world == 1:
         return model
     if how == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if param_dtype == "bf16" else MixedPrecisionPolicy()
     units = blocks(model)
     for i, block in enumerate(units):
-        # the last block's parameters are needed again at once by the backward: keep them gathered
-        fully_shard(block, reshard_after_forward=i < len(units) - 1)
-    fully_shard(model)
-    for block, after in zip(units, units[1:]):
-        # issue the next block's all-gather while this one computes (FSDP2 only prefetches in the backward
-        # by itself), so that a fast GPU does not wait on the host to launch it
-        block.set_modules_to_forward_prefetch([after])
+        after = {"auto": i < len(units) - 1, "always": True, "never": False}[reshard]
+        fully_shard(block, reshard_after_forward=after, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    if prefetch:
+        for i, block in enumerate(units):
+            # issue the next blocks' all-gathers while this one computes (FSDP2 prefetches one block in the
+            # backward by itself, none in the forward), so that a fast GPU does not wait on the host to launch them
+            if units[i + 1:i + 1 + prefetch]:
+                block.set_modules_to_forward_prefetch(units[i + 1:i + 1 + prefetch])
+            if prefetch > 1 and i:
+                block.set_modules_to_backward_prefetch(units[max(0, i - prefetch):i][::-1])
     return model
 
 

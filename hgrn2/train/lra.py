@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -31,7 +30,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
-from tqdm.auto import tqdm
 
 from ..bench.common import add_record_argument, command_of, environment, lra_run_label, runs_environment, write_result
 from ..data.files import write_json
@@ -39,9 +37,9 @@ from ..data.lra import images
 from ..data.lra import tasks as lra_tasks
 from ..data.lra.readers import Split
 from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
-from . import checkpoint, distributed, guard
-from .logger import RunLogger
-from .optim import lr_at, set_lr
+from . import distributed, guard
+from .engine import Engine, EpochEnd, Task
+from .optim import lr_at
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
 PAPER_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
@@ -274,6 +272,63 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
         lock.release()
 
 
+class LRATask(Task):
+    """An LRA task on the training engine: batches of a per-epoch permutation (seeded by the seed and the epoch,
+    so that any iteration can be the first), cross entropy, accuracy on the validation and test splits; the
+    checkpoints also keep the run's settings."""
+
+    def __init__(self, model, data: dict, pixels, batch: int, d: distributed.Dist, seed: int, augment: bool,
+                 settings: dict, epochs: int, amp: bool, run_dir: Path):
+        self.model, self.data, self.pixels, self.batch, self.d = model, data, pixels, batch, d
+        self.seed, self.augment, self.settings, self.epochs, self.amp = seed, augment, settings, epochs, amp
+        self.run_dir = run_dir
+        self.per_rank = batch // d.world
+        self.steps_per_epoch = len(data["train"].labels) // batch
+
+    def batches(self, epoch: int, start: int):
+        split, b, r = self.data["train"], self.batch, self.d.rank
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(split.labels))
+        crop_flip = images.crop_flip_params(len(split.labels), self.seed, epoch) if self.augment else None
+        for it in range(start, self.steps_per_epoch):
+            idx = order[it * b + r * self.per_rank: it * b + (r + 1) * self.per_rank]
+            yield batch_tensors(split, idx, self.pixels, self.d.device, crop_flip)
+
+    def loss(self, model, x, mask, y):
+        logits = model(x, mask).float()
+        loss = F.cross_entropy(logits, y)
+        return loss, _sums(loss.detach().double() * len(y), logits, y)
+
+    def evaluate(self, model) -> dict:
+        # the training batch, as the LRA code's loaders: where the scans read padding, it sets how much
+        val = evaluate(model, self.data["val"], self.pixels, self.per_rank, self.d, self.amp)
+        test = evaluate(model, self.data["test"], self.pixels, self.per_rank, self.d, self.amp)
+        return {"val_acc": val["acc"], "val_loss": val["loss"], "test_acc": test["acc"], "test_loss": test["loss"]}
+
+    def entry(self, end: EpochEnd) -> dict:
+        loss, correct, n = end.sums
+        return {"epoch": end.epoch + 1, "step": end.step, "train_loss": loss / n, "train_acc": correct / n,
+                **end.metrics, "epoch_time": end.epoch_time, "complete": end.whole}
+
+    def score(self, entry: dict) -> float:
+        return entry["val_acc"]  # LRA reports the test accuracy at the best validation epoch
+
+    def running(self, sums: list[float]) -> dict:
+        return {"epoch_loss": sums[0] / sums[2], "epoch_acc": sums[1] / sums[2]}
+
+    def state(self) -> dict:
+        return {"settings": self.settings, "epochs": self.epochs}
+
+    def line(self, entry: dict) -> str:
+        return (f"{self.run_dir.name} epoch {entry['epoch']}: val {entry['val_acc']:.4f} test {entry['test_acc']:.4f} "
+                f"({entry['epoch_time']:.1f}s)")
+
+    def load_state(self, state: dict) -> None:
+        _check_same_settings(self.run_dir, _started_with(self.run_dir, state), self.settings)
+        if self.d.main and state.get("epochs", self.epochs) != self.epochs:
+            print(f"{self.run_dir.name}: --epochs {state['epochs']} -> {self.epochs}: the run continues with the new "
+                  "value")
+
+
 def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist, run_dir: Path,
                variant: str | None) -> dict:
     cfg, tr, data_opts = build(task, mixer, args, variant)
@@ -291,12 +346,9 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
     empty = [s for s in ("train", "val", "test") if len(data[s].labels) == 0]
     if empty:
         raise ValueError(f"`--data` / `--examples` / `--images`: task {task!r} has no {' or '.join(empty)} examples")
-    train_split = data["train"]
     batch = tr["batch_size"]
-    per_rank = batch // d.world
-    steps_per_epoch = len(train_split.labels) // batch
-    if steps_per_epoch == 0:
-        raise ValueError(f"`--batch-size`: {batch} exceeds the {len(train_split.labels)} training examples")
+    if len(data["train"].labels) < batch:
+        raise ValueError(f"`--batch-size`: {batch} exceeds the {len(data['train'].labels)} training examples")
 
     torch.manual_seed(args.seed)
     model = LRAClassifier(cfg).to(d.device)
@@ -305,143 +357,52 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
         # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics); with
         # bn_group, their plain "batch", each rank normalises its own share
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    ddp = distributed.wrap(model, "ddp", d)
     opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"])
     amp = d.device.type == "cuda" and tr["precision"] == "bf16"
-
-    step, epoch, start_it, history = 0, 0, 0, []
-    # this epoch's training loss sum, correct count and examples (all ranks), carried through checkpoints
-    epoch_sums = torch.zeros(3, dtype=torch.float64, device=d.device)
-    state = checkpoint.load_latest(str(run_dir / "ckpt"))
     settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task))
-    if state is not None:
-        _check_same_settings(run_dir, _started_with(run_dir, state), settings_now)
-        if d.main and state.get("epochs", tr["epochs"]) != tr["epochs"]:
-            print(f"{name}: --epochs {state['epochs']} -> {tr['epochs']}: the run continues with the new value")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, epoch, start_it, history = state["step"], state["epoch"], state["iteration"], state["history"]
-        checkpoint.set_rng_state(state["rng"][d.rank] if d.rank < len(state["rng"]) else state["rng"][0])
-        epoch_sums = torch.tensor(state["epoch_sums"], dtype=torch.float64, device=d.device)
-    logger = RunLogger(str(run_dir), enabled=d.main, start_step=step, tensorboard=False)
+    lra = LRATask(model, data, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"], amp,
+                  run_dir)
 
-    def save(it: int) -> None:
-        watch.check(f" ({name})")  # a diverged step is never saved
-        rngs = distributed.gather_objects(checkpoint.rng_state(), d)
-        if d.main:
-            checkpoint.save(str(run_dir / "ckpt"), step, {
-                "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
-                "iteration": it, "history": history, "rng": rngs, "epoch_sums": epoch_sums.tolist(),
-                "settings": settings_now, "epochs": tr["epochs"]}, keep_last=2)
-        distributed.barrier(d)
+    def schedule(step: int, epoch: int) -> float:
+        return lr_at(step, schedule="cosine", lr=tr["lr"], warmup_steps=tr["warmup_steps"],
+                     max_steps=tr["schedule_steps"])
+
+    # the run folder is locked by train_run (before any data is generated)
+    engine = Engine(lra, opt, schedule, d=d, bf16=amp, clip=tr["grad_clip"], checkpoint_dir=run_dir / "ckpt",
+                    run_dir=run_dir, lock=False, keep_last=2, ckpt_every=args.ckpt_every, mid_epoch=True,
+                    log_every=args.log_every, progress=True, name=name)
+    engine.start()
+    t_start, first_step, env = time.time(), engine.step, environment(d.device, d.world)
 
     def record(stopped: str | None, write: bool = True) -> dict:
-        best = max(history, key=lambda h: h["val_acc"], default=None)
+        history, best = engine.history, engine.best()
         times = [h["epoch_time"] for h in history if h.get("complete")]
         result = {"task": task, "model": mixer, "settings_of": settings, "variant": variant, "parameters": params,
                   "config": cfg.to_dict(), "train": tr, "data": data_opts,
-                  "environment": env, "world_size": d.world, "steps": step, "steps_per_epoch": steps_per_epoch,
-                  "epochs_done": epoch, "history": history,
+                  "environment": env, "world_size": d.world, "steps": engine.step,
+                  "steps_per_epoch": lra.steps_per_epoch, "epochs_done": engine.epoch, "history": history,
                   "time_per_epoch_s": float(np.mean(times)) if times else None,
                   "best_val_acc": best and best["val_acc"], "test_acc_at_best_val": best and best["test_acc"],
                   # the LRA code also scores the test split every epoch and on the last weights; the paper does
                   # not say which number it reports, so both other readings are kept
                   "test_acc_last": history[-1]["test_acc"] if history else None,
                   "test_acc_max": max((h["test_acc"] for h in history), default=None),
-                  "wall_s_this_call": time.time() - t_start, "steps_this_call": step - first_step,
+                  "wall_s_this_call": time.time() - t_start, "steps_this_call": engine.step - first_step,
                   "stopped": stopped}
         if d.main and write:
             write_json(run_dir / "result.json", result)
         return result
 
-    t_start, first_step, env = time.time(), step, environment(d.device, d.world)
-    deadline = t_start + 60 * args.max_minutes if args.max_minutes else math.inf
-    watch = guard.FiniteWatch(d.device)
-    done = _nothing_to_train(epoch, step, tr["epochs"], args.max_steps)
+    done = engine.nothing_to_train(tr["epochs"], args.max_steps)
     if done is not None:
+        engine.close()
         if d.main:
             print(f"{name}: {done}: nothing to train")
         saved = run_dir / "result.json"
         return json.loads(saved.read_text()) if saved.is_file() else record(None, write=False)
-    stopped = None
-    model.train()
-    bar = tqdm(total=tr["epochs"] * steps_per_epoch, initial=step, desc=name, disable=not d.main, unit="step")
-    while epoch < tr["epochs"] and stopped is None:
-        t_epoch = time.time()
-        order = np.random.default_rng([args.seed, epoch]).permutation(len(train_split.labels))
-        crop_flip = (images.crop_flip_params(len(train_split.labels), args.seed, epoch) if data_opts["augment"]
-                     else None)
-        for it in range(start_it, steps_per_epoch):
-            idx = order[it * batch + d.rank * per_rank: it * batch + (d.rank + 1) * per_rank]
-            x, mask, y = batch_tensors(train_split, idx, pixels, d.device, crop_flip)
-            lr = lr_at(step, schedule="cosine", lr=tr["lr"], warmup_steps=tr["warmup_steps"],
-                       max_steps=tr["schedule_steps"])
-            set_lr(opt, lr)
-            with guard.step_values(step + 1):
-                with torch.autocast(d.device.type, torch.bfloat16, enabled=amp):
-                    logits = ddp(x, mask).float()
-                loss = F.cross_entropy(logits, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-            if tr["grad_clip"]:  # Lightning's gradient_clip_val: the global norm of every gradient
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
-            else:
-                norm = guard.grad_norm(model.parameters())
-            opt.step()
-            step += 1
-            bar.update(1)
-            # summed over ranks every step (one small all-reduce), so the sums resume exactly
-            step_sums = distributed.total(_sums(loss.detach().double() * len(y), logits, y), d)
-            epoch_sums += step_sums
-            watch.update(step, step_sums[0], norm)  # both the same on every rank
-            if step % args.log_every == 0:
-                watch.check(f" ({name})")
-                e = epoch_sums.tolist()
-                logger.log({"kind": "train", "step": step, "epoch_loss": e[0] / e[2], "epoch_acc": e[1] / e[2],
-                            "lr": lr})
-                bar.set_postfix(loss=f"{e[0] / e[2]:.3f}", acc=f"{e[1] / e[2]:.3f}")
-            limit = (args.max_steps is not None and step >= args.max_steps) or time.time() > deadline
-            if limit and (it + 1) < steps_per_epoch:
-                stopped = "max_steps" if args.max_steps is not None and step >= args.max_steps else "max_minutes"
-                save(it + 1)
-                break
-            if args.ckpt_every and step % args.ckpt_every == 0 and (it + 1) < steps_per_epoch:
-                save(it + 1)
-        else:
-            watch.check(f" ({name})")
-            # the training batch, as the LRA code's loaders: where the scans read padding, it sets how much
-            val = evaluate(ddp, data["val"], pixels, per_rank, d, amp)
-            test = evaluate(ddp, data["test"], pixels, per_rank, d, amp)
-            e = epoch_sums.tolist()
-            history.append({"epoch": epoch + 1, "step": step, "train_loss": e[0] / e[2], "train_acc": e[1] / e[2],
-                            "val_acc": val["acc"], "val_loss": val["loss"],
-                            "test_acc": test["acc"], "test_loss": test["loss"],
-                            "epoch_time": time.time() - t_epoch, "complete": start_it == 0})
-            logger.log({"kind": "val", "step": step, "epoch": epoch + 1, "val_acc": val["acc"],
-                        "test_acc": test["acc"]})
-            if d.main:
-                tqdm.write(f"{name} epoch {epoch + 1}: val {val['acc']:.4f} test {test['acc']:.4f} "
-                           f"({history[-1]['epoch_time']:.1f}s)")
-            epoch, start_it = epoch + 1, 0
-            epoch_sums.zero_()
-            save(0)
-            record(None)
-            if args.max_steps is not None and step >= args.max_steps:
-                stopped = "max_steps"
-            elif time.time() > deadline:
-                stopped = "max_minutes"
-    bar.close()
-    logger.close()
-    return record(stopped)
-
-
-def _nothing_to_train(epoch: int, step: int, epochs: int, max_steps: int | None) -> str | None:
-    """Why a run at (epoch, step) has nothing left to train under these limits, else None."""
-    if epoch >= epochs:
-        return f"it has trained {epoch} epoch(s), --epochs is {epochs}"
-    if max_steps is not None and step >= max_steps:
-        return f"it is at step {step}, --max-steps is {max_steps}"
-    return None
+    deadline = t_start + 60 * args.max_minutes if args.max_minutes else None
+    fit = engine.fit(tr["epochs"], max_steps=args.max_steps, deadline=deadline, on_epoch=lambda _: record(None))
+    return record(fit.stopped)
 
 
 def results_in(out: str | Path) -> list[dict]:

@@ -45,7 +45,7 @@ from hgrn2.bench.common import add_record_argument, command_of, environment, wri
 from hgrn2.data import mqar
 from hgrn2.data.files import write_json
 from hgrn2.models.zoology import ZoologyLM
-from hgrn2.train.engine import Engine
+from hgrn2.train.engine import Engine, Task, cosine
 from hgrn2.train.sweep import best_device, finished_results, main_process, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
@@ -116,9 +116,9 @@ def evaluate(model: ZoologyLM, inputs, positions, targets, batch_size: int) -> t
     return correct / targets.numel(), loss_sum / targets.numel()
 
 
-class MQARTask:
-    """MQAR as a task of the training engine (`engine.Task`): batches in a fixed order, the loss over the query
-    tokens (fp32 cross entropy; padded targets −100 are ignored), test accuracy, early stop above a threshold."""
+class MQARTask(Task):
+    """MQAR as a task of the training engine: batches in a fixed order, the loss over the query tokens (fp32
+    cross entropy; padded targets −100 are ignored), test accuracy, early stop above a threshold."""
 
     pad_values = (0, 0, -100)
 
@@ -126,22 +126,25 @@ class MQARTask:
         self.model, self.train, self.test = model, train, test
         self.batch_size, self.early_stop_accuracy = batch_size, early_stop_accuracy
 
-    def batches(self):
+    def batches(self, epoch: int, start: int):
         inputs, positions, targets = self.train
         bs = self.batch_size
-        for s in range(0, len(inputs), bs):
+        for s in range(start * bs, len(inputs), bs):
             yield inputs[s : s + bs], positions[s : s + bs], targets[s : s + bs]
 
-    def loss(self, ids, pos, tgt) -> torch.Tensor:
-        logits = self.model(ids, pos)
+    def loss(self, model, ids, pos, tgt) -> torch.Tensor:
+        logits = model(ids, pos)
         return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
 
-    def evaluate(self) -> dict:
-        acc, test_loss = evaluate(self.model, *self.test, self.batch_size)
+    def evaluate(self, model) -> dict:
+        acc, test_loss = evaluate(model, *self.test, self.batch_size)
         return {"test_loss": test_loss, "accuracy": acc}
 
-    def done(self, metrics: dict) -> bool:
-        return metrics["accuracy"] > self.early_stop_accuracy
+    def done(self, entry: dict) -> bool:
+        return entry["accuracy"] > self.early_stop_accuracy
+
+    def score(self, entry: dict) -> float:
+        return entry["accuracy"]
 
 
 def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str | Path | None = None,
@@ -168,24 +171,25 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     model = ZoologyLM(spec.mixer, spec.d_model, vocab_size=spec.vocab_size,
                       max_position_embeddings=spec.seq_len if is_attention else 0,
                       mixer_options=spec.mixer_options).to(dev)
-    # a CUDA graph needs the learning rate as a tensor, which the scheduler then changes in place
+    # a CUDA graph needs the learning rate as a tensor, which the engine then changes in place
     lr = torch.tensor(spec.lr, device=dev) if cuda_graph else spec.lr
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=spec.weight_decay, fused=dev.type == "cuda",
                             capturable=cuda_graph)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=spec.epochs, eta_min=0.0)
     task = MQARTask(model, train, test, spec.batch_size, spec.early_stop_accuracy)
     def epoch_done(record):  # the run's id and epochs beside the epoch's record, for the sweep's progress line
         if on_epoch is not None:
             on_epoch({"run_id": spec.run_id, "epochs": spec.epochs, **record})
 
-    fit = Engine(task, opt, sched, device=dev, cuda_graph=cuda_graph, checkpoint_dir=checkpoint_dir,
-                 run_id=spec.run_id).fit(spec.epochs, deadline=deadline, on_step=on_step, on_epoch=epoch_done)
+    engine = Engine(task, opt, lambda step, epoch: cosine(spec.lr, epoch, spec.epochs), device=dev,
+                    cuda_graph=cuda_graph, checkpoint_dir=checkpoint_dir, run_id=spec.run_id, name_by="epoch",
+                    raise_on_divergence=False)
+    fit = engine.fit(spec.epochs, deadline=deadline, on_step=on_step, on_epoch=epoch_done)
     history = fit.history
     return dict(
         run_id=spec.run_id, spec=asdict(spec), final_accuracy=history[-1]["accuracy"],
-        best_accuracy=max(h["accuracy"] for h in history), epochs_run=len(history), early_stopped=fit.early,
-        diverged=fit.diverged, complete=not fit.cut, steps=fit.steps, seconds=round(fit.seconds, 2),
-        steps_per_second=round(fit.steps / max(fit.seconds, 1e-9), 2), device=str(dev),
+        best_accuracy=engine.best()["accuracy"], epochs_run=len(history), early_stopped=fit.early,
+        diverged=fit.diverged, complete=fit.stopped is None, steps=fit.step, seconds=round(fit.seconds, 2),
+        steps_per_second=round(fit.step / max(fit.seconds, 1e-9), 2), device=str(dev),
         gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, torch=torch.__version__,
         parameters=sum(p.numel() for p in model.parameters()), history=history,
     )

@@ -77,7 +77,8 @@ class Trainer:
         if cfg.compile:
             for block in D.blocks(model):
                 block.compile()
-        self.model = D.wrap(model, cfg.parallel, self.d)
+        self.model = D.wrap(model, cfg.parallel, self.d, reshard=cfg.fsdp_reshard, param_dtype=cfg.fsdp_param_dtype,
+                            prefetch=cfg.fsdp_prefetch)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay,
                                          capturable=self.graphed)
         self.ckpt_dir = os.path.join(cfg.out_dir, "checkpoints")

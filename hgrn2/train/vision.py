@@ -34,7 +34,6 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,8 +57,9 @@ from . import checkpoint as ckpt
 from . import distributed as D
 from . import guard
 from .config import parse_overrides, unknown_key_error
-from .logger import RunLogger, read_log
-from .optim import build_optimizer, set_lr
+from .engine import Engine, EpochEnd, Task
+from .logger import read_log
+from .optim import build_optimizer
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "vision")
 FASHION_MNIST_MEAN_STD = (0.2860, 0.3530)
@@ -279,190 +279,154 @@ def soft_target_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> tor
     return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
 
 
-class VisionTrainer:
-    def __init__(self, cfg: VisionTrainConfig, d: D.Dist | None = None):
-        """Everything that can be wrong with the input is checked here, before the first step."""
-        self.cfg, self.d = cfg, d or D.init(cfg.device)
-        require_timm(cfg)
-        if cfg.batch_size % self.d.world:
-            raise ValueError(f"`batch_size`: {cfg.batch_size} is not a multiple of the world size {self.d.world}")
-        self.train_set, self.val_set, classes, channels, size = datasets(cfg)
-        self.local_batch = cfg.batch_size // self.d.world
-        if len(self.train_set) < cfg.batch_size:
-            raise ValueError(f"`batch_size`: {cfg.batch_size} exceeds the {len(self.train_set)} training images")
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        model = build_model(cfg, classes, channels, size).to(self.d.device)
-        self.n_params = num_parameters(model)
+class VisionTask(Task):
+    """Image classification as a task of the training engine: the sampler's batches (Mixup/CutMix on the
+    device), soft-target or label-smoothed cross entropy, top-1/top-5 on the validation split (and the EMA's)."""
+
+    def __init__(self, cfg: VisionTrainConfig, d: D.Dist, model, train_set, val_set, classes: int):
+        self.cfg, self.d, self.model, self.val_set = cfg, d, model, val_set
+        self.local_batch = cfg.batch_size // d.world
         self.ema = None
         if cfg.ema_decay:
             from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
             self.ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay))
-        self.model = D.wrap(model, "ddp", self.d)
-        self.optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay)
         self.mixup = None
         if cfg.mixup > 0 or cfg.cutmix > 0:
             from timm.data import Mixup
 
             self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
                                num_classes=classes)
-        self.ckpt_dir = os.path.join(cfg.out_dir, "checkpoints")
-        self.epoch, self.step, self.best = 0, 0, 0.0
-        self.watch = guard.FiniteWatch(self.d.device)
-        self.lock = guard.RunLock(cfg.out_dir, self.d)
-        try:
-            self._start()
-        except BaseException:
-            self.lock.release()
-            raise
-
-    def _start(self) -> None:
-        cfg = self.cfg
-        state = ckpt.load_latest(self.ckpt_dir)
-        if state is not None:
-            self._restore(state)
-        else:
-            torch.manual_seed(cfg.seed + 1 + self.d.rank)  # per-rank augmentation streams
-            np.random.seed(cfg.seed + 1 + self.d.rank)
-        if self.d.main:
-            os.makedirs(cfg.out_dir, exist_ok=True)
-            write_json(os.path.join(cfg.out_dir, "config.json"), dataclasses.asdict(cfg))
-        self.log = RunLogger(cfg.out_dir, enabled=self.d.main, start_step=self.step, tensorboard=False)
-        self.env = environment(self.d.device, self.d.world)
-
-    def _restore(self, state: dict) -> None:
-        now = dataclasses.asdict(self.cfg)
-        notes = guard.check_resume(f"`out_dir`: {self.cfg.out_dir}", state["config"], now, paths=("data",),
-                                   fixed=[k for k in now if k not in RESUME_FREE], extendable=("epochs",))
-        if self.d.main:
-            for note in notes:
-                print(note + " (the cosine schedule is over the new number of epochs)")
-        D.unwrap(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.ema is not None:
-            if state.get("ema") is None:
-                raise ValueError("`ema_decay`: the checkpoint has no EMA weights; resume with ema_decay=0")
-            self.ema.load_state_dict(state["ema"])
-        self.epoch, self.step, self.best = state["epoch"], state["step"], state["best_acc1"]
-        if len(state["rng"]) != self.d.world:
-            raise ValueError(f"`out_dir`: its checkpoint was written by {len(state['rng'])} rank(s); resume it with "
-                             f"as many (this run has {self.d.world}) or use another out_dir")
-        ckpt.set_rng_state(state["rng"][self.d.rank])
+        self.sampler = train_sampler(cfg, train_set, d)
+        self.loader = torch.utils.data.DataLoader(train_set, batch_size=self.local_batch, sampler=self.sampler,
+                                                  num_workers=cfg.num_workers, pin_memory=d.device.type == "cuda",
+                                                  drop_last=True, persistent_workers=cfg.num_workers > 0)
+        n = len(self.loader)
+        self.steps_per_epoch = min(n, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else n
+        self.best = 0.0
 
     def autocast(self):
         if self.cfg.precision == "bf16" and self.d.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def batches(self, epoch: int, start: int):
+        self.sampler.set_epoch(epoch)
+        dev = self.d.device
+        for k, (x, y) in enumerate(self.loader):
+            if k == self.steps_per_epoch:
+                break
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            yield self.mixup(x, y) if self.mixup is not None else (x, y)  # soft targets, label smoothing included
+
+    def loss(self, model, x, target) -> torch.Tensor:
+        logits = model(x).float()
+        if self.mixup is not None:
+            return soft_target_cross_entropy(logits, target)
+        return F.cross_entropy(logits, target, label_smoothing=self.cfg.smoothing)
+
+    def after_step(self) -> None:
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
+
+    def evaluate(self, model) -> dict:
+        metrics = evaluate(self.model, self.val_set, self.local_batch, self.d, self.autocast)
+        if self.ema is not None:
+            ema = evaluate(self.ema.module, self.val_set, self.local_batch, self.d, self.autocast)
+            metrics |= {f"ema_{k}": v for k, v in ema.items()}
+        return metrics
+
+    def entry(self, end: EpochEnd) -> dict:
+        m = end.metrics
+        self.best = max(self.best, m["acc1"], m.get("ema_acc1", 0.0))
+        return {"step": end.step, "epoch": end.epoch + 1, "train_loss": end.sums[0] / end.sums[1], "lr": end.lr,
+                "train_images_per_s": end.steps * self.cfg.batch_size / end.train_time, **m}
+
+    def line(self, entry: dict) -> str:
+        ema = f", EMA top-1 {entry['ema_acc1']:.2f}%" if "ema_acc1" in entry else ""
+        return (f"epoch {entry['epoch']}/{self.cfg.epochs}: train loss {entry['train_loss']:.4f}, val top-1 "
+                f"{entry['acc1']:.2f}% top-5 {entry['acc5']:.2f}%{ema}, {entry['train_images_per_s']:.0f} images/s")
+
+    def state(self) -> dict:
+        return {"ema": self.ema.state_dict() if self.ema else None, "best_acc1": self.best,
+                "config": dataclasses.asdict(self.cfg), "model_config": self.model.config.to_dict()}
+
+    def load_state(self, state: dict) -> None:
+        now = dataclasses.asdict(self.cfg)
+        notes = guard.check_resume(f"`out_dir`: {self.cfg.out_dir}", state["config"], now, paths=("data",),
+                                   fixed=[k for k in now if k not in RESUME_FREE], extendable=("epochs",))
+        if self.d.main:
+            for note in notes:
+                print(note + " (the cosine schedule is over the new number of epochs)")
+        if self.ema is not None:
+            if state.get("ema") is None:
+                raise ValueError("`ema_decay`: the checkpoint has no EMA weights; resume with ema_decay=0")
+            self.ema.load_state_dict(state["ema"])
+        self.best = state["best_acc1"]
+
+
+class VisionTrainer:
+    def __init__(self, cfg: VisionTrainConfig, d: D.Dist | None = None):
+        """Everything that can be wrong with the input is checked here, before the first step; the run folder is
+        locked and the newest checkpoint loaded."""
+        self.cfg, self.d = cfg, d or D.init(cfg.device)
+        require_timm(cfg)
+        if cfg.batch_size % self.d.world:
+            raise ValueError(f"`batch_size`: {cfg.batch_size} is not a multiple of the world size {self.d.world}")
+        train_set, self.val_set, classes, channels, size = datasets(cfg)
+        if len(train_set) < cfg.batch_size:
+            raise ValueError(f"`batch_size`: {cfg.batch_size} exceeds the {len(train_set)} training images")
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        model = build_model(cfg, classes, channels, size).to(self.d.device)
+        self.n_params = num_parameters(model)
+        self.task = VisionTask(cfg, self.d, model, train_set, self.val_set, classes)
+        self.ema = self.task.ema
+        optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay)
+        self.engine = Engine(self.task, optimizer, lambda step, epoch: epoch_lr(cfg, epoch), d=self.d,
+                             bf16=cfg.precision == "bf16", clip=cfg.clip_grad,
+                             checkpoint_dir=os.path.join(cfg.out_dir, "checkpoints"), run_dir=cfg.out_dir,
+                             keep_last=cfg.keep_last, name_by="epoch", log_every=cfg.log_every,
+                             progress=cfg.progress, name=cfg.out_dir)
+        self.model = self.engine.wrapped
+        if not self.engine.start():
+            torch.manual_seed(cfg.seed + 1 + self.d.rank)  # per-rank augmentation streams
+            np.random.seed(cfg.seed + 1 + self.d.rank)
+        if self.d.main:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            write_json(os.path.join(cfg.out_dir, "config.json"), dataclasses.asdict(cfg))
+        self.env = environment(self.d.device, self.d.world)
+
+    @property
+    def epoch(self) -> int:
+        return self.engine.epoch
+
     def train(self) -> dict:
         """Train to `epochs`; returns the last epoch's result ({} when the run has nothing left to train). The run
         directory is unlocked when it returns or raises."""
-        try:
-            if self.epoch >= self.cfg.epochs:
-                if self.d.main:
-                    print(f"the run in {self.cfg.out_dir} has trained {self.epoch} epoch(s), epochs={self.cfg.epochs}:"
-                          " nothing to train")
-                return {}
-            return self._train()
-        finally:
-            self.lock.release()
-
-    def _train(self) -> dict:
         cfg, d = self.cfg, self.d
-        sampler = train_sampler(cfg, self.train_set, d)
-        loader = torch.utils.data.DataLoader(self.train_set, batch_size=self.local_batch, sampler=sampler,
-                                             num_workers=cfg.num_workers, pin_memory=d.device.type == "cuda",
-                                             drop_last=True, persistent_workers=cfg.num_workers > 0)
-        steps = len(loader) if not cfg.max_steps_per_epoch else min(len(loader), cfg.max_steps_per_epoch)
+        if self.engine.epoch >= cfg.epochs:
+            self.engine.close()
+            if d.main:
+                print(f"the run in {cfg.out_dir} has trained {self.engine.epoch} epoch(s), epochs={cfg.epochs}: "
+                      "nothing to train")
+            return {}
         if d.main:
-            print(f"hgrn2 vision: {cfg.model}, {self.n_params / 1e6:.2f}M parameters; {len(self.train_set)} training "
-                  f"images, {d.world} rank(s) × {self.local_batch} = {cfg.batch_size} per step, {steps} steps per "
-                  f"epoch; epochs {self.epoch} -> {cfg.epochs}", flush=True)
+            print(f"hgrn2 vision: {cfg.model}, {self.n_params / 1e6:.2f}M parameters; {len(self.task.loader.dataset)}"
+                  f" training images, {d.world} rank(s) × {self.task.local_batch} = {cfg.batch_size} per step, "
+                  f"{self.task.steps_per_epoch} steps per epoch; epochs {self.engine.epoch} -> {cfg.epochs}",
+                  flush=True)
         result = {}
-        while self.epoch < cfg.epochs:
-            sampler.set_epoch(self.epoch)
-            lr = epoch_lr(cfg, self.epoch)
-            set_lr(self.optimizer, lr)
-            t0, seen, loss_sum = time.time(), 0, torch.zeros((), device=d.device)
-            self.model.train()
-            bar = self._bar(steps, f"epoch {self.epoch}")
-            for k, (x, y) in enumerate(loader):
-                if k == steps:
-                    break
-                loss = self._train_step(x, y)
-                loss_sum += loss.detach()
-                seen += len(x)
-                if bar is not None:
-                    bar.update(1)
-                if self.step % cfg.log_every == 0:
-                    self.watch.check(f" ({cfg.out_dir})")
-                    self.log.log({"kind": "train", "step": self.step, "epoch": self.epoch, "loss": loss.item(),
-                                  "lr": lr})
-            if bar is not None:
-                bar.close()
-            train_loss = (D.mean(loss_sum, d) / max(steps, 1)).item()
-            images_per_s = seen * d.world / (time.time() - t0)
-            self.epoch += 1
-            result = self._end_epoch(train_loss, images_per_s, lr)
+
+        def write(entry: dict) -> None:
+            nonlocal result
+            result = {"model": cfg.model, "parameters": self.n_params, "epochs_done": self.engine.epoch,
+                      "epochs": cfg.epochs, "steps": self.engine.step, "best_acc1": self.task.best, **entry,
+                      "environment": self.env}
+            if d.main:
+                write_json(os.path.join(cfg.out_dir, "results.json"), result)
+
+        self.engine.fit(cfg.epochs, on_epoch=write)
         return result
-
-    def _train_step(self, x, y) -> torch.Tensor:
-        cfg = self.cfg
-        x, y = x.to(self.d.device, non_blocking=True), y.to(self.d.device, non_blocking=True)
-        if self.mixup is not None:
-            x, target = self.mixup(x, y)  # soft targets, label smoothing included
-        with guard.step_values(self.step + 1):
-            with self.autocast():
-                logits = self.model(x)
-            if self.mixup is not None:
-                loss = soft_target_cross_entropy(logits, target)
-            else:
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.smoothing)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        if cfg.clip_grad:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
-        else:
-            norm = guard.grad_norm(self.model.parameters())
-        self.optimizer.step()
-        if self.ema is not None:
-            self.ema.update_parameters(D.unwrap(self.model))
-        self.step += 1
-        # the gradient norm is the same on every rank (DDP averages the gradients), so all stop together
-        self.watch.update(self.step, loss, norm)
-        return loss
-
-    def _end_epoch(self, train_loss: float, images_per_s: float, lr: float) -> dict:
-        cfg, d = self.cfg, self.d
-        self.watch.check(f" ({cfg.out_dir})")  # a diverged epoch is neither evaluated nor saved
-        metrics = evaluate(D.unwrap(self.model), self.val_set, self.local_batch, d, self.autocast)
-        ema_metrics = evaluate(self.ema.module, self.val_set, self.local_batch, d, self.autocast) if self.ema else {}
-        self.best = max(self.best, metrics["acc1"], ema_metrics.get("acc1", 0.0))
-        record = {"kind": "val", "step": self.step, "epoch": self.epoch, "train_loss": train_loss, "lr": lr,
-                  "train_images_per_s": images_per_s, **metrics, **{f"ema_{k}": v for k, v in ema_metrics.items()}}
-        self.log.log(record)
-        state = {"model": D.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "ema": self.ema.state_dict() if self.ema else None, "epoch": self.epoch, "step": self.step,
-                 "best_acc1": self.best, "rng": D.gather_objects(ckpt.rng_state(), d),
-                 "config": dataclasses.asdict(cfg), "model_config": D.unwrap(self.model).config.to_dict()}
-        result = {"model": cfg.model, "parameters": self.n_params, "epochs_done": self.epoch, "epochs": cfg.epochs,
-                  "steps": self.step, "best_acc1": self.best, **{k: v for k, v in record.items() if k != "kind"},
-                  "environment": self.env}
-        if d.main:
-            ckpt.save(self.ckpt_dir, self.epoch, state, cfg.keep_last)
-            write_json(os.path.join(cfg.out_dir, "results.json"), result)
-            ema = f", EMA top-1 {ema_metrics['acc1']:.2f}%" if ema_metrics else ""
-            print(f"epoch {self.epoch}/{cfg.epochs}: train loss {train_loss:.4f}, val top-1 {metrics['acc1']:.2f}% "
-                  f"top-5 {metrics['acc5']:.2f}%{ema}, {images_per_s:.0f} images/s", flush=True)
-        D.barrier(d)
-        return result
-
-    def _bar(self, total: int, desc: str):
-        if not (self.cfg.progress and self.d.main):
-            return None
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
 
 
 @torch.no_grad()

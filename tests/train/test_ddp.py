@@ -100,3 +100,14 @@ def test_one_layer_model_trains_on_two_ranks(tmp_path, parallel):
     p = run_train(overrides + ["arch=hgrn2", "model={hidden_size: 32, num_hidden_layers: 1, expand_ratio: 16}"],
                   nproc=2)
     assert "2 rank(s)" in p.stdout and set(losses(str(tmp_path / "out"))) == {1, 2}
+
+
+@pytest.mark.slow
+def test_fsdp_options_never_resharding_and_prefetching_two_match_one_process(reference):
+    """The FSDP2 options of the config (`distributed.wrap`): parameters kept gathered from the forward to the
+    backward and two blocks prefetched change the schedule of the collectives, not a step."""
+    tmp, data, ref, _ = reference
+    out = str(tmp / "fsdp_options")
+    run_train(base_overrides(data, out, dropout=0.0, max_steps=STEPS, parallel="fsdp", fsdp_reshard="never",
+                             fsdp_prefetch=2), nproc=2)
+    _close(losses(out), ref)

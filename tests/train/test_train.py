@@ -47,6 +47,11 @@ def test_overrides_typed_and_checked():
         make_config("tiny", ["data"])
     with pytest.raises(ValueError, match="schedule must be one of"):
         make_config("tiny", ["data=d", "schedule=linear"])
+    with pytest.raises(ValueError, match="fsdp_reshard must be one of"):
+        make_config("tiny", ["data=d", "fsdp_reshard=sometimes"])
+    with pytest.raises(ValueError, match="fsdp_prefetch must be >= 0, got -1"):
+        make_config("tiny", ["data=d", "fsdp_prefetch=-1"])
+    assert make_config("tiny", ["data=d", "fsdp_param_dtype=bf16"]).fsdp_param_dtype == "bf16"
     assert make_config("tiny", []).data == ""  # a config without data is valid; training it is not
     with pytest.raises(FileNotFoundError, match="presets: "):
         make_config("no-such-preset", ["data=d"])
