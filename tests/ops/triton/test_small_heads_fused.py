@@ -21,7 +21,7 @@ def _reference(o, g, i, lb, *, scale, o_act, reverse, bidirectional):
 
 
 def _compare(B, T, H, K, V, *, dtype=torch.float32, lb=(0.05, 0.95), g=None, scale=0.7, o_act="sigmoid",
-             reverse=False, bidirectional=False, block_heads=0):
+             reverse=False, bidirectional=False, block_heads=0, chunk_size=0):
     """fn's y and gradients within the dtype's tolerance of the fp64 reference's (g: fixed logits, else random)."""
     o = torch.randn(B, T, H, K, device=DEV)
     g = torch.randn(B, T, H, K, device=DEV) * 2 if g is None else g
@@ -31,7 +31,8 @@ def _compare(B, T, H, K, V, *, dtype=torch.float32, lb=(0.05, 0.95), g=None, sca
     leaves = [None if x is None else x.clone().requires_grad_() for x in inputs]
     refs = [None if x is None else x.detach().double().requires_grad_() for x in inputs]
     kw = dict(scale=scale, o_act=o_act, reverse=reverse, bidirectional=bidirectional)
-    y = hgrn2_small_heads_triton(*leaves, block_heads=block_heads, **kw)
+    kw_tri = dict(block_heads=block_heads, chunk_size=chunk_size)
+    y = hgrn2_small_heads_triton(*leaves, **kw_tri, **kw)
     y_ref = _reference(*refs, **kw)
     assert y.dtype == dtype and y.shape == (B, T, H, V)
     tol = TOL[dtype]
@@ -45,7 +46,7 @@ def _compare(B, T, H, K, V, *, dtype=torch.float32, lb=(0.05, 0.95), g=None, sca
         assert x.grad.dtype == x.dtype and torch.isfinite(x.grad).all(), f"d{name}"
         assert rel_err(x.grad, x_ref.grad) <= tol, f"d{name}: {rel_err(x.grad, x_ref.grad):.2e}"
     with torch.no_grad():  # without autograd the forward keeps no states: the same output
-        assert torch.equal(hgrn2_small_heads_triton(*inputs, block_heads=block_heads, **kw), y.detach())
+        assert torch.equal(hgrn2_small_heads_triton(*inputs, **kw_tri, **kw), y.detach())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -63,6 +64,13 @@ def test_rectangular_heads(K, V):
 @pytest.mark.parametrize("o_act", [None, "silu"])
 def test_directions(reverse, bidirectional, o_act):
     _compare(2, 5, 3, 4, 4, o_act=o_act, reverse=reverse, bidirectional=bidirectional, block_heads=2)
+
+
+@pytest.mark.parametrize("reverse,bidirectional", [(False, False), (True, False), (False, True)],
+                         ids=["forward", "reverse", "both"])
+def test_time_chunks(reverse, bidirectional):
+    """Time cut into chunks of 3 steps (the last one short): states and gradients carried across them."""
+    _compare(2, 8, 2, 2, 4, lb=(0.5, 0.99), reverse=reverse, bidirectional=bidirectional, chunk_size=3)
 
 
 @pytest.mark.parametrize("beta", [0.0, 1e-6, 0.999, None])
