@@ -160,6 +160,10 @@ def _bwd_kernel(o, g, x, lb, hs, dy, do, dg, dx, dlb, d_in, end, dec, B, T, H, N
     acc_lb = tl.zeros([BH, KP], dtype=tl.float32)
     prod = tl.full([BH, KP], 1.0, dtype=tl.float32)
     step = 1 - 2 * rev  # +1 forward, −1 reverse: the scan's direction in t
+    h_t = tl.zeros([BH, VP, KP], dtype=tl.float32)  # the state after the current token, read once per token
+    if not LOCAL:
+        t_last = eos - 1 + rev * (T - 1 - 2 * (eos - 1))
+        h_t = tl.load(hs + (out + t_last) * H * V * K + off_s, mask=m_s, other=0)
     for ss in range(bos, eos):
         s = bos + eos - 1 - ss  # the scan's step, walked backwards
         t = s + rev * (T - 1 - 2 * s)
@@ -178,8 +182,6 @@ def _bwd_kernel(o, g, x, lb, hs, dy, do, dg, dx, dlb, d_in, end, dec, B, T, H, N
         else:
             k1 = (1 - beta) * s_neg
             b_x = tl.load(x + p_v, mask=m_hv, other=0).to(tl.float32)
-            p_h = (out + t) * H * V * K + off_s
-            h_t = tl.load(hs + p_h, mask=m_s, other=0)
             # the state before token t: the previous token's, zero at the scan's first token (read there, unused)
             t_p = tl.where(s > 0, t - step, t)
             h_p = tl.load(hs + (out + t_p) * H * V * K + off_s, mask=m_s, other=0) * tl.where(s > 0, 1.0, 0.0)
@@ -191,6 +193,7 @@ def _bwd_kernel(o, g, x, lb, hs, dy, do, dg, dx, dlb, d_in, end, dec, B, T, H, N
             tl.store(dg + p_out_k, ((1 - beta) * s_pos * s_neg * b_df).to(dg.dtype.element_ty), mask=m_hk)
             tl.store(dx + (out + t) * H * V + off_hv, b_dx.to(dx.dtype.element_ty), mask=m_hv)
             acc_lb += b_df * s_neg
+            h_t = h_p
         d = d * f[:, None, :]
     if LOCAL:
         tl.store(end + j * H * V * K + off_s, d, mask=m_s)
