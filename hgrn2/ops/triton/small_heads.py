@@ -41,14 +41,16 @@ TARGET_PROGRAMS = 2048  # programs that keep every SM of a large GPU busy
 @triton.jit
 def _act(o, O_ACT: tl.constexpr):
     """act(o) and act'(o) for O_ACT 0 (identity), 1 (sigmoid), 2 (silu)."""
+    a = o
+    da = tl.full(o.shape, 1.0, tl.float32)
     if O_ACT == 1:
-        s = tl.sigmoid(o)
-        return s, s * (1 - s)
-    elif O_ACT == 2:
-        s = tl.sigmoid(o)
-        return o * s, s * (1 + o * (1 - s))
-    else:
-        return o, tl.full(o.shape, 1.0, tl.float32)
+        a = tl.sigmoid(o)
+        da = a * (1 - a)
+    if O_ACT == 2:
+        sig = tl.sigmoid(o)
+        a = o * sig
+        da = sig * (1 + o * (1 - sig))
+    return a, da
 
 
 @triton.jit
