@@ -1,8 +1,8 @@
 """The LRA models' small-head HGRN2 mixer: HGRN1's element-wise scan on the expanded state (the old path) against
 the fused small-heads kernel (`hgrn2/ops/triton/small_heads.py`), on one GPU.
 
-    PYTHONPATH=. python benchmarks/gpu_small_heads.py [--shape 256x2000x16x4] [--configs 0:0,1:0,16:64,...]
-    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_small_heads.py --device cpu --shape 2x8x2x4 --configs 0:0
+    PYTHONPATH=. python benchmarks/gpu_small_heads.py [--shape 256x2000x16x4] [--configs 0:0:0,16:64:1,...]
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/gpu_small_heads.py --device cpu --shape 2x8x2x4 --configs 0:0:0
 
 Shape B × T × H × K (V = K), bf16 inputs, an fp32 lower bound with its gradient, sigmoid output gate, both scan
 directions summed as the bidirectional LRA mixer runs them, and the forward direction alone. Per row: forward and
@@ -29,20 +29,20 @@ def make_inputs(B: int, T: int, H: int, K: int, device: str):
     return o, g, i, lb, torch.randn(B, T, H, K, device=device, dtype=torch.bfloat16)
 
 
-def paths(configs: list[tuple[int, int]]) -> dict:
+def paths(configs: list[tuple[int, int, int]]) -> dict:
     out = {"old": lambda *a, **kw: hgrn2_elementwise(hgrn1, *a, backend="triton", **kw)}
-    for bh, chunk in configs:
-        out[f"fused {bh}:{chunk}"] = lambda *a, bh=bh, chunk=chunk, **kw: hgrn2_small_heads_triton(
-            *a, block_heads=bh, chunk_size=chunk, **kw)
+    for bh, chunk, warps in configs:
+        out[f"fused {bh}:{chunk}:{warps}"] = lambda *a, bh=bh, chunk=chunk, warps=warps, **kw: (
+            hgrn2_small_heads_triton(*a, block_heads=bh, chunk_size=chunk, num_warps=warps, **kw))
     return out
 
 
-def run(shape: tuple[int, ...], configs: list[tuple[int, int]], device: str) -> None:
+def run(shape: tuple[int, ...], configs: list[tuple[int, int, int]], device: str) -> None:
     B, T, H, K = shape
     o, g, i, lb, dy = make_inputs(B, T, H, K, device)
     leaves = (o, g, i, lb)
     print(f"B={B} T={T} H={H} K=V={K} bf16, sigmoid output gate, fp32 lower bound with gradient")
-    print(f"{'dirs':<6} {'path':<14} {'fwd ms':>9} {'fwd+bwd ms':>11} {'rel diff':>9}")
+    print(f"{'dirs':<6} {'path':<16} {'fwd ms':>9} {'fwd+bwd ms':>11} {'rel diff':>9}")
     for bidirectional in (True, False):
         ref = None
         for name, fn in paths(configs).items():
@@ -58,14 +58,14 @@ def run(shape: tuple[int, ...], configs: list[tuple[int, int]], device: str) -> 
             got = (fwd(), *fwd_bwd())
             ref = ref or got
             diff = max(rel_err(a, b) for a, b in zip(got, ref))
-            print(f"{'both' if bidirectional else 'fwd':<6} {name:<14} {t_f:>9.3f} {t_fb:>11.3f} {diff:>9.1e}")
+            print(f"{'both' if bidirectional else 'fwd':<6} {name:<16} {t_f:>9.3f} {t_fb:>11.3f} {diff:>9.1e}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="256x2000x16x4", help="BxTxHxK (V = K)")
-    p.add_argument("--configs", default="0:0,1:0,2:0,4:0,16:0,16:64,16:128,4:128,1:250",
-                   help="the fused kernel's BLOCK_HEADS:CHUNK launches to time (0: its choice)")
+    p.add_argument("--configs", default="0:0:0,16:0:4,16:0:2,16:64:1,16:250:1,16:2000:1,4:0:1,4:125:1,1:0:1,1:2000:1",
+                   help="the fused kernel's BLOCK_HEADS:CHUNK:WARPS launches to time (0: its choice)")
     p.add_argument("--device", default="cuda")
     a = p.parse_args()
     configs = [tuple(int(v) for v in c.split(":")) for c in a.configs.split(",")]

@@ -33,9 +33,9 @@ import triton.language as tl
 from ._device import cdiv, next_pow2, triton_op
 
 ACT_CODES = {None: 0, "sigmoid": 1, "silu": 2}
-MAX_TILE = 256  # state entries per program: a few registers per thread at one warp per 32 entries
+MAX_TILE = 256  # state entries per program; each step waits on its loads, so a warp takes up to 8 per thread
 MIN_CHUNK = 64  # shortest time chunk worth the extra passes of a chunked walk
-TARGET_PROGRAMS = 2048  # programs that keep every SM of a large GPU busy
+TARGET_PROGRAMS = 8192  # one-warp programs that keep every SM of a large GPU busy
 
 
 @triton.jit
@@ -204,17 +204,17 @@ def _bwd_kernel(o, g, x, lb, hs, dy, do, dg, dx, dlb, d_in, end, dec, B, T, H, N
         tl.store(dlb + j * H * K + off_hk, acc_lb, mask=m_hk)
 
 
-def _layout(B: int, T: int, H: int, V: int, K: int, dirs: int, block_heads: int, chunk: int):
+def _layout(B: int, T: int, H: int, V: int, K: int, dirs: int, block_heads: int, chunk: int, warps: int):
     """Kernel constants and the grid (B·NC, head blocks, dirs): whole heads per program up to `MAX_TILE` state
     entries (or `block_heads`), then time cut into NC chunks of CHUNK steps until the grid has `TARGET_PROGRAMS`
-    programs (or chunks of `chunk` steps)."""
+    programs (or chunks of `chunk` steps); one warp per `MAX_TILE` entries (or `warps`)."""
     VP, KP = next_pow2(V), next_pow2(K)
     BH = block_heads or max(1, min(next_pow2(H), MAX_TILE // (VP * KP)))
     nh = cdiv(H, BH)
     NC = cdiv(T, chunk) if chunk else max(1, min(T // MIN_CHUNK, cdiv(TARGET_PROGRAMS, B * nh * dirs)))
     CHUNK = cdiv(T, NC)
     NC = cdiv(T, CHUNK)
-    meta = dict(V=V, K=K, VP=VP, KP=KP, BH=BH, num_warps=max(1, min(4, BH * VP * KP // 64)))
+    meta = dict(V=V, K=K, VP=VP, KP=KP, BH=BH, num_warps=warps or max(1, BH * VP * KP // MAX_TILE))
     return meta, NC, CHUNK, (B * NC, nh, dirs)
 
 
@@ -237,10 +237,11 @@ def _sum_dirs(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @triton_op("hgrn2::small_heads_fwd")
 def _fwd(o: torch.Tensor, g: torch.Tensor, x: torch.Tensor, lb: torch.Tensor | None, scale: float, o_act: int,
-         reverse: int, dirs: int, store_h: bool, block_heads: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+         reverse: int, dirs: int, store_h: bool, block_heads: int, chunk: int, warps: int
+         ) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, H, K = o.shape
     V = x.shape[-1]
-    meta, NC, CHUNK, grid = _layout(B, T, H, V, K, dirs, block_heads, chunk)
+    meta, NC, CHUNK, grid = _layout(B, T, H, V, K, dirs, block_heads, chunk, warps)
     common = dict(O_ACT=o_act, HAS_LB=lb is not None, REVERSE=reverse, **meta)
     h_in = None
     if NC > 1:  # passes 1 and 2: the state entering every chunk
@@ -257,11 +258,11 @@ def _fwd(o: torch.Tensor, g: torch.Tensor, x: torch.Tensor, lb: torch.Tensor | N
 
 @triton_op("hgrn2::small_heads_bwd")
 def _bwd(dy: torch.Tensor, o: torch.Tensor, g: torch.Tensor, x: torch.Tensor, lb: torch.Tensor | None,
-         hs: torch.Tensor, scale: float, o_act: int, reverse: int, dirs: int, block_heads: int, chunk: int
+         hs: torch.Tensor, scale: float, o_act: int, reverse: int, dirs: int, block_heads: int, chunk: int, warps: int
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     B, T, H, K = o.shape
     V = x.shape[-1]
-    meta, NC, CHUNK, grid = _layout(B, T, H, V, K, dirs, block_heads, chunk)
+    meta, NC, CHUNK, grid = _layout(B, T, H, V, K, dirs, block_heads, chunk, warps)
     common = dict(O_ACT=o_act, HAS_LB=lb is not None, REVERSE=reverse, **meta)
     dy = dy.contiguous()
     d_in = None
@@ -282,7 +283,7 @@ def _bwd(dy: torch.Tensor, o: torch.Tensor, g: torch.Tensor, x: torch.Tensor, lb
 
 
 @_fwd.register_fake
-def _(o, g, x, lb, scale, o_act, reverse, dirs, store_h, block_heads, chunk):
+def _(o, g, x, lb, scale, o_act, reverse, dirs, store_h, block_heads, chunk, warps):
     B, T, H, K = o.shape
     hs = x.new_empty(dirs, B, T, H, x.shape[-1], K, dtype=torch.float32) if store_h else x.new_empty(
         0, dtype=torch.float32)
@@ -290,33 +291,35 @@ def _(o, g, x, lb, scale, o_act, reverse, dirs, store_h, block_heads, chunk):
 
 
 @_bwd.register_fake
-def _(dy, o, g, x, lb, hs, scale, o_act, reverse, dirs, block_heads, chunk):
+def _(dy, o, g, x, lb, hs, scale, o_act, reverse, dirs, block_heads, chunk, warps):
     dlb = x.new_empty(0, dtype=torch.float32) if lb is None else torch.empty_like(lb)
     return torch.empty_like(o), torch.empty_like(g), torch.empty_like(x), dlb
 
 
 class _SmallHeads(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, o, g, x, lb, scale, o_act, reverse, dirs, block_heads, chunk):
+    def forward(ctx, o, g, x, lb, scale, o_act, reverse, dirs, block_heads, chunk, warps):
         store_h = any(ctx.needs_input_grad[:4])  # the states only for a backward
-        y, hs = _fwd(o, g, x, lb, scale, o_act, reverse, dirs, store_h, block_heads, chunk)
+        y, hs = _fwd(o, g, x, lb, scale, o_act, reverse, dirs, store_h, block_heads, chunk, warps)
         ctx.save_for_backward(o, g, x, lb, hs)
-        ctx.args = (scale, o_act, reverse, dirs, block_heads, chunk)
+        ctx.args = (scale, o_act, reverse, dirs, block_heads, chunk, warps)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         o, g, x, lb, hs = ctx.saved_tensors
         do, dg, dx, dlb = _bwd(dy, o, g, x, lb, hs, *ctx.args)
-        return do, dg, dx, (None if lb is None else dlb), None, None, None, None, None, None
+        return do, dg, dx, (None if lb is None else dlb), None, None, None, None, None, None, None
 
 
 def hgrn2_small_heads_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
                              *, scale: float = 1.0, o_act: str | None = None, reverse: bool = False,
-                             bidirectional: bool = False, block_heads: int = 0, chunk_size: int = 0) -> torch.Tensor:
+                             bidirectional: bool = False, block_heads: int = 0, chunk_size: int = 0,
+                             num_warps: int = 0) -> torch.Tensor:
     """The contract of `hgrn2.ops.hgrn2_small_heads` on Triton; `block_heads` forces the heads per program (a
-    power of two) and `chunk_size` the steps per time chunk (0: chosen from the shape, see `_layout`)."""
+    power of two), `chunk_size` the steps per time chunk and `num_warps` the warps per program (0: chosen from the
+    shape, see `_layout`)."""
     o, g, i = (t.contiguous() for t in (o, g, i))
     lb = None if lower_bound is None else lower_bound.contiguous()
     return _SmallHeads.apply(o, g, i, lb, float(scale), ACT_CODES[o_act], int(reverse), 2 if bidirectional else 1,
-                             int(block_heads), int(chunk_size))
+                             int(block_heads), int(chunk_size), int(num_warps))
