@@ -93,6 +93,11 @@ def test_checks():
         hgrn2_small_heads(o, o, o, bidirectional=1)
     with pytest.raises(ValueError, match="`backend`"):
         hgrn2_small_heads(o, o, o, backend="chunk")
+    empty = torch.randn(0, 3, 2, 4, requires_grad=True)
+    y = hgrn2_small_heads(empty, empty, empty, backend="triton")
+    assert y.shape == (0, 3, 2, 4)
+    y.sum().backward()
+    assert empty.grad.shape == empty.shape
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # σ of the padding's 1e4
