@@ -9,7 +9,7 @@ from hgrn2.models.lra import LRAClassifier, LRAModelConfig
 from hgrn2.ops import hgrn2, hgrn2_small_heads
 from hgrn2.ops.triton.small_heads import hgrn2_small_heads_triton
 
-from .harness import DEV, TOL, needs_triton, rel_err
+from .harness import DEV, TOL, gpu, needs_triton, rel_err
 
 pytestmark = needs_triton
 
@@ -81,6 +81,13 @@ def test_saturated_gates(beta):
     g[:, ::3] = 80.0
     g[:, 1::3, :, :2] = -80.0
     _compare(B, T, H, K, K, g=g, lb=None if beta is None else (beta, beta), bidirectional=True)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_default_launch_at_lra_length(dtype):
+    """The LRA mixer's shape (16 heads of 4 × 4, 1000 tokens) on the launch the kernel picks: chunked in time."""
+    _compare(4, 1000, 16, 4, 4, dtype=dtype, bidirectional=True)
 
 
 def test_checks():
