@@ -4,10 +4,11 @@
     y_t[v] = scale·Σ_k h_t[v, k]·a_t[k]
 
 with a = act(o) and 1 − f = (1 − β)σ(−g) (exact as g → +∞). Each program owns one batch row, a block of BH heads and
-one scan direction, and walks the sequence with the state as a [BH, VP, KP] tile (VP, KP the next powers of two of
-V, K): a whole small head per tile, so every reduction (over k for y and di, over v for da and df) stays inside
-the program. `bidirectional` runs the forward and the reverse scan of the same inputs as the two halves of one
-grid and sums their outputs, so a bidirectional model needs neither flipped copies nor a second launch.
+one scan direction, and walks the sequence (or a chunk of it, below) with the state as a [BH, VP, KP] tile (VP, KP
+the next powers of two of V, K): a whole small head per tile, so every reduction (over k for y and di, over v for
+da and df) stays inside the program. `bidirectional` runs the forward and the reverse scan of the same inputs as
+the two halves of one grid and sums their outputs, so a bidirectional model needs neither flipped copies nor a
+second launch.
 
 A program's walk is one step per token, each waiting on its loads; when batch × head blocks × directions leave
 the GPU idle, time is cut into NC chunks, as `hgrn1.py` does: (1) each chunk walks from a zero state, keeping its
@@ -21,7 +22,7 @@ the opposite way with the state's gradient d (carried as f_{t+1}·d_{t+1}):
     d_t = f_{t+1}·d_{t+1} + scale·dy_t ⊗ a_t,   da_t = scale·Σ_v dy_t[v]·h_t[v, :],   di_t = Σ_k d_t[:, k]·(1 − f_t[k]),
     df_t = Σ_v d_t[v, :]·(h_{t−1}[v, :] − i_t[v]),   dg_t = df_t·(1 − β)σ(g)σ(−g),   dβ = Σ_t df_t·σ(−g)
 
-dβ is summed per program into a [dirs·B, H, K] buffer and reduced in torch (deterministic).
+dβ is summed per program into a [dirs·B·NC, H, K] buffer and reduced in torch (deterministic).
 """
 
 from __future__ import annotations
