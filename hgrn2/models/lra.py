@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..layers.glu import GLU
 from ..layers.hgru1 import HGRU1Complex
 from ..layers.hgru2 import HGRU2
-from ..ops import hgrn1, hgrn2
+from ..ops import SMALL_HEADS_MAX, hgrn1, hgrn2, hgrn2_small_heads
 from ..ops.gates import layer_bounds, lower_bounds_from_logits
 from ..ops.projection import linears
 
@@ -155,27 +155,22 @@ def _direction_views(t: torch.Tensor, directions: str, side: int) -> list[torch.
     return [rows, rows.flip(1), cols, cols.flip(1)]
 
 
-ELEMENTWISE_MAX_K = 8  # at or below this head size the V·K state channels run as HGRN1's element-wise scan
+SMALL_HEADS_BACKEND = {"chunk": "scan"}  # the layer's `hgrn2` backend → `hgrn2_small_heads`'s (HGRN1's) name
 
 
-def hgrn2_elementwise(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None,
-                      *, scale: float = 1.0, o_act: str | None = None, backend: str | None = None) -> torch.Tensor:
-    """`hgrn2.ops.hgrn2`'s output through HGRN1's element-wise scan over the H·V·K state entries.
-
-    h_t[v, k] = f_t[k]·h_{t−1}[v, k] + (1 − f_t[k])·i_t[v] is element-wise once i is repeated over k and f over v,
-    as the authors' LRA code runs it (`HgruRealFunction` on the expanded state). For small heads (the LRA presets'
-    2 × 2 states) this beats the chunked matrix form, whose tiles are at least 16 wide.
-    """
-    B, T, H, K = o.shape
-    V = i.shape[-1]
-    x = i[..., :, None].expand(B, T, H, V, K).reshape(B, T, H * V * K)
-    gate = g[..., None, :].expand(B, T, H, V, K).reshape(B, T, H * V * K)
-    lb = None if lower_bound is None else lower_bound[:, None, :].expand(H, V, K).reshape(-1)
-    h = hgrn1(x, gate, lb, backend=backend)[0].view(B, T, H, V, K)
-    gate_o = o if o_act is None else (torch.sigmoid(o) if o_act == "sigmoid" else F.silu(o))
-    # a product and a sum over K, not einsum: einsum's batched matmul of B·T·H tiny [V, K] matrices runs as
-    # thousands of cuBLAS launches
-    return scale * (h * gate_o.to(h.dtype)[..., None, :]).sum(-1)
+def scan_both_ways(run: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], directions: str
+                   ) -> torch.Tensor:
+    """`scan_directions` for a `run(bidirectional, *tensors)` that scans both ways itself (forward plus reverse
+    summed): once on the sequence ("causal" forward only, "bi"), or on the grid's rows and on its columns ("2d")."""
+    if directions in ("causal", "bi"):
+        return run(directions == "bi", *tensors)
+    if directions != "2d":
+        raise ValueError(f"`directions`: expected 'causal', 'bi' or '2d', got {directions!r}")
+    B, T = tensors[0].shape[:2]
+    side = _grid_side(T, directions)
+    rows = run(True, *(t.reshape(B * side, side, *t.shape[2:]) for t in tensors))
+    cols = run(True, *(_transpose_grid(t, side).reshape(B * side, side, *t.shape[2:]) for t in tensors))
+    return rows.reshape(B, T, *rows.shape[2:]) + _transpose_grid(cols.reshape(B, T, *cols.shape[2:]), side)
 
 
 class BiHGRU2(HGRU2):
@@ -214,12 +209,19 @@ class BiHGRU2(HGRU2):
             i, f = i * keep, f.masked_fill(~keep, 1e4)
         lb = None if lower_bound is None else lower_bound.view(H, K)
 
-        def run(reverse: bool, q, f, i):
-            if K <= ELEMENTWISE_MAX_K:
-                return hgrn2_elementwise(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)
-            return hgrn2(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)[0]
+        if K <= SMALL_HEADS_MAX:
+            backend = SMALL_HEADS_BACKEND.get(self.backend, self.backend)
 
-        y = scan_directions(run, (q, f, i), directions, batched=True)
+            def run_both(bidirectional: bool, q, f, i):
+                return hgrn2_small_heads(q, f, i, lb, scale=self.scale, o_act=self.o_act, bidirectional=bidirectional,
+                                         backend=backend)
+
+            y = scan_both_ways(run_both, (q, f, i), directions)
+        else:
+            def run(reverse: bool, q, f, i):
+                return hgrn2(q, f, i, lb, scale=self.scale, o_act=self.o_act, backend=self.backend)[0]
+
+            y = scan_directions(run, (q, f, i), directions, batched=True)
         return self.o_proj(self.g_norm(y.reshape(B, T, D)))
 
 
@@ -401,4 +403,4 @@ def num_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["LRAModelConfig", "LRAClassifier", "LRAEncoder", "BiHGRU2", "BiHGRU1", "BiAttention", "scan_directions",
-           "pool", "num_parameters", "MIXERS"]
+           "scan_both_ways", "pool", "num_parameters", "MIXERS"]

@@ -4,6 +4,8 @@ Backends (one file each):
   reference — `reference.py`, the step loop; the fp64 oracle, and the torch path for decoding a few tokens
   chunk     — `chunk.py`, chunkwise-parallel PyTorch (HGRN2) / `scan.py`, chunked scan (HGRN1); CPU and GPU
   triton    — `triton/`, fused kernels for CUDA tensors
+`hgrn2_small_heads` (heads of K, V ≤ 8, no state in or out): HGRN1's element-wise scan on the expanded state
+(`small_heads.py`, backends "reference" / "scan" of `hgrn1`), or `triton/small_heads.py`.
 
 `backend=None` picks Triton for CUDA tensors when Triton is importable, else the torch paths; pass a name to
 override. Every backend takes the same arguments and returns `(output, final_state_or_None)`.
@@ -22,12 +24,13 @@ from .gates import ACTIVATIONS, activate, clamp_forget_logits, log_forget, lower
 from .reference import hgrn1_reference, hgrn2_reference
 
 __all__ = [
-    "hgrn2", "hgrn1", "available_backends", "hgrn2_reference", "hgrn1_reference", "activate", "log_forget",
-    "one_minus_forget", "lower_bounds_from_logits", "clamp_forget_logits", "ACTIVATIONS",
+    "hgrn2", "hgrn1", "hgrn2_small_heads", "available_backends", "hgrn2_reference", "hgrn1_reference", "activate",
+    "log_forget", "one_minus_forget", "lower_bounds_from_logits", "clamp_forget_logits", "ACTIVATIONS",
 ]
 
 HGRN2_BACKENDS = ("reference", "chunk", "triton")
 HGRN1_BACKENDS = ("reference", "scan", "triton")
+SMALL_HEADS_MAX = 8  # the largest K and V of `hgrn2_small_heads`: its Triton tile holds whole heads
 DECODE_MAX_T = 16  # at or below this many tokens the step loop beats the chunked torch path for inference
 
 
@@ -183,6 +186,51 @@ def hgrn1(i: torch.Tensor, g: torch.Tensor, lower_bound: torch.Tensor | None = N
     _require_cuda("i", i)
     from .triton import hgrn1_triton
     return hgrn1_triton(i, g, lower_bound, **kw)
+
+
+def hgrn2_small_heads(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
+                      scale: float = 1.0, o_act: str | None = None, reverse: bool = False, bidirectional: bool = False,
+                      backend: str | None = None) -> torch.Tensor:
+    """`hgrn2`'s output for heads of K, V ≤ 8 from a zero state, each head's [V, K] state kept whole in one program.
+
+    Args:
+        o, g: [B, T, H, K]; i: [B, T, H, V] (already activated); lower_bound: [H, K] β or None; scale, o_act,
+            reverse as in `hgrn2`.
+        bidirectional: the forward and the reverse scans' outputs summed (one launch on Triton); `reverse` must
+            then be False.
+        backend: None (auto), "triton", or "reference" / "scan": HGRN1's backend on the state expanded to
+            [B, T, H·V·K].
+
+    Returns:
+        y [B, T, H, V] in i's dtype.
+    """
+    for name, x in (("o", o), ("g", g), ("i", i)):
+        check_float(name, x, 4, complex_ok=False)
+    check_same("g", g, "o", o)
+    check_same("i", i, "o", o, slice(0, 3))
+    check_scale(scale)
+    B, T, H, K = o.shape
+    V = i.shape[-1]
+    if K > SMALL_HEADS_MAX or V > SMALL_HEADS_MAX:
+        _fail("o", f"heads of K and V at most {SMALL_HEADS_MAX} (use `hgrn2`)", f"K={K}, V={V}")
+    _check_common("o", o, lower_bound, (H, K), None, (H, V, K), None)
+    if o_act not in ACTIVATIONS:
+        _fail("o_act", f"one of {ACTIVATIONS}", repr(o_act))
+    for name, flag in (("reverse", reverse), ("bidirectional", bidirectional)):
+        if not isinstance(flag, bool):
+            _fail(name, "a bool", repr(flag))
+    if reverse and bidirectional:
+        _fail("reverse", "False with bidirectional=True (both directions are summed)", reverse)
+    name = _pick(backend, HGRN1_BACKENDS, o, "scan", o, g, i, lower_bound)
+    if o.numel() == 0 or i.numel() == 0:
+        return _empty(i.new_zeros(B, T, H, V), (0,), torch.float32, False, o, g, i, lower_bound)[0]
+    kw = dict(scale=scale, o_act=o_act, reverse=reverse, bidirectional=bidirectional)
+    if name == "triton":
+        _require_cuda("o", o)
+        from .triton.small_heads import hgrn2_small_heads_triton
+        return hgrn2_small_heads_triton(o, g, i, lower_bound, **kw)
+    from .small_heads import hgrn2_elementwise
+    return hgrn2_elementwise(hgrn1, o, g, i, lower_bound, backend=name, **kw)
 
 
 def _require_cuda(name: str, x: torch.Tensor) -> None:

@@ -10,8 +10,8 @@ from hgrn2.models.lra import (
     LRAClassifier,
     LRAModelConfig,
     SeqNorm,
-    hgrn2_elementwise,
     num_parameters,
+    scan_both_ways,
     scan_directions,
     sinusoidal,
 )
@@ -39,17 +39,33 @@ def test_scan_directions_cover_the_sequence_and_the_grid(batched):
         scan_directions(run, (x[:, :15],), "2d", batched)
 
 
-def test_elementwise_route_equals_the_hgrn2_reference():
+@pytest.mark.parametrize("backend", ["reference", "scan"])
+def test_elementwise_route_equals_the_hgrn2_reference(backend):
     torch.manual_seed(0)
     B, T, H, K = 2, 37, 3, 2
     q, f, i = (torch.randn(B, T, H, K, dtype=torch.float64, requires_grad=True) for _ in range(3))
     lb = torch.rand(H, K, dtype=torch.float64) * 0.9
     want = ops.hgrn2(q, f, i, lb, o_act="sigmoid", backend="reference")[0]
-    got = hgrn2_elementwise(q, f, i, lb, o_act="sigmoid")
+    got = ops.hgrn2_small_heads(q, f, i, lb, o_act="sigmoid", backend=backend)
     assert torch.allclose(got, want, atol=1e-12)
     gw = torch.autograd.grad(want.square().sum(), (q, f, i))
     gg = torch.autograd.grad(got.square().sum(), (q, f, i))
     assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(gw, gg))
+
+
+def test_scan_both_ways_matches_scan_directions():
+    x = torch.randn(2, 16, 3, dtype=torch.float64)
+
+    def run_both(bidirectional, x):
+        return x.cumsum(1) + (x.flip(1).cumsum(1).flip(1) if bidirectional else 0)
+
+    def run(reverse, x):
+        return x.cumsum(1)
+
+    for directions in ("causal", "bi", "2d"):
+        assert torch.allclose(scan_both_ways(run_both, (x,), directions), scan_directions(run, (x,), directions))
+    with pytest.raises(ValueError, match="square"):
+        scan_both_ways(run_both, (x[:, :15],), "2d")
 
 
 def _hgrn2_block_params(d, m):

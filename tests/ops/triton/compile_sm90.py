@@ -1,8 +1,8 @@
 """Compile Triton kernels for sm_90 without a GPU: catches errors the interpreter lets through.
 
 Run as a script in a process without TRITON_INTERPRET:
-`python tests/ops/triton/compile_sm90.py GROUP`, GROUP one of recurrent, hgrn1, fused-chunk, fused-chunk-default,
-fused-chunk-grid, chunk-parallel, chunk-parallel-default, glue. Triton
+`python tests/ops/triton/compile_sm90.py GROUP`, GROUP one of recurrent, hgrn1, small-heads, fused-chunk,
+fused-chunk-default, fused-chunk-grid, chunk-parallel, chunk-parallel-default, glue. Triton
 versions differ in what they reject (3.6, on the GPU machines, refuses a `return` inside a branch on a runtime
 value; 3.9 takes it): to check against another version, `pip install --target /tmp/t36 --no-deps
 triton==3.6.0` and put /tmp/t36 first on PYTHONPATH.
@@ -74,6 +74,26 @@ def hgrn1_variants():
         yield (f"bwd pass 3 cplx={cplx}", m._bwd_kernel, {**base, **grads},
                dict(common, HAS_H0=True, HAS_DIN=True, LOCAL=False, IS_VARLEN=True))
 
+
+
+def small_heads_variants():
+    from hgrn2.ops.triton import small_heads as m
+    ints = dict(B="i32", T="i32", H="i32", NC="i32", CHUNK="i32", scale="fp32")
+    base = dict(o="*bf16", g="*bf16", x="*bf16", lb="*fp32", **ints)
+    for (V, K, BH), act in itertools.product([(4, 4, 16), (1, 8, 1), (3, 5, 2)], (0, 1, 2)):
+        shape = dict(V=V, K=K, VP=m.next_pow2(V), KP=m.next_pow2(K), BH=BH, O_ACT=act, HAS_LB=True, REVERSE=0)
+        warps = max(1, min(4, BH * shape["VP"] * shape["KP"] // 64))
+        tag = f"V={V} K={K} BH={BH} act={act}"
+        yield (f"fwd pass 1 {tag}", m._fwd_kernel, {**base, "end": "*fp32", "dec": "*fp32"},
+               dict(shape, HAS_HIN=False, LOCAL=True, STORE_H=False), warps)
+        yield (f"fwd pass 3 {tag}", m._fwd_kernel, {**base, "y": "*fp32", "hs": "*fp32", "h_in": "*fp32"},
+               dict(shape, HAS_HIN=True, LOCAL=False, STORE_H=True), warps)
+        yield (f"carry {tag}", m._carry_kernel, dict(end="*fp32", dec="*fp32", carry="*fp32", B="i32", H="i32",
+               NC="i32"), dict(V=V, K=K, VP=shape["VP"], KP=shape["KP"], BH=BH, BACKWARD=True), warps)
+        yield (f"bwd pass 1 {tag}", m._bwd_kernel, {**base, "dy": "*bf16", "end": "*fp32", "dec": "*fp32"},
+               dict(shape, HAS_DIN=False, LOCAL=True), warps)
+        grads = dict(hs="*fp32", dy="*bf16", do="*fp32", dg="*fp32", dx="*fp32", dlb="*fp32", d_in="*fp32")
+        yield (f"bwd pass 3 {tag}", m._bwd_kernel, {**base, **grads}, dict(shape, HAS_DIN=True, LOCAL=False), warps)
 
 def fused_chunk_variants():
     """The fused-chunk kernels (fused_chunk_fwd.py, fused_chunk_bwd.py): bf16 at K = V = 128 and 64 with the default
@@ -355,13 +375,13 @@ if __name__ == "__main__":
     variants = {"recurrent": recurrent_variants, "hgrn1": hgrn1_variants, "fused-chunk": fused_chunk_variants,
                 "fused-chunk-default": fused_chunk_default_variants, "fused-chunk-grid": fused_chunk_grid_variants,
                 "chunk-parallel": chunk_parallel_variants, "chunk-parallel-default": chunk_parallel_default_variants,
-                "glue": glue_variants}[group]
+                "glue": glue_variants, "small-heads": small_heads_variants}[group]
     failed = 0
     for name, kernel, types, consts, *w in variants():
         try:
             t = time.time()
             compiled = compile_variant(kernel, types, consts, *w)
-            if not group.endswith("default") and group not in ("recurrent", "hgrn1"):
+            if not group.endswith("default") and group not in ("recurrent", "hgrn1", "small-heads"):
                 print(f"ok {name}: {time.time() - t:.1f} s {ptxas_stats(compiled)}", flush=True)
                 continue
             print("ok", name)

@@ -13,7 +13,8 @@ import torch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", ["recurrent", "hgrn1", "fused-chunk-default", "chunk-parallel-default", "glue"])
+@pytest.mark.parametrize("group", ["recurrent", "hgrn1", "small-heads", "fused-chunk-default", "chunk-parallel-default",
+                                   "glue"])
 def test_kernels_compile_for_sm90(group):
     if torch.cuda.is_available():
         pytest.skip("covered by the GPU runs")
