@@ -86,6 +86,15 @@ def _empty(y: torch.Tensor, final_shape: tuple, final_dtype: torch.dtype, output
     return y, (y.new_zeros(final_shape, dtype=final_dtype) if output_final_state else None)
 
 
+def _check_ogi(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, scale: float) -> None:
+    """The checks `hgrn2` and `hgrn2_small_heads` share: real float [B, T, H, *] inputs of one batch and length."""
+    for name, x in (("o", o), ("g", g), ("i", i)):
+        check_float(name, x, 4, complex_ok=False)
+    check_same("g", g, "o", o)
+    check_same("i", i, "o", o, slice(0, 3))
+    check_scale(scale)
+
+
 def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.Tensor | None = None, *,
           scale: float = 1.0, o_act: str | None = None, i_act: str | None = None,
           initial_state: torch.Tensor | None = None, output_final_state: bool = False,
@@ -113,11 +122,7 @@ def hgrn2(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_bound: torch.
     Returns:
         (y [B, T, H, V] in i's dtype, final state or None)
     """
-    for name, x in (("o", o), ("g", g), ("i", i)):
-        check_float(name, x, 4, complex_ok=False)
-    check_same("g", g, "o", o)
-    check_same("i", i, "o", o, slice(0, 3))
-    check_scale(scale)
+    _check_ogi(o, g, i, scale)
     B, T, H, K = o.shape
     V = i.shape[-1]
     n = _check_common("o", o, lower_bound, (H, K), initial_state, (H, V, K), cu_seqlens)
@@ -204,11 +209,7 @@ def hgrn2_small_heads(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_b
     Returns:
         y [B, T, H, V] in i's dtype.
     """
-    for name, x in (("o", o), ("g", g), ("i", i)):
-        check_float(name, x, 4, complex_ok=False)
-    check_same("g", g, "o", o)
-    check_same("i", i, "o", o, slice(0, 3))
-    check_scale(scale)
+    _check_ogi(o, g, i, scale)
     B, T, H, K = o.shape
     V = i.shape[-1]
     if K > SMALL_HEADS_MAX or V > SMALL_HEADS_MAX:
