@@ -8,7 +8,8 @@ Shape B × T × H × K (V = K), bf16 inputs, an fp32 lower bound with its gradie
 directions summed as the bidirectional LRA mixer runs them, and the forward direction alone. Per row: forward and
 forward+backward medians (`hgrn2.bench.common.time_ms`: CUDA events, warm-up, median), and the largest relative
 difference to the old path over y and the gradients of o, g, i, β. `--block-heads` sweeps the heads per program
-of the fused kernel (0: its default).
+of the fused kernel (0: its default). The rows go to `small_heads.json` (`--out`; default
+benchmarks/results/<device>/).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 
 import torch
 
-from hgrn2.bench.common import rel_err, time_ms
+from hgrn2.bench.common import add_output_argument, command_of, environment, rel_err, time_ms, write_result
 from hgrn2.ops import hgrn1
 from hgrn2.ops.small_heads import hgrn2_elementwise
 from hgrn2.ops.triton.small_heads import hgrn2_small_heads_triton
@@ -37,12 +38,13 @@ def paths(configs: list[tuple[int, int, int]]) -> dict:
     return out
 
 
-def run(shape: tuple[int, ...], configs: list[tuple[int, int, int]], device: str) -> None:
+def run(shape: tuple[int, ...], configs: list[tuple[int, int, int]], device: str) -> list[dict]:
     B, T, H, K = shape
     o, g, i, lb, dy = make_inputs(B, T, H, K, device)
     leaves = (o, g, i, lb)
     print(f"B={B} T={T} H={H} K=V={K} bf16, sigmoid output gate, fp32 lower bound with gradient")
     print(f"{'dirs':<6} {'path':<16} {'fwd ms':>9} {'fwd+bwd ms':>11} {'rel diff':>9}")
+    rows = []
     for bidirectional in (True, False):
         ref = None
         for name, fn in paths(configs).items():
@@ -59,6 +61,9 @@ def run(shape: tuple[int, ...], configs: list[tuple[int, int, int]], device: str
             ref = ref or got
             diff = max(rel_err(a, b) for a, b in zip(got, ref))
             print(f"{'both' if bidirectional else 'fwd':<6} {name:<16} {t_f:>9.3f} {t_fb:>11.3f} {diff:>9.1e}")
+            rows.append({"directions": "both" if bidirectional else "forward", "path": name, "fwd_ms": t_f,
+                         "fwd_bwd_ms": t_fb, "max_rel_diff": diff})
+    return rows
 
 
 def main() -> None:
@@ -67,9 +72,13 @@ def main() -> None:
     p.add_argument("--configs", default="0:0:0,16:0:4,16:0:2,16:64:1,16:250:1,16:2000:1,4:0:1,4:125:1,1:0:1,1:2000:1",
                    help="the fused kernel's BLOCK_HEADS:CHUNK:WARPS launches to time (0: its choice)")
     p.add_argument("--device", default="cuda")
+    add_output_argument(p)
     a = p.parse_args()
     configs = [tuple(int(v) for v in c.split(":")) for c in a.configs.split(",")]
-    run(tuple(int(x) for x in a.shape.split("x")), configs, a.device)
+    rows = run(tuple(int(x) for x in a.shape.split("x")), configs, a.device)
+    path = write_result(a.out, "small_heads", environment(a.device), rows, command_of(a), shape=a.shape,
+                        quick=a.device == "cpu")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,12 @@ SECTIONS = {
                      "batches of real text (AdamW, bf16 autocast, clipping 1.0); ours steps as `hgrn2 train` does by "
                      "default on one GPU. The largest relative difference between the two loss curves, and the "
                      "curves."),
+    "small_heads": ("LRA's small heads: the fused scan against HGRN1's scan on the expanded state",
+                    "`benchmarks/gpu_small_heads.py`: HGRN2 with heads of K = V = 4 (the ListOps preset's mixer) at "
+                    "B × T × H × K of `shape`, bf16, learnable bound, sigmoid output gate, both directions summed "
+                    "(\"both\") or the forward scan alone; `old` expands the state to [B, T, H·V·K] for HGRN1's "
+                    "element-wise scan, `fused` is `hgrn2_small_heads` (BLOCK_HEADS:CHUNK:WARPS, 0: its default). "
+                    "max rel. diff against the old path over y and every gradient."),
     "prepare_scaling": ("Corpus preparation: tokens/s against worker processes",
                         "`hgrn2 bench prepare`: `hgrn2 data prepare` of a corpus of JSON lines assembled offline "
                         "(reordered copies of CPython's help topics) with a trained byte-level BPE, at each number of "
@@ -446,7 +452,9 @@ TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format
     "prepare_scaling": lambda rec: format_table(rec["rows"], PREPARE_COLUMNS),
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
     "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table,
-    "gate": gate_table}
+    "gate": gate_table, "small_heads": lambda rec: format_table(rec["rows"], [
+        ("directions", "directions", ""), ("path", "path", ""), ("fwd ms", "fwd_ms", ".3f"),
+        ("fwd+bwd ms", "fwd_bwd_ms", ".3f"), ("max rel. diff", "max_rel_diff", ".1e")])}
 
 
 def load(results: Path) -> dict[str, list[tuple[Path, dict]]]:
