@@ -32,14 +32,15 @@ def chunk_size(o: torch.Tensor, cfg: ChunkParallelConfig) -> int:
 
 
 def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig):
-    """(BK fwd, BK bwd, BV, BK seq, BV seq, warps fwd, warps bwd, warps seq) for inputs of n_seq_heads (sequence,
-    head) pairs."""
+    """(BK fwd, BK bwd, BK of the small-gates kernel, BV, BK seq, BV seq, warps fwd, warps bwd, warps seq) for inputs
+    of n_seq_heads (sequence, head) pairs."""
     K, V = o.shape[-1], i.shape[-1]
     fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
     kp, vp = max(16, next_pow2(K)), max(16, next_pow2(V))
     cap = 32 if fp32 else kp  # fp32 (ieee dots): at most 32-wide K-blocks
     bk = max(16, min(kp, cap, cfg.block_k))
     bk_bwd = max(16, min(kp, cap, cfg.block_k_bwd))
+    bk_small = max(16, min(kp, cap, cfg.block_k_small or cfg.block_k_bwd))
     bv = max(16, min(vp, cfg.block_v or (32 if fp32 else 128)))
     bk_seq = max(16, min(kp, cap, cfg.block_k_seq or kp))
     bv_seq = max(16, min(vp, cfg.block_v_seq or (64 if fp32 else 128)))
@@ -55,7 +56,7 @@ def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig):
     warps = cfg.num_warps
     warps_bwd = cfg.num_warps_bwd or (8 if bt * max(bk_bwd, bv) >= 4096 else 4)
     warps_seq = cfg.num_warps_seq or (8 if bk_seq * bv_seq >= 4096 else 4)
-    return bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq
+    return bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq
 
 
 def _num_chunks(o, cu_seqlens, cfg: ChunkParallelConfig):
@@ -100,7 +101,7 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
+    bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
     bt = chunk_size(o, cfg)
     dt, prec = _dot_dtype(o, i, cfg)
     NT = cdiv(T, bt)
@@ -195,7 +196,7 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
+    bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
     bt = chunk_size(o, cfg)
     dt, prec = _dot_dtype(o, i, cfg)
     NT = cdiv(T, bt)
@@ -234,8 +235,6 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         sprec = state_precision(dt, prec)
         # a K-block per program, several programs per SM and K-block: each listed chunk's work is latency-bound,
         # and the K-blocks that hold none of its small gates leave at once
-        bk_small = bk_bwd if cfg.block_k_small is None else max(16, min(next_pow2(K), cfg.block_k_small))
-        bk_small = min(bk_small, 32) if o.dtype != torch.bfloat16 else bk_small  # fp32: ieee dots, as _config
         per_sm = max(1, cfg.small_programs_per_sm)
         grid = (max(1, min(n_chunks * H, per_sm * sm_count(o.device))), NV, cdiv(K, bk_small))
         chunk_parallel_bwd_small_kernel[grid](

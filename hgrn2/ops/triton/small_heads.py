@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import ACTS
 from ._device import cdiv, next_pow2, triton_op
 
-ACT_CODES = {None: 0, "sigmoid": 1, "silu": 2}
 MAX_TILE = 256  # state entries per program; each step waits on its loads, so a warp takes up to 8 per thread
 MIN_CHUNK = 64  # shortest time chunk worth the extra passes of a chunked walk
 TARGET_PROGRAMS = 8192  # one-warp programs that keep every SM of a large GPU busy
@@ -41,16 +41,16 @@ TARGET_PROGRAMS = 8192  # one-warp programs that keep every SM of a large GPU bu
 
 @triton.jit
 def _act(o, O_ACT: tl.constexpr):
-    """act(o) and act'(o) for O_ACT 0 (identity), 1 (sigmoid), 2 (silu)."""
+    """act(o) and act'(o) for O_ACT as `_common.ACTS` (0 identity, 1 silu, 2 sigmoid), by tl.sigmoid."""
     a = o
     da = tl.full(o.shape, 1.0, tl.float32)
     if O_ACT == 1:
-        a = tl.sigmoid(o)
-        da = a * (1 - a)
-    if O_ACT == 2:
         sig = tl.sigmoid(o)
         a = o * sig
         da = sig * (1 + o * (1 - sig))
+    if O_ACT == 2:
+        a = tl.sigmoid(o)
+        da = a * (1 - a)
     return a, da
 
 
@@ -93,6 +93,16 @@ def _setup(lb, B, T, H, NC, CHUNK, V: tl.constexpr, K: tl.constexpr, VP: tl.cons
 
 
 @triton.jit
+def _carried(p, j, off_s, m_s, H, V: tl.constexpr, K: tl.constexpr, VP: tl.constexpr, KP: tl.constexpr,
+             BH: tl.constexpr, HAS: tl.constexpr):
+    """The [BH, VP, KP] tile a chunk starts from: p[j] (a state, or a state's gradient, from the other chunks), or
+    zeros without one."""
+    if HAS:
+        return tl.load(p + j * H * V * K + off_s, mask=m_s, other=0)
+    return tl.zeros([BH, VP, KP], dtype=tl.float32)
+
+
+@triton.jit
 def _fwd_kernel(o, g, x, lb, y, hs, h_in, end, dec, B, T, H, NC, CHUNK, scale, V: tl.constexpr, K: tl.constexpr,
                 VP: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr,
                 REVERSE: tl.constexpr, HAS_HIN: tl.constexpr, LOCAL: tl.constexpr, STORE_H: tl.constexpr):
@@ -100,10 +110,7 @@ def _fwd_kernel(o, g, x, lb, y, hs, h_in, end, dec, B, T, H, NC, CHUNK, scale, V
     otherwise y (and every state, STORE_H)."""
     off_hk, m_hk, off_hv, m_hv, off_s, m_s, beta, rev, row, out, j, bos, eos = _setup(
         lb, B, T, H, NC, CHUNK, V, K, VP, KP, BH, HAS_LB, REVERSE)
-    if HAS_HIN:
-        h = tl.load(h_in + j * H * V * K + off_s, mask=m_s, other=0)
-    else:
-        h = tl.zeros([BH, VP, KP], dtype=tl.float32)
+    h = _carried(h_in, j, off_s, m_s, H, V, K, VP, KP, BH, HAS_HIN)
     prod = tl.full([BH, KP], 1.0, dtype=tl.float32)
     for s in range(bos, eos):
         t = s + rev * (T - 1 - 2 * s)
@@ -156,10 +163,7 @@ def _bwd_kernel(o, g, x, lb, hs, dy, do, dg, dx, dlb, d_in, end, dec, B, T, H, N
     otherwise do, dg, di and the chunk's partial dβ."""
     off_hk, m_hk, off_hv, m_hv, off_s, m_s, beta, rev, row, out, j, bos, eos = _setup(
         lb, B, T, H, NC, CHUNK, V, K, VP, KP, BH, HAS_LB, REVERSE)
-    if HAS_DIN:
-        d = tl.load(d_in + j * H * V * K + off_s, mask=m_s, other=0)
-    else:
-        d = tl.zeros([BH, VP, KP], dtype=tl.float32)
+    d = _carried(d_in, j, off_s, m_s, H, V, K, VP, KP, BH, HAS_DIN)
     acc_lb = tl.zeros([BH, KP], dtype=tl.float32)
     prod = tl.full([BH, KP], 1.0, dtype=tl.float32)
     step = 1 - 2 * rev  # +1 forward, −1 reverse: the scan's direction in t
@@ -322,5 +326,5 @@ def hgrn2_small_heads_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, 
     shape, see `_layout`)."""
     o, g, i = (t.contiguous() for t in (o, g, i))
     lb = None if lower_bound is None else lower_bound.contiguous()
-    return _SmallHeads.apply(o, g, i, lb, float(scale), ACT_CODES[o_act], int(reverse), 2 if bidirectional else 1,
+    return _SmallHeads.apply(o, g, i, lb, float(scale), ACTS[o_act], int(reverse), 2 if bidirectional else 1,
                              int(block_heads), int(chunk_size), int(num_warps))
