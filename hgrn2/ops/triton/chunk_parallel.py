@@ -8,6 +8,8 @@ extra output of the forward (saved for the backward, not recomputed), with a sta
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton.language as tl
 
@@ -31,9 +33,20 @@ def chunk_size(o: torch.Tensor, cfg: ChunkParallelConfig) -> int:
     return cfg.block_t if o.dtype == torch.bfloat16 else cfg.block_t_fp32
 
 
-def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig):
-    """(BK fwd, BK bwd, BK of the small-gates kernel, BV, BK seq, BV seq, warps fwd, warps bwd, warps seq) for inputs
-    of n_seq_heads (sequence, head) pairs."""
+class _Blocks(NamedTuple):
+    bk: int  # K-block of the forward
+    bk_bwd: int  # K-block of the backward
+    bk_small: int  # K-block of the small-gates dβ kernel
+    bv: int  # V-block of the chunk-parallel kernels
+    bk_seq: int  # K-block of the sequential state walks
+    bv_seq: int  # V-block of the sequential state walks
+    warps: int
+    warps_bwd: int
+    warps_seq: int
+
+
+def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig) -> _Blocks:
+    """Blocks and warps of every kernel for inputs of n_seq_heads (sequence, head) pairs."""
     K, V = o.shape[-1], i.shape[-1]
     fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
     kp, vp = max(16, next_pow2(K)), max(16, next_pow2(V))
@@ -56,7 +69,7 @@ def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig):
     warps = cfg.num_warps
     warps_bwd = cfg.num_warps_bwd or (8 if bt * max(bk_bwd, bv) >= 4096 else 4)
     warps_seq = cfg.num_warps_seq or (8 if bk_seq * bv_seq >= 4096 else 4)
-    return bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq
+    return _Blocks(bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq)
 
 
 def _num_chunks(o, cu_seqlens, cfg: ChunkParallelConfig):

@@ -66,7 +66,8 @@ def test_sequential_blocks_shrink_for_few_sequence_heads(monkeypatch):
     monkeypatch.setattr(parallel_mod, "sm_count", lambda device: 132)
     o = torch.empty(1, 64, 16, 128, dtype=torch.bfloat16)
     cfg = ChunkParallelConfig()
-    seq_blocks = {nh: parallel_mod._config(o, o, nh, cfg)[3:5] for nh in (1, 16, 32, 128)}
+    blocks = {nh: parallel_mod._config(o, o, nh, cfg) for nh in (1, 16, 32, 128)}
+    seq_blocks = {nh: (b.bk_seq, b.bv_seq) for nh, b in blocks.items()}
     assert seq_blocks == {1: (32, 32), 16: (32, 64), 32: (32, 128), 128: (64, 128)}
     monkeypatch.setattr(parallel_mod, "sm_count", lambda device: 64)  # K = V = 64 at N·H = 2: 32 × 32 blocks
     inputs = make_inputs(1, 70, 2, 64, 64, n_states=1)
