@@ -15,7 +15,8 @@ over layers. Retrieval is a dual encoder: one encoder reads both documents and t
 
 Padding: pooling always averages over the real tokens only (the LRA decoder's `use_lengths`). With `mask_padding`
 the mixers also skip padded positions; without it they read the padding like any token, as the authors' code does
-(its sequence lengths reach only the decoder), so a reverse scan starts in the batch's padding.
+(its sequence lengths reach only the decoder), so a reverse scan starts in the batch's padding. `pad_group` pads as
+a data-parallel launch does, each GPU's share of the batch to its own longest sequence.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class LRAModelConfig:
     `bn_group`: in training, BatchNorm statistics over each group of this many consecutive sequences of the batch
     (the running statistics from the first group), as plain BatchNorm on each GPU of a data-parallel launch computes
     them over its own share; None: over the whole batch (SyncBatchNorm under DDP).
+    `pad_group`: each group of this many consecutive sequences is padded to its own longest only, as each GPU of a
+    data-parallel launch pads its share (the LRA code's collate_fn): positions past a group's longest neither feed
+    nor move the mixers and stay out of the BatchNorm statistics; None: the whole batch padded to its longest.
     """
 
     mixer: str = "hgrn2"
@@ -73,6 +77,7 @@ class LRAModelConfig:
     num_heads: int = 8
     mask_padding: bool = True
     bn_group: int | None = None
+    pad_group: int | None = None
 
     def __post_init__(self) -> None:
         for name, value, choices in (("mixer", self.mixer, MIXERS), ("directions", self.directions, DIRECTIONS),
@@ -91,6 +96,12 @@ class LRAModelConfig:
             if self.norm != "batch" or self.dual:
                 raise ValueError("`bn_group`: groups BatchNorm statistics of a single encoder; needs norm 'batch' "
                                  f"and dual False, got norm {self.norm!r}, dual {self.dual}")
+        if self.pad_group is not None:
+            if not isinstance(self.pad_group, int) or isinstance(self.pad_group, bool) or self.pad_group <= 0:
+                raise ValueError(f"`pad_group`: expected a positive int or None, got {self.pad_group!r}")
+            if self.bn_group is not None or self.dual:
+                raise ValueError("`pad_group`: pads the groups of a single encoder's batch; needs bn_group None and "
+                                 f"dual False, got bn_group {self.bn_group!r}, dual {self.dual}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 0):
             raise ValueError(f"`vocab_size`: expected a positive int or None (pixels), got {self.vocab_size!r}")
         for name in ("dropout", "embed_dropout"):
@@ -283,9 +294,15 @@ class SeqNorm(nn.Module):
         self.kind, self.group = kind, group
         self.norm = nn.BatchNorm1d(hidden_size) if kind == "batch" else nn.LayerNorm(hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D]; `keep`: indices into the B·T positions (row-major): in training, BatchNorm's statistics come
+        from these positions alone and the others come out 0 (nothing reads them); None: all positions."""
         if self.kind != "batch":
             return self.norm(x)
+        if keep is not None and self.training:
+            rows = x.reshape(-1, x.shape[-1])
+            kept = self.norm(rows.index_select(0, keep))
+            return kept.new_zeros(rows.shape).index_copy(0, keep, kept).view(x.shape)
         if self.group is None or not self.training or x.shape[0] <= self.group:
             # [B·T, D] rows: statistics over batch and positions, without transposed copies
             return self.norm(x.reshape(-1, x.shape[-1])).view(x.shape)
@@ -313,9 +330,11 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop(self.mixer(self.mixer_norm(x), lower_bound=lower_bound, attention_mask=attention_mask))
-        return x + self.drop(self.mlp(self.mlp_norm(x)))
+                attention_mask: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """`keep`: the positions the norms' batch statistics come from (`SeqNorm`)."""
+        x = x + self.drop(self.mixer(self.mixer_norm(x, keep), lower_bound=lower_bound,
+                                     attention_mask=attention_mask))
+        return x + self.drop(self.mlp(self.mlp_norm(x, keep)))
 
 
 def sinusoidal(max_len: int, d: int) -> torch.Tensor:
@@ -355,11 +374,24 @@ class LRAEncoder(nn.Module):
         x = self.drop(x)
         betas = layer_bounds(lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None,
                              len(self.layers))
-        mixer_mask = attention_mask if self.cfg.mask_padding else None
+        valid = keep = None
+        if self.cfg.pad_group is not None and attention_mask is not None:
+            valid = group_padding(attention_mask, self.cfg.pad_group)
+            keep = valid.reshape(-1).nonzero().squeeze(1)  # once per call: nonzero waits for the GPU
+        mixer_mask = attention_mask if self.cfg.mask_padding else valid
         for layer, beta in zip(self.layers, betas):
-            x = layer(x, beta, mixer_mask)
-        x = self.norm(x)
+            x = layer(x, beta, mixer_mask, keep)
+        x = self.norm(x, keep)
         return pool(x, attention_mask, self.cfg.pooling)
+
+
+def group_padding(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, T] bool: the positions before the longest sequence of each group of `group` consecutive rows of `mask`
+    (0/1 [B, T], right padding), i.e. those a batch of that group alone would have."""
+    lengths = mask.long().sum(1)
+    n = -(-lengths.shape[0] // group)
+    longest = F.pad(lengths, (0, n * group - lengths.shape[0])).view(n, group).amax(1)
+    return torch.arange(mask.shape[1], device=mask.device) < longest.repeat_interleave(group)[: lengths.shape[0], None]
 
 
 def pool(x: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
@@ -403,4 +435,4 @@ def num_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["LRAModelConfig", "LRAClassifier", "LRAEncoder", "BiHGRU2", "BiHGRU1", "BiAttention", "scan_directions",
-           "scan_both_ways", "pool", "num_parameters", "MIXERS"]
+           "scan_both_ways", "pool", "group_padding", "num_parameters", "MIXERS"]

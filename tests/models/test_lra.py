@@ -10,6 +10,7 @@ from hgrn2.models.lra import (
     LRAClassifier,
     LRAModelConfig,
     SeqNorm,
+    group_padding,
     num_parameters,
     scan_both_ways,
     scan_directions,
@@ -328,4 +329,51 @@ def test_grouped_batch_norm_in_the_classifier_and_its_errors():
                        ({"bn_group": 2, "norm": "layer"}, "got norm 'layer'"),
                        ({"bn_group": 2, "dual": True}, "dual True")):
         with pytest.raises(ValueError, match=f"`bn_group`: .*{match}"):
+            LRAModelConfig(**bad)
+
+
+def test_pad_group_pads_each_group_as_one_gpu_of_a_data_parallel_launch_would():
+    """pad_group: each group of consecutive sequences padded to its own longest only (the LRA code's collate_fn on
+    each GPU's share): in evaluation a group's logits are those of the group alone, trimmed to its longest; in
+    training, positions past a group's longest reach neither the scans nor the BatchNorm statistics."""
+    torch.manual_seed(0)
+    lengths = torch.tensor([9, 12, 4, 6, 5])
+    T = 12
+    mask = torch.arange(T)[None] < lengths[:, None]
+    ids = torch.randint(1, 11, (5, T)).masked_fill(~mask, 0)
+    valid = group_padding(mask, 2)
+    assert torch.equal(valid, torch.arange(T)[None] < torch.tensor([12, 12, 6, 6, 5])[:, None])
+    for mixer in ("hgrn2", "hgrn1"):
+        cfg = LRAModelConfig(mixer=mixer, num_classes=3, vocab_size=11, hidden_size=8, num_layers=2, norm="batch",
+                             mask_padding=False, expand_ratio=2, pad_group=2)
+        model = LRAClassifier(cfg).double()
+        plain = LRAClassifier(LRAModelConfig(**{**cfg.to_dict(), "pad_group": None})).double()
+        plain.load_state_dict(model.state_dict())
+        model.train(), plain.train()
+        got = model(ids, mask)
+        # the first norm's running mean: the statistics of the embedded positions before each group's longest
+        enc = model.encoder
+        x0 = (enc.embed(ids) + enc.positions[:T].double())[valid]
+        assert torch.allclose(enc.layers[0].mixer_norm.norm.running_mean, 0.1 * x0.mean(0), atol=1e-12)
+        # what lies past a group's longest is invisible; the padding before it is read (the reverse scans start there)
+        past, inside = ids.clone(), ids.clone()
+        past[2:4, 6:] = 7
+        inside[2, 4:6] = 7
+        assert torch.allclose(model(past, mask), got, atol=1e-12)
+        assert not torch.allclose(model(inside, mask)[2], got[2], atol=1e-6)
+        assert not torch.allclose(plain(past, mask)[2:4], plain(ids, mask)[2:4], atol=1e-6)
+        plain.load_state_dict(model.state_dict())  # the same running statistics
+        model.eval(), plain.eval()
+        for rows, longest in ((slice(0, 2), 12), (slice(2, 4), 6), (slice(4, 5), 5)):
+            alone = plain(ids[rows, :longest], mask[rows, :longest])
+            assert torch.allclose(model(ids, mask)[rows], alone, atol=1e-10), (mixer, rows)
+        # one group as large as the batch: the batch as it comes
+        whole = LRAClassifier(LRAModelConfig(**{**cfg.to_dict(), "pad_group": 5})).double().train()
+        whole.load_state_dict(model.state_dict())
+        plain.load_state_dict(model.state_dict())
+        assert torch.allclose(whole(ids, mask), plain.train()(ids, mask), atol=1e-12)
+    for bad, match in (({"pad_group": 0}, "expected a positive int"),
+                       ({"pad_group": 2, "bn_group": 2}, "bn_group 2"),
+                       ({"pad_group": 2, "dual": True}, "dual True")):
+        with pytest.raises(ValueError, match=f"`pad_group`: .*{match}"):
             LRAModelConfig(**bad)
