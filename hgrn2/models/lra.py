@@ -287,22 +287,21 @@ class BiAttention(nn.Module):
 
 class SeqNorm(nn.Module):
     """LayerNorm over channels, or BatchNorm over (batch, positions) per channel (SyncBatchNorm under DDP); with
-    `group`, training statistics over each `group` sequences of the batch (see `LRAModelConfig.bn_group`)."""
+    `group`, training statistics over each `group` sequences of the batch (see `LRAModelConfig.bn_group`); given
+    `valid` positions, training statistics over those alone (`LRAModelConfig.pad_group`)."""
 
     def __init__(self, kind: str, hidden_size: int, group: int | None = None):
         super().__init__()
         self.kind, self.group = kind, group
         self.norm = nn.BatchNorm1d(hidden_size) if kind == "batch" else nn.LayerNorm(hidden_size)
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, T, D]; `keep`: indices into the B·T positions (row-major): in training, BatchNorm's statistics come
-        from these positions alone and the others come out 0 (nothing reads them); None: all positions."""
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D]; `valid` [B, T] bool: in training, BatchNorm's statistics come from these positions alone and
+        the others come out 0 (nothing reads them); None: all positions."""
         if self.kind != "batch":
             return self.norm(x)
-        if keep is not None and self.training:
-            rows = x.reshape(-1, x.shape[-1])
-            kept = self.norm(rows.index_select(0, keep))
-            return kept.new_zeros(rows.shape).index_copy(0, keep, kept).view(x.shape)
+        if valid is not None and self.training:
+            return self._masked(x, valid)
         if self.group is None or not self.training or x.shape[0] <= self.group:
             # [B·T, D] rows: statistics over batch and positions, without transposed copies
             return self.norm(x.reshape(-1, x.shape[-1])).view(x.shape)
@@ -311,6 +310,34 @@ class SeqNorm(nn.Module):
         rows = [n(first.reshape(-1, x.shape[-1]))]  # the only group that moves the running statistics
         rows += [F.batch_norm(g.reshape(-1, x.shape[-1]), None, None, n.weight, n.bias, True, 0.0, n.eps) for g in rest]
         return torch.cat(rows).view(x.shape)
+
+    def _masked(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Training BatchNorm over the `valid` positions, summed over the ranks for a SyncBatchNorm in a process group,
+        from sums (no data-dependent shapes, so nothing waits for the GPU); float32 at least, as under autocast."""
+        n = self.norm
+        rows = x.reshape(-1, x.shape[-1])
+        rows = rows.to(torch.promote_types(rows.dtype, torch.float32))
+        w = valid.reshape(-1, 1).to(rows.dtype)
+        first = _rank_sum(torch.cat([w.sum(0), (rows * w).sum(0)]), n)
+        count, mean = first[0], first[1:] / first[0]
+        centred = (rows - mean) * w
+        var = _rank_sum((centred * centred).sum(0), n) / count
+        with torch.no_grad():
+            n.num_batches_tracked.add_(1)
+            n.running_mean.lerp_(mean.to(n.running_mean.dtype), n.momentum)
+            n.running_var.lerp_((var * count / (count - 1)).to(n.running_var.dtype), n.momentum)
+        return (centred * torch.rsqrt(var + n.eps) * n.weight + n.bias * w).view(x.shape)
+
+
+def _rank_sum(t: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """`t` summed over the ranks of a SyncBatchNorm's process group (differentiably); `t` itself otherwise."""
+    import torch.distributed as dist
+
+    if not (isinstance(norm, nn.SyncBatchNorm) and dist.is_available() and dist.is_initialized()):
+        return t
+    from torch.distributed.nn.functional import all_reduce
+
+    return all_reduce(t, group=norm.process_group or dist.group.WORLD)
 
 
 class Block(nn.Module):
@@ -330,11 +357,11 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """`keep`: the positions the norms' batch statistics come from (`SeqNorm`)."""
-        x = x + self.drop(self.mixer(self.mixer_norm(x, keep), lower_bound=lower_bound,
+                attention_mask: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """`valid`: the positions the norms' batch statistics come from (`SeqNorm`)."""
+        x = x + self.drop(self.mixer(self.mixer_norm(x, valid), lower_bound=lower_bound,
                                      attention_mask=attention_mask))
-        return x + self.drop(self.mlp(self.mlp_norm(x, keep)))
+        return x + self.drop(self.mlp(self.mlp_norm(x, valid)))
 
 
 def sinusoidal(max_len: int, d: int) -> torch.Tensor:
@@ -374,14 +401,13 @@ class LRAEncoder(nn.Module):
         x = self.drop(x)
         betas = layer_bounds(lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None,
                              len(self.layers))
-        valid = keep = None
+        valid = None
         if self.cfg.pad_group is not None and attention_mask is not None:
             valid = group_padding(attention_mask, self.cfg.pad_group)
-            keep = valid.reshape(-1).nonzero().squeeze(1)  # once per call: nonzero waits for the GPU
         mixer_mask = attention_mask if self.cfg.mask_padding else valid
         for layer, beta in zip(self.layers, betas):
-            x = layer(x, beta, mixer_mask, keep)
-        x = self.norm(x, keep)
+            x = layer(x, beta, mixer_mask, valid)
+        x = self.norm(x, valid)
         return pool(x, attention_mask, self.cfg.pooling)
 
 
