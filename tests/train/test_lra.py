@@ -316,6 +316,7 @@ def test_record_in_the_environment_of_the_runs(tmp_path):
     (row,) = rec["rows"]
     assert (row["task"], row["model"], row["epochs_done"], row["epochs"]) == ("fashion_mnist", "hgrn2", 2, 2)
     assert row["test_acc"] == result["test_acc_at_best_val"] and row["time_per_epoch_s"] == result["time_per_epoch_s"]
+    assert (row["test_acc_last"], row["test_acc_max"]) == (result["test_acc_last"], result["test_acc_max"])
     assert rec["paper"]["HGRN2 (paper)"]["listops"] == 60.52 and len(rec["paper"]["HGRN1 (paper)"]) == 6
     assert (rec_dir / rec["figure"]).read_bytes() == (out / "curves.png").read_bytes()
     with pytest.raises(ValueError, match="no finished epoch"):
