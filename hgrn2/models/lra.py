@@ -15,7 +15,8 @@ over layers. Retrieval is a dual encoder: one encoder reads both documents and t
 
 Padding: pooling always averages over the real tokens only (the LRA decoder's `use_lengths`). With `mask_padding`
 the mixers also skip padded positions; without it they read the padding like any token, as the authors' code does
-(its sequence lengths reach only the decoder), so a reverse scan starts in the batch's padding.
+(its sequence lengths reach only the decoder), so a reverse scan starts in the batch's padding. `pad_group` pads as
+a data-parallel launch does, each GPU's share of the batch to its own longest sequence.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class LRAModelConfig:
     `bn_group`: in training, BatchNorm statistics over each group of this many consecutive sequences of the batch
     (the running statistics from the first group), as plain BatchNorm on each GPU of a data-parallel launch computes
     them over its own share; None: over the whole batch (SyncBatchNorm under DDP).
+    `pad_group`: each group of this many consecutive sequences is padded to its own longest only, as each GPU of a
+    data-parallel launch pads its share (the LRA code's collate_fn): positions past a group's longest neither feed
+    nor move the mixers and stay out of the BatchNorm statistics; None: the whole batch padded to its longest.
     """
 
     mixer: str = "hgrn2"
@@ -73,6 +77,7 @@ class LRAModelConfig:
     num_heads: int = 8
     mask_padding: bool = True
     bn_group: int | None = None
+    pad_group: int | None = None
 
     def __post_init__(self) -> None:
         for name, value, choices in (("mixer", self.mixer, MIXERS), ("directions", self.directions, DIRECTIONS),
@@ -91,6 +96,12 @@ class LRAModelConfig:
             if self.norm != "batch" or self.dual:
                 raise ValueError("`bn_group`: groups BatchNorm statistics of a single encoder; needs norm 'batch' "
                                  f"and dual False, got norm {self.norm!r}, dual {self.dual}")
+        if self.pad_group is not None:
+            if not isinstance(self.pad_group, int) or isinstance(self.pad_group, bool) or self.pad_group <= 0:
+                raise ValueError(f"`pad_group`: expected a positive int or None, got {self.pad_group!r}")
+            if self.bn_group is not None or self.dual:
+                raise ValueError("`pad_group`: pads the groups of a single encoder's batch; needs bn_group None and "
+                                 f"dual False, got bn_group {self.bn_group!r}, dual {self.dual}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 0):
             raise ValueError(f"`vocab_size`: expected a positive int or None (pixels), got {self.vocab_size!r}")
         for name in ("dropout", "embed_dropout"):
@@ -276,16 +287,21 @@ class BiAttention(nn.Module):
 
 class SeqNorm(nn.Module):
     """LayerNorm over channels, or BatchNorm over (batch, positions) per channel (SyncBatchNorm under DDP); with
-    `group`, training statistics over each `group` sequences of the batch (see `LRAModelConfig.bn_group`)."""
+    `group`, training statistics over each `group` sequences of the batch (see `LRAModelConfig.bn_group`); given
+    `valid` positions, training statistics over those alone (`LRAModelConfig.pad_group`)."""
 
     def __init__(self, kind: str, hidden_size: int, group: int | None = None):
         super().__init__()
         self.kind, self.group = kind, group
         self.norm = nn.BatchNorm1d(hidden_size) if kind == "batch" else nn.LayerNorm(hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D]; `valid` [B, T] bool: in training, BatchNorm's statistics come from these positions alone and
+        the others come out 0 (nothing reads them); None: all positions."""
         if self.kind != "batch":
             return self.norm(x)
+        if valid is not None and self.training:
+            return self._masked(x, valid)
         if self.group is None or not self.training or x.shape[0] <= self.group:
             # [B·T, D] rows: statistics over batch and positions, without transposed copies
             return self.norm(x.reshape(-1, x.shape[-1])).view(x.shape)
@@ -294,6 +310,34 @@ class SeqNorm(nn.Module):
         rows = [n(first.reshape(-1, x.shape[-1]))]  # the only group that moves the running statistics
         rows += [F.batch_norm(g.reshape(-1, x.shape[-1]), None, None, n.weight, n.bias, True, 0.0, n.eps) for g in rest]
         return torch.cat(rows).view(x.shape)
+
+    def _masked(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Training BatchNorm over the `valid` positions, summed over the ranks for a SyncBatchNorm in a process group,
+        from sums (no data-dependent shapes, so nothing waits for the GPU); float32 at least, as under autocast."""
+        n = self.norm
+        rows = x.reshape(-1, x.shape[-1])
+        rows = rows.to(torch.promote_types(rows.dtype, torch.float32))
+        w = valid.reshape(-1, 1).to(rows.dtype)
+        first = _rank_sum(torch.cat([w.sum(0), (rows * w).sum(0)]), n)
+        count, mean = first[0], first[1:] / first[0]
+        centred = (rows - mean) * w
+        var = _rank_sum((centred * centred).sum(0), n) / count
+        with torch.no_grad():
+            n.num_batches_tracked.add_(1)
+            n.running_mean.lerp_(mean.to(n.running_mean.dtype), n.momentum)
+            n.running_var.lerp_((var * count / (count - 1)).to(n.running_var.dtype), n.momentum)
+        return (centred * torch.rsqrt(var + n.eps) * n.weight + n.bias * w).view(x.shape)
+
+
+def _rank_sum(t: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """`t` summed over the ranks of a SyncBatchNorm's process group (differentiably); `t` itself otherwise."""
+    import torch.distributed as dist
+
+    if not (isinstance(norm, nn.SyncBatchNorm) and dist.is_available() and dist.is_initialized()):
+        return t
+    from torch.distributed.nn.functional import all_reduce
+
+    return all_reduce(t, group=norm.process_group or dist.group.WORLD)
 
 
 class Block(nn.Module):
@@ -313,9 +357,11 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, lower_bound: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop(self.mixer(self.mixer_norm(x), lower_bound=lower_bound, attention_mask=attention_mask))
-        return x + self.drop(self.mlp(self.mlp_norm(x)))
+                attention_mask: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """`valid`: the positions the norms' batch statistics come from (`SeqNorm`)."""
+        x = x + self.drop(self.mixer(self.mixer_norm(x, valid), lower_bound=lower_bound,
+                                     attention_mask=attention_mask))
+        return x + self.drop(self.mlp(self.mlp_norm(x, valid)))
 
 
 def sinusoidal(max_len: int, d: int) -> torch.Tensor:
@@ -355,11 +401,23 @@ class LRAEncoder(nn.Module):
         x = self.drop(x)
         betas = layer_bounds(lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None,
                              len(self.layers))
-        mixer_mask = attention_mask if self.cfg.mask_padding else None
+        valid = None
+        if self.cfg.pad_group is not None and attention_mask is not None:
+            valid = group_padding(attention_mask, self.cfg.pad_group)
+        mixer_mask = attention_mask if self.cfg.mask_padding else valid
         for layer, beta in zip(self.layers, betas):
-            x = layer(x, beta, mixer_mask)
-        x = self.norm(x)
+            x = layer(x, beta, mixer_mask, valid)
+        x = self.norm(x, valid)
         return pool(x, attention_mask, self.cfg.pooling)
+
+
+def group_padding(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, T] bool: the positions before the longest sequence of each group of `group` consecutive rows of `mask`
+    (0/1 [B, T], right padding), i.e. those a batch of that group alone would have."""
+    lengths = mask.long().sum(1)
+    n = -(-lengths.shape[0] // group)
+    longest = F.pad(lengths, (0, n * group - lengths.shape[0])).view(n, group).amax(1)
+    return torch.arange(mask.shape[1], device=mask.device) < longest.repeat_interleave(group)[: lengths.shape[0], None]
 
 
 def pool(x: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
@@ -403,4 +461,4 @@ def num_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["LRAModelConfig", "LRAClassifier", "LRAEncoder", "BiHGRU2", "BiHGRU1", "BiAttention", "scan_directions",
-           "scan_both_ways", "pool", "num_parameters", "MIXERS"]
+           "scan_both_ways", "pool", "group_padding", "num_parameters", "MIXERS"]

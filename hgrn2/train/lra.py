@@ -569,9 +569,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
-    """`lra.json`: one row per run under --out (test accuracy at the best validation epoch, epochs done, time per
-    epoch), the paper's numbers beside, the curves as its figure; in the environment the runs recorded where they
-    trained."""
+    """`lra.json`: one row per run under --out (test accuracy at the best validation epoch, and at the last epoch and
+    the best over epochs, the LRA code's other readings; epochs done, time per epoch), the paper's numbers beside, the
+    curves as its figure; in the environment the runs recorded where they trained."""
     results = results_in(args.out)
     if not results:
         raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
@@ -579,6 +579,7 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
     rows = [{"task": r["task"], "model": r["model"], "settings": _run_key(r)[1], "variant": _run_key(r)[2],
              "parameters": r["parameters"],
              "test_acc": r["test_acc_at_best_val"], "best_val_acc": r["best_val_acc"],
+             "test_acc_last": r.get("test_acc_last"), "test_acc_max": r.get("test_acc_max"),
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],
              "time_per_epoch_s": r["time_per_epoch_s"], "stopped": r["stopped"], "world_size": r["world_size"]}
             for r in sorted(results, key=lambda r: (order.get(r["task"], len(order)), r["model"]))]

@@ -10,6 +10,7 @@ from hgrn2.models.lra import (
     LRAClassifier,
     LRAModelConfig,
     SeqNorm,
+    group_padding,
     num_parameters,
     scan_both_ways,
     scan_directions,
@@ -329,3 +330,92 @@ def test_grouped_batch_norm_in_the_classifier_and_its_errors():
                        ({"bn_group": 2, "dual": True}, "dual True")):
         with pytest.raises(ValueError, match=f"`bn_group`: .*{match}"):
             LRAModelConfig(**bad)
+
+
+def test_pad_group_pads_each_group_as_one_gpu_of_a_data_parallel_launch_would():
+    """pad_group: each group of consecutive sequences padded to its own longest only (the LRA code's collate_fn on
+    each GPU's share): in evaluation a group's logits are those of the group alone, trimmed to its longest; in
+    training, positions past a group's longest reach neither the scans nor the BatchNorm statistics."""
+    torch.manual_seed(0)
+    lengths = torch.tensor([9, 12, 4, 6, 5])
+    T = 12
+    mask = torch.arange(T)[None] < lengths[:, None]
+    ids = torch.randint(1, 11, (5, T)).masked_fill(~mask, 0)
+    valid = group_padding(mask, 2)
+    assert torch.equal(valid, torch.arange(T)[None] < torch.tensor([12, 12, 6, 6, 5])[:, None])
+    for mixer in ("hgrn2", "hgrn1"):
+        cfg = LRAModelConfig(mixer=mixer, num_classes=3, vocab_size=11, hidden_size=8, num_layers=2, norm="batch",
+                             mask_padding=False, expand_ratio=2, pad_group=2)
+        model = LRAClassifier(cfg).double()
+        plain = LRAClassifier(LRAModelConfig(**{**cfg.to_dict(), "pad_group": None})).double()
+        plain.load_state_dict(model.state_dict())
+        model.train(), plain.train()
+        got = model(ids, mask)
+        # the first norm's running mean: the statistics of the embedded positions before each group's longest
+        enc = model.encoder
+        x0 = (enc.embed(ids) + enc.positions[:T].double())[valid]
+        assert torch.allclose(enc.layers[0].mixer_norm.norm.running_mean, 0.1 * x0.mean(0), atol=1e-12)
+        # what lies past a group's longest is invisible; the padding before it is read (the reverse scans start there)
+        past, inside = ids.clone(), ids.clone()
+        past[2:4, 6:] = 7
+        inside[2, 4:6] = 7
+        assert torch.allclose(model(past, mask), got, atol=1e-12)
+        assert not torch.allclose(model(inside, mask)[2], got[2], atol=1e-6)
+        assert not torch.allclose(plain(past, mask)[2:4], plain(ids, mask)[2:4], atol=1e-6)
+        plain.load_state_dict(model.state_dict())  # the same running statistics
+        model.eval(), plain.eval()
+        for rows, longest in ((slice(0, 2), 12), (slice(2, 4), 6), (slice(4, 5), 5)):
+            alone = plain(ids[rows, :longest], mask[rows, :longest])
+            assert torch.allclose(model(ids, mask)[rows], alone, atol=1e-10), (mixer, rows)
+        # one group as large as the batch: the batch as it comes
+        whole = LRAClassifier(LRAModelConfig(**{**cfg.to_dict(), "pad_group": 5})).double().train()
+        whole.load_state_dict(model.state_dict())
+        plain.load_state_dict(model.state_dict())
+        assert torch.allclose(whole(ids, mask), plain.train()(ids, mask), atol=1e-12)
+    # over every position, the masked statistics are BatchNorm's: outputs, input gradients, running statistics
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True) * 2 + 1
+    masked, ref = SeqNorm("batch", 8).double(), torch.nn.BatchNorm1d(8).double()
+    with torch.no_grad():
+        masked.norm.weight.normal_(), masked.norm.bias.normal_()
+    ref.load_state_dict(masked.norm.state_dict())
+    got, want = masked(x, torch.ones(3, 5, dtype=torch.bool)), ref(x.reshape(-1, 8)).view(x.shape)
+    assert torch.allclose(got, want, atol=1e-12)
+    assert torch.allclose(*(torch.autograd.grad(y.sin().sum(), x)[0] for y in (got, want)), atol=1e-12)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.allclose(getattr(masked.norm, name).double(), getattr(ref, name).double(), atol=1e-12), name
+    for bad, match in (({"pad_group": 0}, "expected a positive int"),
+                       ({"pad_group": 2, "bn_group": 2}, "bn_group 2"),
+                       ({"pad_group": 2, "dual": True}, "dual True")):
+        with pytest.raises(ValueError, match=f"`pad_group`: .*{match}"):
+            LRAModelConfig(**bad)
+
+
+def _masked_norm_rank(rank: int, path: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    x = (torch.randn(4, 6, 8, dtype=torch.float64) * 2 + 1)[2 * rank: 2 * rank + 2].requires_grad_()
+    valid = (torch.arange(6)[None] < torch.tensor([6, 3, 4, 2])[:, None])[2 * rank: 2 * rank + 2]
+    norm = SeqNorm("batch", 8).double()
+    norm.norm = torch.nn.SyncBatchNorm.convert_sync_batchnorm(norm.norm)
+    y = norm(x, valid)
+    dx = torch.autograd.grad((y * torch.arange(8.0, dtype=torch.float64)).sin().sum(), x)[0]
+    torch.save({"y": y.detach(), "dx": dx, "mean": norm.norm.running_mean}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_masked_batch_norm_sums_over_the_ranks_of_a_sync_batch_norm(tmp_path):
+    """pad_group under DDP: the statistics of the valid positions of every rank, as SyncBatchNorm's over all ranks."""
+    torch.multiprocessing.spawn(_masked_norm_rank, args=(str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
+    torch.manual_seed(0)
+    x = (torch.randn(4, 6, 8, dtype=torch.float64) * 2 + 1).requires_grad_()
+    valid = torch.arange(6)[None] < torch.tensor([6, 3, 4, 2])[:, None]
+    norm = SeqNorm("batch", 8).double()
+    y = norm(x, valid)
+    dx = torch.autograd.grad((y * torch.arange(8.0, dtype=torch.float64)).sin().sum(), x)[0]
+    ranks = [torch.load(tmp_path / f"out.{r}") for r in range(2)]
+    assert torch.allclose(torch.cat([r["y"] for r in ranks]), y.detach(), atol=1e-12)
+    assert torch.allclose(torch.cat([r["dx"] for r in ranks]), dx, atol=1e-12)
+    assert all(torch.allclose(r["mean"], norm.norm.running_mean, atol=1e-12) for r in ranks)

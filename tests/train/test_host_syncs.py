@@ -89,7 +89,7 @@ def lra_step(cfg: LRAModelConfig, x, mask):
     return step, train_step
 
 
-@pytest.mark.parametrize("task", ["pathfinder", "listops"])
+@pytest.mark.parametrize("task", ["pathfinder", "listops", "listops-pad-group"])
 def test_lra_training_step_reads_nothing_on_the_host(device_checks, task):
     mode, assertions = device_checks
     common = dict(hidden_size=16, num_layers=2, expand_ratio=2, norm="batch", glu_expand=1)
@@ -98,7 +98,8 @@ def test_lra_training_step_reads_nothing_on_the_host(device_checks, task):
                              max_len=64, **common)
         x, mask = torch.rand(3, 64, 1), None
     else:  # the preset's bidirectional scan over padded token sequences
-        cfg = LRAModelConfig(num_classes=10, vocab_size=20, directions="bi", max_len=40, embed_dropout=0.1, **common)
+        cfg = LRAModelConfig(num_classes=10, vocab_size=20, directions="bi", max_len=40, embed_dropout=0.1,
+                             pad_group=1 if task == "listops-pad-group" else None, **common)
         x, mask = torch.randint(0, 20, (3, 40)), torch.ones(3, 40, dtype=torch.bool)
         mask[1, 25:] = False
     step, train_step = lra_step(cfg, x, mask)

@@ -316,6 +316,7 @@ def test_record_in_the_environment_of_the_runs(tmp_path):
     (row,) = rec["rows"]
     assert (row["task"], row["model"], row["epochs_done"], row["epochs"]) == ("fashion_mnist", "hgrn2", 2, 2)
     assert row["test_acc"] == result["test_acc_at_best_val"] and row["time_per_epoch_s"] == result["time_per_epoch_s"]
+    assert (row["test_acc_last"], row["test_acc_max"]) == (result["test_acc_last"], result["test_acc_max"])
     assert rec["paper"]["HGRN2 (paper)"]["listops"] == 60.52 and len(rec["paper"]["HGRN1 (paper)"]) == 6
     assert (rec_dir / rec["figure"]).read_bytes() == (out / "curves.png").read_bytes()
     with pytest.raises(ValueError, match="no finished epoch"):
@@ -328,7 +329,7 @@ def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
     # but for Pathfinder's pooling: the recorded run pooled the last position, before HGRN1's launch script was read
     # to override its yaml file's decoder with mean pooling
     common = {"mixer": "hgrn2", "in_channels": 1, "glu_expand": 1, "norm": "batch", "dropout": 0.0, "dual": False,
-              "use_lower_bound": True, "num_heads": 8, "bn_group": None}
+              "use_lower_bound": True, "num_heads": 8, "bn_group": None, "pad_group": None}
     recorded = {
         "listops": ({**common, "num_classes": 10, "vocab_size": 17, "hidden_size": 32, "num_layers": 6,
                      "expand_ratio": 2, "directions": "bi", "embed_dropout": 0.1, "pooling": "mean",
@@ -421,11 +422,57 @@ def test_variants_change_one_setting_on_top_of_each_models_own():
         assert cfg.hidden_size == width
         cfg, train, _ = build("listops", mixer, _preset_args(), "cosine-to-zero")
         assert cfg == base and train == {**base_train, "schedule_steps": 37500}
+    # the ones from the authors' launches and their LRA code, each one setting (or two) on HGRN2's preset
+    base, base_train, _ = build("listops", "hgrn2", _preset_args())
+    for variant, model, train in (("per-gpu-padding", {"pad_group": 16}, {}), ("causal", {"directions": "causal"}, {}),
+                                  ("wd-0.01", {}, {"weight_decay": 0.01}),
+                                  ("hgrn1-training", {}, {"weight_decay": 0.01, "precision": "fp32"})):
+        cfg, got, _ = build("listops", "hgrn2", _preset_args(), variant)
+        assert (cfg.to_dict(), got) == ({**base.to_dict(), **model}, {**base_train, **train}), variant
     # the command line still overrides a variant
     assert build("listops", "hgrn2", _preset_args(lr=3e-3), "lr-1e-3")[1]["lr"] == 3e-3
     assert build("pathfinder", "hgrn2", _preset_args(), "bn-global")[0].bn_group is None
     with pytest.raises(ValueError, match="`--variants`: listops.yaml has no variant 'nope'; its variants: preset, "):
         build("listops", "hgrn2", _preset_args(), "nope")
+
+
+def _every_variant():
+    return [(task, name) for task in ("listops", "pathfinder", "pathx")
+            for name in load_preset(task).get("variants") or {}]
+
+
+@pytest.mark.parametrize("task, variant", _every_variant())
+def test_every_variant_builds_and_trains(task, variant):
+    """Each ablation variant of the presets, on each HGRU, shrunk: two optimiser steps on the preset's optimiser, at
+    its schedule's first steps after warmup (warmup's first steps move no fp32 weight of Path-X), change the weights
+    and keep the loss finite."""
+    from hgrn2.data.lra.tasks import TASKS
+    from hgrn2.train.optim import lr_at
+
+    for mixer in ("hgrn2", "hgrn1"):
+        if mixer == "hgrn1" and build(task, mixer, _preset_args(), variant)[0].directions == "2d_series":
+            continue  # HGRN2's mixer alone composes the grid scans (hgru2-pytorch Hgru2_2d_series)
+        torch.manual_seed(0)
+        cfg, train, _ = build(task, mixer, _preset_args(model_options={"hidden_size": 8, "num_layers": 2}), variant)
+        model = LRAClassifier(cfg)
+        opt = build_lra_optimizer(model, train["lr"], train["weight_decay"])
+        before = [p.detach().clone() for p in model.parameters()]
+        labels = torch.arange(4) % TASKS[task].num_classes
+        if cfg.vocab_size:
+            mask = torch.arange(20)[None] < torch.tensor([20, 13, 7, 16])[:, None]
+            x = torch.randint(0, cfg.vocab_size, (4, 20)).masked_fill(~mask, 0)
+        else:
+            x, mask = torch.randn(4, 16, 1), None
+        for step in range(2):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(train["warmup_steps"] + step, schedule="cosine", lr=train["lr"],
+                                    warmup_steps=train["warmup_steps"], max_steps=train["schedule_steps"])
+            loss = F.cross_entropy(model(x, mask), labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            assert torch.isfinite(loss)
+        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()) if b.grad is not None)
 
 
 def test_a_malformed_variants_section_is_refused(tmp_path):
