@@ -57,8 +57,9 @@ SECTIONS = {
     "vision": ("Image classification: training throughput against DeiT-Tiny",
                "`hgrn2 bench vision`: forward + backward + AdamW on random 224×224 images under bf16 autocast, the "
                "DeiT-Tiny-sized HGRN2 (`hgrn2.models.vision` preset `deit_tiny`, bidirectional scans on the Triton "
-               "kernels) against timm's `deit_tiny_patch16_224`; images/s is the median of interleaved rounds, "
-               "data loading excluded; peak memory is each model's own (weights, optimiser state, activations)."),
+               "kernels; `hgrn2-graph`: each step replayed as one CUDA graph, as `cuda_graph=true` trains) against "
+               "timm's `deit_tiny_patch16_224`; images/s is the median of interleaved rounds, data loading excluded; "
+               "peak memory is each model's own (weights, optimiser state, activations)."),
     "generate": ("Generation: prefill and decode",
                  "`hgrn2 bench generate`: greedy decoding with random bf16 weights after a prompt; ours (`hgrn2`: "
                  "transformers' `generate` with the dynamic cache; `hgrn2-static`: fixed state buffers, the decode "

@@ -106,6 +106,7 @@ class VisionTrainConfig:
     log_every: int = 50
     keep_last: int = 2
     progress: bool = True
+    cuda_graph: bool = False  # each step replayed as one CUDA graph (one GPU; the batches' shapes are fixed)
 
     def validate(self) -> None:
         choices = {"dataset": ("imagefolder", "fashion_mnist"), "precision": ("bf16", "fp32"),
@@ -129,6 +130,10 @@ class VisionTrainConfig:
             raise ValueError(f"`betas`: expected two numbers in [0, 1), got {self.betas}")
         if not self.data:
             raise ValueError("`data`: not set; --set data=DIR")
+        if not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"`cuda_graph`: expected true or false, got {self.cuda_graph!r}")
+        if self.cuda_graph and self.device == "cpu":
+            raise ValueError("`cuda_graph`: needs a CUDA device, got device=cpu")
 
     def uses_timm(self) -> bool:
         return self.dataset == "imagefolder" or self.mixup > 0 or self.cutmix > 0 or self.repeated_aug
@@ -381,9 +386,10 @@ class VisionTrainer:
         self.n_params = num_parameters(model)
         self.task = VisionTask(cfg, self.d, model, train_set, self.val_set, classes)
         self.ema = self.task.ema
-        optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay)
+        optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay,
+                                    capturable=cfg.cuda_graph)
         self.engine = Engine(self.task, optimizer, lambda step, epoch: epoch_lr(cfg, epoch), d=self.d,
-                             bf16=cfg.precision == "bf16", clip=cfg.clip_grad,
+                             bf16=cfg.precision == "bf16", clip=cfg.clip_grad, cuda_graph=cfg.cuda_graph,
                              checkpoint_dir=os.path.join(cfg.out_dir, "checkpoints"), run_dir=cfg.out_dir,
                              keep_last=cfg.keep_last, name_by="epoch", log_every=cfg.log_every,
                              progress=cfg.progress, name=cfg.out_dir)

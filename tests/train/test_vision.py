@@ -63,6 +63,8 @@ def test_bad_keys_and_values_are_named():
         make_config("fashion_mnist", ["epochs=0"])
     with pytest.raises(ValueError, match="dataset"):
         make_config("fashion_mnist", ["dataset=cifar"])
+    with pytest.raises(ValueError, match="`cuda_graph`: needs a CUDA device"):
+        make_config("fashion_mnist", ["data=d", "device=cpu", "cuda_graph=true"])
 
 
 def test_training_reduces_the_validation_loss(fixture_dir, tmp_path):
@@ -92,6 +94,27 @@ def test_resume_trains_the_same_weights(fixture_dir, tmp_path):
         assert torch.equal(a, b)
     for a, b in zip(straight.ema.state_dict().values(), resumed.ema.state_dict().values()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_steps_train_as_the_eager_ones(fixture_dir, tmp_path):
+    """cuda_graph: the same losses and weights as eager steps (fp32, no dropout), with a resume in between."""
+    def run(name, graph, epochs):
+        extra = ("device=cuda", "precision=fp32", f"cuda_graph={str(graph).lower()}", f"epochs={epochs}",
+                 "num_workers=0", "ema_decay=0.9")
+        trainer = VisionTrainer(fashion_config(fixture_dir, tmp_path / name, *extra), D.init("cuda"))
+        trainer.train()
+        return trainer
+
+    eager = run("eager", False, 3)
+    run("graph", True, 2)
+    graphed = run("graph", True, 3)
+    assert graphed.epoch == 3
+    for a, b in zip(eager.model.state_dict().values(), graphed.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    losses = [[json.loads(line)["loss"] for line in (tmp_path / name / "log.jsonl").read_text().splitlines()
+               if json.loads(line)["kind"] == "train"] for name in ("eager", "graph")]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4)
 
 
 def test_cli_train_then_eval(fixture_dir, tmp_path, capsys):
@@ -176,6 +199,10 @@ def test_bench_vision_quick_writes_json(tmp_path):
     assert row["model"] == "hgrn2" and row["parameters"] > 6e6 and row["images_per_s"] > 0
     assert row["peak_gib"] is None  # CUDA only
     assert len(row["seconds"]) == result["args"]["rounds"] == 2 and result["benchmark"] == "vision"
+    if not torch.cuda.is_available():
+        assert main(["bench", "vision", "--quick", "--models", "hgrn2-graph", "--out", str(tmp_path)]) == 0
+        (row,) = json.loads((tmp_path / "vision.json").read_text())["rows"]
+        assert row == {"model": "hgrn2-graph", "skipped": "CUDA graphs need a GPU"}
 
 
 def test_record_from_training_and_from_a_copied_run(fixture_dir, tmp_path, capsys):
