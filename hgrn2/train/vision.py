@@ -383,7 +383,7 @@ class VisionTrainer:
         self.ema = self.task.ema
         optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay)
         self.engine = Engine(self.task, optimizer, lambda step, epoch: epoch_lr(cfg, epoch), d=self.d,
-                             bf16=cfg.precision == "bf16", clip=cfg.clip_grad,
+                             bf16=cfg.precision == "bf16" and self.d.device.type == "cuda", clip=cfg.clip_grad,
                              checkpoint_dir=os.path.join(cfg.out_dir, "checkpoints"), run_dir=cfg.out_dir,
                              keep_last=cfg.keep_last, name_by="epoch", log_every=cfg.log_every,
                              progress=cfg.progress, name=cfg.out_dir)

@@ -88,7 +88,8 @@ def test_presets_follow_the_authors_launch_script():
 def test_grad_clip_clips_every_step(tmp_path, monkeypatch):
     seen = []
     clip = torch.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, c: seen.append(c) or clip(params, c))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda params, c, **kw: seen.append(c) or clip(params, c, **kw))
     _cli(tmp_path / "clip", "--max-steps", "3", "--grad-clip", "0.25")
     assert seen == [0.25] * 3
     seen.clear()
