@@ -12,9 +12,9 @@ so that they resume exactly), the evaluation every `eval_every` steps and after 
 the limits (`max_steps`, `deadline`, `on_step`), divergence (`guard.FiniteWatch`: the run stops and nothing
 diverged is saved), the lock on the run folder (`guard.RunLock`), the run log (`logger.RunLogger`: a "train" record
 every `log_every` steps with the mean loss since the last one, a "val" record per evaluation), the progress bar and
-the checkpoints (after every epoch, every `ckpt_every` steps and when a limit stops the run inside an epoch;
-single files, `checkpoint.py`, or `sharded` folders that every rank writes its part of, `sharded.py`), from the
-newest of which a run continues exactly: at the same iteration of the same epoch, with every RNG of every rank
+the checkpoints (`sharded.py`: folders every rank writes its part of, after every epoch, every `ckpt_every` steps
+and when a limit stops the run inside an epoch), from the newest of which (or of the single files of earlier
+versions) a run continues exactly: at the same iteration of the same epoch, with every RNG of every rank
 restored. A task whose run is counted in steps (`Task.by_steps`, the language model) is one epoch of
 `steps_per_epoch` steps, which a resume may lengthen: its position is its step.
 
@@ -131,8 +131,8 @@ class Engine:
     def __init__(self, task: Task, optimizer, schedule: Callable[[int, int], float], *,
                  d: D.Dist | None = None, device: torch.device | None = None, bf16: bool = False,
                  clip: float | None = None, accum: int = 1, parallel: str = "ddp", fsdp: dict | None = None,
-                 cuda_graph: bool = False, checkpoint_dir=None, sharded: bool = False, run_dir=None,
-                 lock: bool = True, run_id: str = "", keep_last: int = 1, name_by: str = "step", ckpt_every: int = 0,
+                 cuda_graph: bool = False, checkpoint_dir=None, run_dir=None, lock: bool = True, run_id: str = "",
+                 keep_last: int = 1, name_by: str = "step", ckpt_every: int = 0,
                  eval_every: int = 0, mid_epoch: bool = False, log_every: int = 0, tensorboard: bool = False,
                  progress: bool = False, name: str = "", raise_on_divergence: bool = True):
         """`optimizer`: an optimiser of the task's model, or a function of the wrapped model that builds one (FSDP2
@@ -142,14 +142,13 @@ class Engine:
         `parallel`: "ddp" or "fsdp" under torchrun (`fsdp`: `distributed.wrap`'s options). `cuda_graph`: the
         optimizer must be capturable with its learning rate a CUDA tensor (`graphed.py`). `checkpoint_dir` (None:
         no checkpoints) holds the run `run_id` only, `keep_last` checkpoints named by `name_by` ("step" or
-        "epoch"), `sharded` folders or single files. `run_dir` (default `checkpoint_dir`) is locked while the run
-        trains (`lock`; False: the caller holds the lock) and holds `log.jsonl` when `log_every` > 0 (and
-        TensorBoard's `tb/` with `tensorboard`). `eval_every`: evaluate (logged and printed, not kept in the
-        history) every that many steps inside an epoch. `mid_epoch`: a limit or `ckpt_every` checkpoints inside an
-        epoch (the task's batches start at any iteration); without it a limit ends the epoch early, which is
-        evaluated and not saved. `raise_on_divergence`: `guard.Diverged` at the first check (log line, save, epoch
-        end) after a non-finite step; else the diverged epoch is evaluated, not saved, and `Fit.diverged` says
-        so."""
+        "epoch"). `run_dir` (default `checkpoint_dir`) is locked while the run trains (`lock`; False: the caller
+        holds the lock) and holds `log.jsonl` when `log_every` > 0 (and TensorBoard's `tb/` with `tensorboard`).
+        `eval_every`: evaluate (logged and printed, not kept in the history) every that many steps inside an
+        epoch. `mid_epoch`: a limit or `ckpt_every` checkpoints inside an epoch (the task's batches start at any
+        iteration); without it a limit ends the epoch early, which is evaluated and not saved.
+        `raise_on_divergence`: `guard.Diverged` at the first check (log line, save, epoch end) after a non-finite
+        step; else the diverged epoch is evaluated, not saved, and `Fit.diverged` says so."""
         self.d = d or D.Dist(0, 1, 0, device if device is not None else torch.device("cpu"))
         self.device = self.d.device
         if cuda_graph and (self.device.type != "cuda" or self.d.world > 1):
@@ -161,20 +160,19 @@ class Engine:
                              f"got {name_by!r}")
         self.task, self.schedule = task, schedule
         self.bf16, self.clip, self.accum, self.cuda_graph = bf16, clip, accum, cuda_graph
-        self.checkpoint_dir, self.sharded, self.run_id = checkpoint_dir, sharded, run_id
+        self.checkpoint_dir, self.run_id = checkpoint_dir, run_id
         self.keep_last, self.name_by = keep_last, name_by
         self.run_dir = run_dir if run_dir is not None else checkpoint_dir
         self.take_lock = lock
         self.ckpt_every, self.eval_every, self.mid_epoch = ckpt_every, eval_every, mid_epoch
         self.log_every, self.tensorboard = log_every, tensorboard
         self.progress, self.name, self.raise_on_divergence = progress, name, raise_on_divergence
-        self.model = task.model
         self.wrapped = D.wrap(task.model, parallel, self.d, **(fsdp or {}))
         self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(self.wrapped)
         self.step, self.epoch, self.iteration, self.history, self.seconds = 0, 0, 0, [], 0.0
         self.sums: torch.Tensor | None = None
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # since the last log record
-        self.loss_count = 0
+        self.loss_count, self.one = 0, torch.ones(1, dtype=torch.float64, device=self.device)
         self.lock = self.log = self.bar = self.saved = None
         self.started = False
 
@@ -306,12 +304,14 @@ class Engine:
         self.bar = None
         return Fit(self.history, self.step, self.epoch, time.time() - start, stopped, diverged, early)
 
-    def _add(self, loss: torch.Tensor, sums: torch.Tensor) -> None:
-        """Add a step's sums and loss, summed over ranks in one reduction (on the device: no host sync)."""
-        both = D.total(torch.cat([sums, loss.detach().double().reshape(1)]), self.d)
+    def _add(self, loss: torch.Tensor, sums: torch.Tensor | None) -> None:
+        """Add a step's sums (None: [loss, 1]) and loss, summed over ranks in one reduction (on the device: no host
+        sync)."""
+        loss = loss.detach().double().reshape(1)
+        both = D.total(torch.cat([loss, self.one, loss] if sums is None else [sums, loss]), self.d)
         self.sums_step = both[:-1]
         self.sums = self.sums_step if self.sums is None else self.sums + self.sums_step
-        self.loss_sum = self.loss_sum + both[-1] / self.d.world
+        self.loss_sum = self.loss_sum + (both[-1] if self.d.world == 1 else both[-1] / self.d.world)
         self.loss_count += 1
 
     def validate(self) -> dict:
@@ -368,13 +368,9 @@ class Engine:
         return loss
 
     def _step_function(self) -> Callable[[tuple], tuple]:
-        """One optimiser step on a batch (`graphed.train_step`), returning (loss, sums, gradient norm or None):
-        eager, or replayed as a CUDA graph."""
+        """One optimiser step on a batch (`graphed.train_step`), returning (loss, the task's sums or None, gradient
+        norm or None): eager, or replayed as a CUDA graph."""
         max_norm = None if self.clip is None else (self.clip or math.inf)
-
-        def default_sums(loss):
-            return torch.stack([loss.double(), loss.new_ones((), dtype=torch.float64)])
-
         if self.cuda_graph:
             graphed = GraphedStep(self._loss, self.optimizer, pad_values=self.task.pad_values, accum=self.accum,
                                   max_norm=max_norm)
@@ -382,7 +378,7 @@ class Engine:
             def replay(batch):
                 loss, norm = graphed(*batch)
                 self.task.after_step()
-                return loss, default_sums(loss), norm
+                return loss, None, norm
 
             return replay
 
@@ -392,7 +388,7 @@ class Engine:
                                     max_norm, sync=lambda last: D.no_sync(self.wrapped, last))
             self.optimizer.zero_grad(set_to_none=True)  # no gradients held through evaluation and checkpoints
             self.task.after_step()
-            return loss, sum(sums[1:], sums[0]) if sums else default_sums(loss), norm
+            return loss, sum(sums[1:], sums[0]) if sums else None, norm
 
         return eager
 
@@ -408,48 +404,26 @@ class Engine:
                      rng=D.gather_objects(checkpoint.rng_state(self.device), self.d), world=self.d.world,
                      epoch_sums=self.sums.tolist() if self.sums is not None else [], loss_sum=self.loss_sum.item(),
                      loss_count=self.loss_count, seconds=self.seconds, run_id=self.run_id, **self.task.state())
-        number = self.step if self.name_by == "step" else self.epoch
-        if self.sharded:
-            sharded.save(str(self.checkpoint_dir), number, self.wrapped, self.optimizer, state, self.d,
-                         self.keep_last)
-            return
-        if self.d.main:
-            checkpoint.save(str(self.checkpoint_dir), number, dict(
-                model=self.model.state_dict(), optimizer=self.optimizer.state_dict(), **state),
-                keep_last=self.keep_last)
-        D.barrier(self.d)
-
-    def _load_latest(self) -> dict | None:
-        """Load the newest intact checkpoint's model and optimiser; returns its state (None: there is none)."""
-        if self.checkpoint_dir is None:
-            return None
-        if self.sharded:
-            return sharded.load_latest(str(self.checkpoint_dir), self.wrapped, self.optimizer, self.d)
-        state = checkpoint.load_latest(str(self.checkpoint_dir))
-        if state is not None:
-            state = _upgrade(state)
-            self._check_run(state)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        return state
-
-    def _check_run(self, state: dict) -> None:
-        if self.run_id and state.get("run_id", self.run_id) != self.run_id:
-            raise ValueError(f"`checkpoint_dir`: holds run {state['run_id']}, not {self.run_id}")
+        sharded.save(str(self.checkpoint_dir), self.step if self.name_by == "step" else self.epoch, self.wrapped,
+                     self.optimizer, state, self.d, self.keep_last)
 
     def _resume(self) -> bool:
+        if self.checkpoint_dir is None:
+            return False
         if self.cuda_graph:  # DCP's state initialisation steps once, with a CPU rate for a tensor one
             set_capturable(self.optimizer, None)
-        state = self._load_latest()
+        state = sharded.load_latest(str(self.checkpoint_dir), self.wrapped, self.optimizer, self.d)
         if self.cuda_graph:  # the learning rate a CUDA tensor again, the step counts on the device
             set_capturable(self.optimizer, self.device)
         if state is None:
             return False
-        self._check_run(state)
+        state = _upgrade(state)
+        if self.run_id and state.get("run_id", self.run_id) != self.run_id:
+            raise ValueError(f"`checkpoint_dir`: holds run {state['run_id']}, not {self.run_id}")
         self.task.load_state(state)
         self.step, self.history, self.seconds = state["step"], state.get("history", []), state.get("seconds", 0.0)
         if self.task.by_steps:
-            self.epoch, self.iteration = divmod(self.step, self.task.steps_per_epoch) if self.step else (0, 0)
+            self.epoch, self.iteration = divmod(self.step, self.task.steps_per_epoch)
         else:
             self.epoch, self.iteration = state["epoch"], state.get("iteration", 0)
         sums = state.get("epoch_sums") or []
