@@ -244,7 +244,7 @@ class Engine:
         start = time.time() - self.seconds
         watch = guard.FiniteWatch(self.device)
         self.bar = bar = self._bar(epochs)
-        self.t_log, self.steps_log = time.time(), 0
+        self.t_log = time.time()
         stopped, diverged, early, lr, norm = None, False, False, None, None
         while self.epoch < epochs and stopped is None and not (diverged or early):
             t_epoch, first, steps = time.time(), self.iteration, 0
@@ -266,11 +266,10 @@ class Engine:
                     self._log_step(watch, lr, norm)
                 if self.eval_every and self.step % self.eval_every == 0 and not at_end:
                     self.validate()
-                stop = on_step is not None and on_step() and not at_end
-                if stop or (max_steps is not None and self.step >= max_steps) or (deadline is not None
-                                                                                  and time.time() > deadline):
-                    stopped = "on_step" if stop else "max_steps" if max_steps is not None and self.step >= max_steps \
-                        else "max_minutes"
+                stopped = ("on_step" if on_step is not None and on_step() and not at_end else
+                           "max_steps" if max_steps is not None and self.step >= max_steps else
+                           "max_minutes" if deadline is not None and time.time() > deadline else None)
+                if stopped is not None:
                     break
                 if self.ckpt_every and self.step % self.ckpt_every == 0 and (self.task.by_steps or not at_end):
                     self._save(watch)  # an epoch's end is saved with its history entry, a run of steps' as any step
