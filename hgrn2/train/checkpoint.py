@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes, a checksum sidecar, keep-last-N, and resume from the newest valid one.
+"""Single-file checkpoints (the layout of earlier versions, which runs still resume from through `sharded.py`):
+atomic writes, a checksum sidecar, keep-last-N; and the RNG states every checkpoint holds.
 
 `<dir>/step_00001000.pt` is written as `.tmp`, fsynced and renamed into place; then `step_00001000.json` records its
 size and sha256. A checkpoint counts only when its sidecar exists and matches, so a crash at any point (or a file
@@ -15,12 +16,9 @@ import json
 import os
 import random
 import re
-import warnings
 
 import numpy as np
 import torch
-
-from .guard import RunError
 
 NAME = re.compile(r"step_(\d{8})\.pt$")
 
@@ -113,27 +111,6 @@ def check(path: str) -> str | None:
         return f"size {os.path.getsize(path)} != recorded {meta.get('bytes')} (truncated?)"
     if sha256(path) != meta.get("sha256"):
         return "sha256 mismatch (corrupted)"
-    return None
-
-
-def load_latest(directory: str) -> dict | None:
-    """The newest intact checkpoint's state (on CPU), None when there is none at all.
-
-    Bad checkpoints are skipped with a warning; if checkpoints exist but none is intact, that is an error (starting
-    over silently would overwrite the run).
-    """
-    paths = list_checkpoints(directory)
-    for path in reversed(paths):
-        why = check(path)
-        if why is None:
-            try:
-                return load(path)
-            except Exception as e:  # noqa: BLE001 - any unreadable file is skipped the same way
-                why = f"torch.load failed: {reason(e)}"
-        warnings.warn(f"checkpoint {path} is unusable ({why}); trying the previous one", stacklevel=2)
-    if paths:
-        raise RunError(f"no intact checkpoint among {len(paths)} in {directory} (each is named in a warning above); "
-                       "move them away to start over")
     return None
 
 

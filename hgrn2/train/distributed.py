@@ -134,6 +134,14 @@ def load_full_state(model, optimizer, model_sd: dict, optim_sd: dict) -> None:
                    options=StateDictOptions(full_state_dict=True))
 
 
+def sync_buffers(model: torch.nn.Module, d: Dist) -> None:
+    """Rank 0's buffers on every rank (those DDP broadcasts before each training forward; BatchNorm's statistics
+    differ between ranks until then)."""
+    if d.world > 1:
+        for buffer in unwrap(model).buffers():
+            dist.broadcast(buffer, 0)
+
+
 def mean(x: torch.Tensor, d: Dist) -> torch.Tensor:
     """Average over ranks (sum then divide: gloo has no AVG)."""
     return total(x, d) / d.world

@@ -4,34 +4,41 @@
     engine.start()                        # lock the run folder, continue from the newest checkpoint (optional)
     fit = engine.fit(epochs, max_steps=..., deadline=...)
 
-The engine owns the step (bf16 autocast on CUDA; zero_grad, backward, gradient clipping and the optimiser step,
-or the whole step replayed as one CUDA graph, `graphed.py`), the learning rate (`schedule(step, epoch)`, set before
-every step), DDP under torchrun (`distributed.wrap`), the epochs over the task's batches in their fixed order, the
-running sums of an epoch (summed over ranks every step, so that they resume exactly), the evaluation after every
-epoch and the task's early stop, the limits (`max_steps`, `deadline`), divergence (`guard.FiniteWatch`: the run
-stops and nothing diverged is saved), the lock on the run folder (`guard.RunLock`), the run log (`logger.RunLogger`),
-the progress bar and the checkpoints (`checkpoint.py`: after every epoch, every `ckpt_every` steps and when a limit
-stops the run inside an epoch), from the newest of which a run continues exactly: at the same iteration of the same
-epoch, with every RNG of every rank restored.
+The engine owns the step (`graphed.train_step`: bf16 autocast, zero_grad, backward over `accum` micro-batches,
+gradient clipping and the optimiser step, or the whole step replayed as one CUDA graph, `graphed.GraphedStep`), the
+learning rate (`schedule(step, epoch)`, set before every step), DDP or FSDP2 under torchrun (`distributed.wrap`),
+the epochs over the task's batches in their fixed order, the running sums of an epoch (summed over ranks every step,
+so that they resume exactly), the evaluation every `eval_every` steps and after every epoch, the task's early stop,
+the limits (`max_steps`, `deadline`, `on_step`), divergence (`guard.FiniteWatch`: the run stops and nothing
+diverged is saved), the lock on the run folder (`guard.RunLock`), the run log (`logger.RunLogger`: a "train" record
+every `log_every` steps with the mean loss since the last one, a "val" record per evaluation), the progress bar and
+the checkpoints (`sharded.py`: folders every rank writes its part of, after every epoch, every `ckpt_every` steps
+and when a limit stops the run inside an epoch), from the newest of which (or of the single files of earlier
+versions) a run continues exactly: at the same iteration of the same epoch, with every RNG of every rank
+restored. A task whose run is counted in steps (`Task.by_steps`, the language model) is one epoch of
+`steps_per_epoch` steps, which a resume may lengthen: its position is its step.
 
 A checkpoint holds `model`, `optimizer`, `step`, `epoch`, `iteration` (batches of the epoch done), `history` (one
-entry per epoch, `Task.entry`), `rng` (one state per rank), `epoch_sums`, `seconds`, `run_id` and the task's own
-keys (`Task.state`). MQAR, LRA and image classification train on it (`mqar.py`, `lra.py`, `vision.py`).
+entry per epoch, `Task.entry`), `rng` (one state per rank), `world`, `epoch_sums`, `loss_sum` and `loss_count` (the
+losses since the last log record), `seconds`, `run_id` and the task's own keys (`Task.state`). The language model
+(`trainer.py`), MQAR, LRA and image classification train on it (`mqar.py`, `lra.py`, `vision.py`).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
-from . import checkpoint, guard
+from . import checkpoint, guard, sharded
 from . import distributed as D
-from .graphed import GraphedStep
+from .graphed import GraphedStep, train_step
 from .logger import RunLogger
-from .optim import set_lr
+from .optim import set_capturable, set_lr
 
 
 @dataclass
@@ -52,25 +59,27 @@ class EpochEnd:
 
 class Task:
     """What a task supplies; the defaults suit a task without them. `model` is the plain module (the engine wraps
-    it for DDP and hands the wrapped one to `loss` and `evaluate`)."""
+    it for DDP or FSDP2 and hands the wrapped one to `loss` and `evaluate`)."""
 
     model: torch.nn.Module
     # one value per batch tensor that fills the rows of an epoch's smaller last batch in a CUDA graph (an ignored
     # target: the loss and gradients stay the smaller batch's); None: every batch has the first one's shape
     pad_values: tuple | None = None
     steps_per_epoch: int | None = None  # None: not known before the epoch ends (no checkpoint inside an epoch)
+    by_steps: bool = False  # the run is one epoch of steps_per_epoch steps, its position on resume is its step
 
     def batches(self, epoch: int, start: int) -> Iterable[tuple[torch.Tensor, ...]]:
-        """Epoch `epoch`'s training batches from iteration `start` on, in their fixed order."""
+        """Epoch `epoch`'s training batches from iteration `start` on, in their fixed order (a step's
+        micro-batches stacked: the engine splits its rows into `accum` equal parts)."""
         raise NotImplementedError
 
     def loss(self, model, *batch: torch.Tensor):
-        """The forward and the scalar loss of one batch (the engine sets the precision around it), or (loss, sums):
-        a float64 vector the engine adds up over the epoch's steps and ranks (default: [loss, 1])."""
+        """The forward and the scalar loss of one (micro-)batch (the engine sets the precision around it), or
+        (loss, sums): a float64 vector the engine adds up over the epoch's steps and ranks (default: [loss, 1])."""
         raise NotImplementedError
 
     def evaluate(self, model) -> dict:
-        """The metrics after an epoch (numbers)."""
+        """The metrics after an epoch or every `eval_every` steps (numbers)."""
         return {}
 
     def entry(self, end: EpochEnd) -> dict:
@@ -78,12 +87,13 @@ class Task:
         return dict(epoch=end.epoch, lr=end.lr, train_loss=end.sums[0] / end.sums[1], **end.metrics,
                     seconds=round(end.seconds, 2))
 
-    def running(self, sums: list[float]) -> dict:
-        """Values of the epoch so far for the training log record and the progress bar."""
+    def running(self, sums: list[float], step: int, steps_per_s: float) -> dict:
+        """Values for the training log record and the progress bar, from the epoch's sums so far, the step and the
+        steps per second since the last record."""
         return {}
 
-    def line(self, entry: dict) -> str | None:
-        """A line printed after each epoch."""
+    def line(self, record: dict) -> str | None:
+        """A line printed after each evaluation (its history entry or metrics, with the step)."""
         return None
 
     def done(self, entry: dict) -> bool:
@@ -102,7 +112,8 @@ class Task:
         return {}
 
     def load_state(self, state: dict) -> None:
-        """Called with a checkpoint before the engine loads it: check its settings, restore the task's keys."""
+        """Called with a checkpoint once the engine has loaded the model and optimiser from it: check its settings,
+        restore the task's keys."""
 
 
 @dataclass
@@ -111,28 +122,33 @@ class Fit:
     step: int
     epoch: int  # epochs finished
     seconds: float
-    stopped: str | None  # "max_steps" or "max_minutes" when a limit stopped it (resumable)
+    stopped: str | None  # "max_steps", "max_minutes" or "on_step" when a limit stopped it (resumable)
     diverged: bool  # a step's loss or gradient norm was not finite (raise_on_divergence=False)
     early: bool  # the task's early stop
 
 
 class Engine:
-    def __init__(self, task: Task, optimizer: torch.optim.Optimizer, schedule: Callable[[int, int], float], *,
-                 d: D.Dist | None = None, device: torch.device | None = None, bf16: bool = True,
-                 clip: float | None = None, cuda_graph: bool = False, checkpoint_dir=None, run_dir=None,
-                 lock: bool = True, run_id: str = "", keep_last: int = 1, name_by: str = "step", ckpt_every: int = 0,
-                 mid_epoch: bool = False, log_every: int = 0, progress: bool = False, name: str = "",
-                 raise_on_divergence: bool = True):
-        """`schedule(step, epoch)`: the learning rate of optimiser step `step` (0-based) in epoch `epoch`.
-        `d` (None: one process on `device`). `bf16`: autocast on CUDA. `clip`: the global gradient norm clipped
-        to it (0: measured only; None: not measured). `cuda_graph`: the optimizer must be capturable with its
-        learning rate a CUDA tensor (`graphed.py`). `checkpoint_dir` (None: no checkpoints) holds the run `run_id`
-        only, `keep_last` checkpoints named by `name_by` ("step" or "epoch"). `run_dir` (default
-        `checkpoint_dir`) is locked while the run trains (`lock`; False: the caller holds the lock) and holds
-        `log.jsonl` when `log_every` > 0. `mid_epoch`: a limit or `ckpt_every` checkpoints inside an epoch (the
-        task's batches start at any iteration); without it a limit ends the epoch early, which is evaluated and
-        not saved. `raise_on_divergence`: `guard.Diverged` at the first check (log line, save, epoch end) after a
-        non-finite step; else the diverged epoch is evaluated, not saved, and `Fit.diverged` says so."""
+    def __init__(self, task: Task, optimizer, schedule: Callable[[int, int], float], *,
+                 d: D.Dist | None = None, device: torch.device | None = None, bf16: bool = False,
+                 clip: float | None = None, accum: int = 1, parallel: str = "ddp", fsdp: dict | None = None,
+                 cuda_graph: bool = False, checkpoint_dir=None, run_dir=None, lock: bool = True, run_id: str = "",
+                 keep_last: int = 1, name_by: str = "step", ckpt_every: int = 0,
+                 eval_every: int = 0, mid_epoch: bool = False, log_every: int = 0, tensorboard: bool = False,
+                 progress: bool = False, name: str = "", raise_on_divergence: bool = True):
+        """`optimizer`: an optimiser of the task's model, or a function of the wrapped model that builds one (FSDP2
+        replaces the parameters it shards). `schedule(step, epoch)`: the learning rate of optimiser step `step`
+        (0-based) in epoch `epoch`. `d` (None: one process on `device`). `bf16`: autocast to bfloat16. `clip`: the
+        global gradient norm clipped to it (0: measured only; None: not measured). `accum`: micro-batches per step.
+        `parallel`: "ddp" or "fsdp" under torchrun (`fsdp`: `distributed.wrap`'s options). `cuda_graph`: the
+        optimizer must be capturable with its learning rate a CUDA tensor (`graphed.py`). `checkpoint_dir` (None:
+        no checkpoints) holds the run `run_id` only, `keep_last` checkpoints named by `name_by` ("step" or
+        "epoch"). `run_dir` (default `checkpoint_dir`) is locked while the run trains (`lock`; False: the caller
+        holds the lock) and holds `log.jsonl` when `log_every` > 0 (and TensorBoard's `tb/` with `tensorboard`).
+        `eval_every`: evaluate (logged and printed, not kept in the history) every that many steps inside an
+        epoch. `mid_epoch`: a limit or `ckpt_every` checkpoints inside an epoch (the task's batches start at any
+        iteration); without it a limit ends the epoch early, which is evaluated and not saved.
+        `raise_on_divergence`: `guard.Diverged` at the first check (log line, save, epoch end) after a non-finite
+        step; else the diverged epoch is evaluated, not saved, and `Fit.diverged` says so."""
         self.d = d or D.Dist(0, 1, 0, device if device is not None else torch.device("cpu"))
         self.device = self.d.device
         if cuda_graph and (self.device.type != "cuda" or self.d.world > 1):
@@ -142,37 +158,50 @@ class Engine:
         if name_by not in ("step", "epoch") or (name_by == "epoch" and (mid_epoch or ckpt_every)):
             raise ValueError(f"`name_by`: expected 'step', or 'epoch' without checkpoints inside an epoch, "
                              f"got {name_by!r}")
-        self.task, self.optimizer, self.schedule = task, optimizer, schedule
-        self.bf16, self.clip, self.cuda_graph = bf16, clip, cuda_graph
-        self.checkpoint_dir, self.run_id, self.keep_last, self.name_by = checkpoint_dir, run_id, keep_last, name_by
+        self.task, self.schedule = task, schedule
+        self.bf16, self.clip, self.accum, self.cuda_graph = bf16, clip, accum, cuda_graph
+        self.checkpoint_dir, self.run_id = checkpoint_dir, run_id
+        self.keep_last, self.name_by = keep_last, name_by
         self.run_dir = run_dir if run_dir is not None else checkpoint_dir
         self.take_lock = lock
-        self.ckpt_every, self.mid_epoch, self.log_every = ckpt_every, mid_epoch, log_every
+        self.ckpt_every, self.eval_every, self.mid_epoch = ckpt_every, eval_every, mid_epoch
+        self.log_every, self.tensorboard = log_every, tensorboard
         self.progress, self.name, self.raise_on_divergence = progress, name, raise_on_divergence
-        self.model = task.model
-        self.wrapped = D.wrap(task.model, "ddp", self.d)
+        self.wrapped = D.wrap(task.model, parallel, self.d, **(fsdp or {}))
+        self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(self.wrapped)
         self.step, self.epoch, self.iteration, self.history, self.seconds = 0, 0, 0, [], 0.0
         self.sums: torch.Tensor | None = None
-        self.lock = self.log = None
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # since the last log record
+        self.loss_count, self.one = 0, torch.ones(1, dtype=torch.float64, device=self.device)
+        self.lock = self.log = self.bar = self.saved = None
         self.started = False
 
     # --- start and stop -----------------------------------------------------------------------------------------
 
     def start(self) -> bool:
-        """Lock the run folder and load the newest checkpoint (model, optimiser, position, RNG); returns whether
-        there was one. Releases the lock if loading fails."""
+        """Lock the run folder, load the newest checkpoint (model, optimiser, position, RNG) and open the run log;
+        returns whether there was a checkpoint. Releases the lock if anything fails."""
         if self.run_dir is not None and self.take_lock:
             self.lock = guard.RunLock(str(self.run_dir), self.d if self.d.world > 1 else None)
         try:
             resumed = self._resume()
+            if self.d.main:
+                self._remove_stale()
             if self.log_every and self.run_dir is not None:
                 self.log = RunLogger(str(self.run_dir), enabled=self.d.main, start_step=self.step,
-                                     tensorboard=False)
+                                     tensorboard=self.tensorboard)
         except BaseException:
             self.close()
             raise
         self.started = True
         return resumed
+
+    def _remove_stale(self) -> None:
+        """What an interrupted save left: temporary checkpoint files and folders, a half-rewritten run log."""
+        if self.checkpoint_dir is not None:
+            sharded.remove_stale(str(self.checkpoint_dir))
+        if self.run_dir is not None and os.path.exists(os.path.join(self.run_dir, "log.jsonl.tmp")):
+            os.remove(os.path.join(self.run_dir, "log.jsonl.tmp"))
 
     def close(self) -> None:
         if self.lock is not None:
@@ -180,6 +209,7 @@ class Engine:
             self.lock = None
         if self.log is not None:
             self.log.close()
+            self.log = None
 
     def best(self) -> dict | None:
         """The history entry of the best epoch by `Task.score` (the first of equals; None before any epoch)."""
@@ -196,10 +226,11 @@ class Engine:
     # --- the loop -----------------------------------------------------------------------------------------------
 
     def fit(self, epochs: int, *, max_steps: int | None = None, deadline: float | None = None,
-            on_step: Callable[[], None] | None = None, on_epoch: Callable[[dict], None] | None = None) -> Fit:
-        """Train to `epochs` (from the newest checkpoint), stopping early, on divergence, at `max_steps` or after
-        the step that passes `deadline` (a `time.time()` value). `on_step()` runs after every step,
-        `on_epoch(entry)` after every epoch (after its checkpoint). The run folder is unlocked on return."""
+            on_step: Callable[[], bool | None] | None = None, on_epoch: Callable[[dict], None] | None = None) -> Fit:
+        """Train to `epochs` (from the newest checkpoint), stopping early, on divergence, at `max_steps`, after the
+        step that passes `deadline` (a `time.time()` value) or inside an epoch when `on_step()`, which runs after
+        every step, returns True. `on_epoch(entry)` runs after every epoch (after its checkpoint). The run folder
+        is unlocked on return."""
         try:
             if not self.started:
                 self.start()
@@ -212,8 +243,9 @@ class Engine:
         step_fn = self._step_function()
         start = time.time() - self.seconds
         watch = guard.FiniteWatch(self.device)
-        bar = self._bar(epochs)
-        stopped, diverged, early, lr = None, False, False, None
+        self.bar = bar = self._bar(epochs)
+        self.t_log = time.time()
+        stopped, diverged, early, lr, norm = None, False, False, None, None
         while self.epoch < epochs and stopped is None and not (diverged or early):
             t_epoch, first, steps = time.time(), self.iteration, 0
             self.wrapped.train()
@@ -222,24 +254,25 @@ class Engine:
                 if new_lr != lr:
                     set_lr(self.optimizer, new_lr)
                     lr = new_lr
-                loss, sums, norm = step_fn(batch)
+                with guard.step_values(self.step + 1):
+                    loss, sums, norm = step_fn(batch)
                 self.step, self.iteration, steps = self.step + 1, self.iteration + 1, steps + 1
-                sums = D.total(sums, self.d)
-                self.sums = sums if self.sums is None else self.sums + sums
-                watch.update(self.step, sums[0], norm)  # the same on every rank, so that all stop together
+                self._add(loss, sums)
+                watch.update(self.step, self.sums_step[0], norm)  # the same on every rank, so that all stop together
+                at_end = self.iteration == task.steps_per_epoch
                 if bar is not None:
                     bar.update(1)
-                if on_step is not None:
-                    on_step()
-                if self.log_every and self.step % self.log_every == 0:
-                    self._log_step(watch, loss, lr, bar)
-                at_end = self.iteration == task.steps_per_epoch
-                if (max_steps is not None and self.step >= max_steps) or (deadline is not None
-                                                                          and time.time() > deadline):
-                    stopped = "max_steps" if max_steps is not None and self.step >= max_steps else "max_minutes"
+                if self.log_every and (self.step % self.log_every == 0 or (at_end and self.epoch == epochs - 1)):
+                    self._log_step(watch, lr, norm)
+                if self.eval_every and self.step % self.eval_every == 0 and not at_end:
+                    self.validate()
+                stopped = ("on_step" if on_step is not None and on_step() and not at_end else
+                           "max_steps" if max_steps is not None and self.step >= max_steps else
+                           "max_minutes" if deadline is not None and time.time() > deadline else None)
+                if stopped is not None:
                     break
-                if self.ckpt_every and self.step % self.ckpt_every == 0 and not at_end:
-                    self._save(watch)
+                if self.ckpt_every and self.step % self.ckpt_every == 0 and (self.task.by_steps or not at_end):
+                    self._save(watch)  # an epoch's end is saved with its history entry, a run of steps' as any step
             else:
                 at_end = True
             self.seconds = time.time() - start
@@ -255,20 +288,42 @@ class Engine:
             entry = task.entry(EpochEnd(self.epoch, self.step, float(lr if lr is not None else 0.0), sums, metrics,
                                         self.seconds, train_time, time.time() - t_epoch, steps, first == 0))
             self.history.append(entry)
-            if self.log is not None:
+            if self.log is not None and entry:
                 self.log.log({"kind": "val", "step": self.step, **entry})
             early = task.done(entry)
             if not diverged and at_end:  # else a limit without mid_epoch cut the epoch short: evaluated, not saved
                 self.epoch, self.iteration, self.sums = self.epoch + 1, 0, None
-                self._save(watch)
-            line = task.line(entry)
-            if line and self.d.main:
-                (bar.write if bar is not None else print)(line)
+                if self.saved != self.step:
+                    self._save(watch)
+            self._print(task.line({"step": self.step, **entry}))
             if on_epoch is not None:
                 on_epoch(entry)
         if bar is not None:
             bar.close()
+        self.bar = None
         return Fit(self.history, self.step, self.epoch, time.time() - start, stopped, diverged, early)
+
+    def _add(self, loss: torch.Tensor, sums: torch.Tensor | None) -> None:
+        """Add a step's sums (None: [loss, 1]) and loss, summed over ranks in one reduction (on the device: no host
+        sync)."""
+        loss = loss.detach().double().reshape(1)
+        both = D.total(torch.cat([loss, self.one, loss] if sums is None else [sums, loss]), self.d)
+        self.sums_step = both[:-1]
+        self.sums = self.sums_step if self.sums is None else self.sums + self.sums_step
+        self.loss_sum = self.loss_sum + (both[-1] if self.d.world == 1 else both[-1] / self.d.world)
+        self.loss_count += 1
+
+    def validate(self) -> dict:
+        """Evaluate now (between epochs' ends): logged as a "val" record and printed; returns the record."""
+        record = {"step": self.step, **self.task.evaluate(self.wrapped)}
+        if self.log is not None and len(record) > 1:
+            self.log.log({"kind": "val", **record})
+        self._print(self.task.line(record))
+        return record
+
+    def _print(self, line: str | None) -> None:
+        if line and self.d.main:
+            (self.bar.write if self.bar is not None else print)(line)  # above the progress bar
 
     def _bar(self, epochs: int):
         if not (self.progress and self.d.main):
@@ -276,62 +331,63 @@ class Engine:
         from tqdm.auto import tqdm
 
         spe = self.task.steps_per_epoch
-        return tqdm(total=epochs * spe if spe else None, initial=self.step, desc=self.name, unit="step")
+        return tqdm(total=epochs * spe if spe else None, initial=self.step, desc=self.name, unit="step",
+                    dynamic_ncols=True)
 
-    def _log_step(self, watch: guard.FiniteWatch, loss: torch.Tensor, lr, bar) -> None:
+    def _log_step(self, watch: guard.FiniteWatch, lr, norm) -> None:
         if self.raise_on_divergence:
             watch.check(f" ({self.name})")
-        running = self.task.running(self.sums.tolist())
+        now = time.time()
+        steps = self.loss_count
+        record = {"kind": "train", "step": self.step, **({} if self.task.by_steps else {"epoch": self.epoch}),
+                  "loss": self.loss_sum.item() / max(steps, 1), "lr": lr,
+                  **({} if norm is None else {"grad_norm": float(norm)}),
+                  **self.task.running(self.sums.tolist(), self.step, steps / max(now - self.t_log, 1e-9))}
+        self.loss_sum, self.loss_count, self.t_log = torch.zeros_like(self.loss_sum), 0, now
         if self.log is not None:
-            self.log.log({"kind": "train", "step": self.step, "epoch": self.epoch, "loss": loss.item(), "lr": lr,
-                          **running})
-        if bar is not None and running:
-            bar.set_postfix({k: f"{v:.3f}" for k, v in running.items()})
+            self.log.log(record)
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in record.items()
+                                  if k not in ("kind", "step", "epoch") and isinstance(v, float)})
 
     # --- the step -----------------------------------------------------------------------------------------------
 
     def _autocast(self):
         # autocast's weight cache must be off while a graph is captured
-        return torch.autocast(self.device.type, dtype=torch.bfloat16,
-                              enabled=self.bf16 and self.device.type == "cuda", cache_enabled=not self.cuda_graph)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16,
+                              cache_enabled=not self.cuda_graph)
 
-    def _loss(self, *batch: torch.Tensor):
+    def _loss(self, *batch: torch.Tensor, sums: list | None = None) -> torch.Tensor:
+        """A micro-batch's loss; the task's sums, if it gives them, appended to `sums`."""
         with self._autocast():
             out = self.task.loss(self.wrapped, *batch)
-        loss, sums = out if isinstance(out, tuple) else (out, None)
-        if sums is None:
-            sums = torch.stack([loss.detach().double(), loss.new_ones((), dtype=torch.float64)])
-        return loss, sums
+        loss, task_sums = out if isinstance(out, tuple) else (out, None)
+        if sums is not None and task_sums is not None:
+            sums.append(task_sums)
+        return loss
 
     def _step_function(self) -> Callable[[tuple], tuple]:
-        """One optimiser step on a batch, returning (loss, sums, gradient norm or None): eager, or replayed as
-        a CUDA graph."""
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        """One optimiser step on a batch (`graphed.train_step`), returning (loss, the task's sums or None, gradient
+        norm or None): eager, or replayed as a CUDA graph."""
+        max_norm = None if self.clip is None else (self.clip or math.inf)
         if self.cuda_graph:
-            max_norm = None if self.clip is None else (self.clip or float("inf"))
-            graphed = GraphedStep(lambda *b: self._loss(*b)[0], self.optimizer, pad_values=self.task.pad_values,
+            graphed = GraphedStep(self._loss, self.optimizer, pad_values=self.task.pad_values, accum=self.accum,
                                   max_norm=max_norm)
 
             def replay(batch):
                 loss, norm = graphed(*batch)
                 self.task.after_step()
-                return loss, torch.stack([loss.double(), loss.new_ones((), dtype=torch.float64)]), norm
+                return loss, None, norm
 
             return replay
 
         def eager(batch):
-            self.optimizer.zero_grad(set_to_none=True)
-            with guard.step_values(self.step + 1):
-                loss, sums = self._loss(*batch)
-                loss.backward()
-            norm = None
-            if self.clip:
-                norm = torch.nn.utils.clip_grad_norm_(params, self.clip)
-            elif self.clip is not None:
-                norm = guard.grad_norm(params)
-            self.optimizer.step()
+            sums = []
+            loss, norm = train_step(lambda *micro: self._loss(*micro, sums=sums), self.optimizer, batch, self.accum,
+                                    max_norm, sync=lambda last: D.no_sync(self.wrapped, last))
+            self.optimizer.zero_grad(set_to_none=True)  # no gradients held through evaluation and checkpoints
             self.task.after_step()
-            return loss, sums, norm
+            return loss, sum(sums[1:], sums[0]) if sums else None, norm
 
         return eager
 
@@ -342,34 +398,42 @@ class Engine:
             return
         if self.raise_on_divergence:
             watch.check(f" ({self.name})")  # a diverged step is never saved
-        rngs = D.gather_objects(checkpoint.rng_state(self.device), self.d)
-        if self.d.main:
-            checkpoint.save(str(self.checkpoint_dir), self.step if self.name_by == "step" else self.epoch, dict(
-                model=self.model.state_dict(), optimizer=self.optimizer.state_dict(), step=self.step,
-                epoch=self.epoch, iteration=self.iteration, history=self.history, rng=rngs,
-                epoch_sums=self.sums.tolist() if self.sums is not None else [], seconds=self.seconds,
-                run_id=self.run_id, **self.task.state()), keep_last=self.keep_last)
-        D.barrier(self.d)
+        self.saved = self.step
+        state = dict(step=self.step, epoch=self.epoch, iteration=self.iteration, history=self.history,
+                     rng=D.gather_objects(checkpoint.rng_state(self.device), self.d), world=self.d.world,
+                     epoch_sums=self.sums.tolist() if self.sums is not None else [], loss_sum=self.loss_sum.item(),
+                     loss_count=self.loss_count, seconds=self.seconds, run_id=self.run_id, **self.task.state())
+        sharded.save(str(self.checkpoint_dir), self.step if self.name_by == "step" else self.epoch, self.wrapped,
+                     self.optimizer, state, self.d, self.keep_last)
 
     def _resume(self) -> bool:
-        state = checkpoint.load_latest(str(self.checkpoint_dir)) if self.checkpoint_dir is not None else None
+        if self.checkpoint_dir is None:
+            return False
+        if self.cuda_graph:  # DCP's state initialisation steps once, with a CPU rate for a tensor one
+            set_capturable(self.optimizer, None)
+        state = sharded.load_latest(str(self.checkpoint_dir), self.wrapped, self.optimizer, self.d)
+        if self.cuda_graph:  # the learning rate a CUDA tensor again, the step counts on the device
+            set_capturable(self.optimizer, self.device)
         if state is None:
             return False
         state = _upgrade(state)
         if self.run_id and state.get("run_id", self.run_id) != self.run_id:
             raise ValueError(f"`checkpoint_dir`: holds run {state['run_id']}, not {self.run_id}")
         self.task.load_state(state)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.epoch, self.history = state["step"], state["epoch"], state.get("history", [])
-        self.iteration, self.seconds = state.get("iteration", 0), state.get("seconds", 0.0)
+        self.step, self.history, self.seconds = state["step"], state.get("history", []), state.get("seconds", 0.0)
+        if self.task.by_steps:
+            self.epoch, self.iteration = divmod(self.step, self.task.steps_per_epoch)
+        else:
+            self.epoch, self.iteration = state["epoch"], state.get("iteration", 0)
         sums = state.get("epoch_sums") or []
         self.sums = torch.tensor(sums, dtype=torch.float64, device=self.device) if sums else None
+        self.loss_sum = torch.tensor(float(state.get("loss_sum", 0.0)), dtype=torch.float64, device=self.device)
+        self.loss_count = state.get("loss_count", 0)
         rngs = state["rng"]
+        if len(rngs) != self.d.world and self.d.main:
+            print(f"note: checkpoint written by {len(rngs)} rank(s), resuming on {self.d.world}: every rank takes "
+                  "the first rank's RNG state")
         checkpoint.set_rng_state(rngs[self.d.rank] if self.d.rank < len(rngs) else rngs[0], self.device)
-        for group in self.optimizer.param_groups:  # the checkpoint's learning rate, as this optimizer takes it
-            lr = float(group["lr"])
-            group["lr"] = torch.tensor(lr, device=self.device) if self.cuda_graph else lr
         return True
 
 
@@ -382,6 +446,4 @@ def _upgrade(state: dict) -> dict:
 
 def cosine(lr: float, t: int, total: int, floor: float = 0.0) -> float:
     """Cosine from `lr` at t = 0 to `floor` at t = `total` (torch's CosineAnnealingLR in closed form)."""
-    import math
-
     return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * t / total))

@@ -22,6 +22,7 @@ CUDA tensor that schedulers change in place between replays), and autocast must 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -36,7 +37,8 @@ def train_step(compute_loss: Callable[..., torch.Tensor], optimizer: torch.optim
     `sync(last)`: the context of each micro-batch's backward (DDP/FSDP2's gradient sync on the last one only)."""
     optimizer.zero_grad(set_to_none=True)  # captured with no grads: the first backward writes, later ones add
     loss = torch.zeros((), device=batch[0].device)
-    for a, micro in enumerate(zip(*(t.chunk(accum) for t in batch))):
+    micros = [tuple(batch)] if accum == 1 else zip(*(t.chunk(accum) for t in batch))  # None entries pass whole
+    for a, micro in enumerate(micros):
         with sync(a == accum - 1) if sync is not None else contextlib.nullcontext():
             part = compute_loss(*micro)
             (part / accum).backward()
@@ -44,7 +46,10 @@ def train_step(compute_loss: Callable[..., torch.Tensor], optimizer: torch.optim
     norm = None
     if max_norm is not None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        if math.isinf(max_norm):  # measured only
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 returns a DTensor
     optimizer.step()
     return loss, norm

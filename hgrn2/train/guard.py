@@ -102,14 +102,6 @@ def step_values(step: int):
                        f"{STOPPED}") from e
 
 
-def grad_norm(parameters) -> torch.Tensor:
-    """The global gradient norm (measured, nothing clipped)."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.nn.utils.get_total_norm(grads, foreach=True)
-
-
 def same_path(a, b) -> bool:
     """Two spellings of one path (a trailing slash, `..`, a symlink) are the same."""
     if not a or not b:

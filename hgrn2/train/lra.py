@@ -312,7 +312,7 @@ class LRATask(Task):
     def score(self, entry: dict) -> float:
         return entry["val_acc"]  # LRA reports the test accuracy at the best validation epoch
 
-    def running(self, sums: list[float]) -> dict:
+    def running(self, sums: list[float], step: int, steps_per_s: float) -> dict:
         return {"epoch_loss": sums[0] / sums[2], "epoch_acc": sums[1] / sums[2]}
 
     def state(self) -> dict:

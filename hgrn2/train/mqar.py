@@ -181,8 +181,8 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
             on_epoch({"run_id": spec.run_id, "epochs": spec.epochs, **record})
 
     engine = Engine(task, opt, lambda step, epoch: cosine(spec.lr, epoch, spec.epochs), device=dev,
-                    cuda_graph=cuda_graph, checkpoint_dir=checkpoint_dir, run_id=spec.run_id, name_by="epoch",
-                    raise_on_divergence=False)
+                    bf16=dev.type == "cuda", cuda_graph=cuda_graph, checkpoint_dir=checkpoint_dir, run_id=spec.run_id,
+                    name_by="epoch", raise_on_divergence=False)
     fit = engine.fit(spec.epochs, deadline=deadline, on_step=on_step, on_epoch=epoch_done)
     history = fit.history
     return dict(

@@ -1,4 +1,4 @@
-"""The language-model trainer's checkpoints: sharded through `torch.distributed.checkpoint` (DCP), committed atomically.
+"""The training engine's checkpoints: sharded through `torch.distributed.checkpoint` (DCP), committed atomically.
 
 A checkpoint is the folder `<dir>/step_00001000/`: every rank writes its own shards of the model and optimiser
 (FSDP2: its shards; DDP and one process: DCP writes each replicated tensor once), rank 0 adds `train_state.pt`
@@ -7,7 +7,8 @@ sha256 of every file), and the folder, written as `step_00001000.tmp/`, becomes 
 folder counts only when its manifest matches, so a crash at any point leaves the previous checkpoint in use; loading
 reshards to the current world size (a run saved on 2 ranks resumes on 1 and the reverse). Nothing in a checkpoint
 is unpickled as code: the tensors through DCP, DCP's metadata through an allow-list, `train_state.pt` with
-`weights_only=True`. Single-file `step_*.pt` checkpoints of earlier versions (`checkpoint.py`) still resume.
+`weights_only=True`. Single-file `step_*.pt` checkpoints of earlier versions (`checkpoint.py`) still resume:
+the language model's (full state dicts keyed by name) and the other tasks' (`optimizer.state_dict()`).
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ def save(directory: str, step: int, model, optimizer, train_state: dict, d: D.Di
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     D.barrier(d)
+    D.sync_buffers(model, d)  # DCP writes each replicated tensor from any one rank: rank 0's, as DDP uses them
     model_sd, optim_sd = _state(model, optimizer)
     failed = None
     try:
         with _one_process_quietly():
-            dcp.save({"model": model_sd, "optim": optim_sd["state"]}, storage_writer=dcp.FileSystemWriter(tmp))
+            dcp.save({"model": model_sd, "optim": optim_sd["state"]}, storage_writer=dcp.FileSystemWriter(tmp),
+                     no_dist=d.world == 1)  # alone, though other processes may share a process group (sweeps)
         if d.main:
             _write(os.path.join(tmp, TRAIN_STATE), lambda f: torch.save(
                 {**train_state, "param_groups": optim_sd["param_groups"]}, f))
@@ -82,12 +85,20 @@ def save(directory: str, step: int, model, optimizer, train_state: dict, d: D.Di
     return path
 
 
-def read_model(path: str) -> dict:
-    """The whole model state dict (on the CPU) of a checkpoint folder, without a model to load it into."""
+def read_model(path: str, key: str = "model") -> dict:
+    """The whole model state dict (`key` "optim": the optimiser's state by parameter name), on the CPU, of a
+    checkpoint folder, without a model to load it into."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     with _one_process_quietly():
-        return _load_state_dict_from_keys(storage_reader=SafeReader(path))["model"]
+        return _load_state_dict_from_keys({key}, storage_reader=SafeReader(path))[key]
+
+
+def read_latest(directory: str) -> dict | None:
+    """The newest intact checkpoint's state with its `model`, on the CPU, without a model to load it into (None
+    when there is none); unusable ones are skipped as by `load_latest`."""
+    return _newest(directory, D.Dist(0, 1, 0, torch.device("cpu")), lambda path: ckpt.load(path) if not
+                   os.path.isdir(path) else {**ckpt.load(os.path.join(path, TRAIN_STATE)), "model": read_model(path)})
 
 
 def _one_process_quietly():
@@ -176,13 +187,17 @@ def load_latest(directory: str, model, optimizer, d: D.Dist) -> dict | None:
     """Load the newest intact checkpoint into `model` and `optimizer` (resharded to this world size) and return its
     train state (None when there is none). Rank 0 checks the files and every rank follows its verdict; unusable
     checkpoints are skipped with a warning; checkpoints that exist but none intact are a `RunError`."""
+    return _newest(directory, d, lambda path: _load(path, model, optimizer, d))
+
+
+def _newest(directory: str, d: D.Dist, read) -> dict | None:
     found = list_checkpoints(directory)
     for _, path in reversed(found):
         why = check(path) if d.main else None
         why = D.gather_objects(why, d)[0]
         if why is None:
             try:
-                return _load(path, model, optimizer, d)
+                return read(path)
             except (Exception, CheckpointException) as e:  # noqa: BLE001 - any unreadable one is skipped the same way
                 why = f"loading failed: {_why(e)}"
         if d.main:
@@ -198,11 +213,17 @@ def _load(path: str, model, optimizer, d: D.Dist) -> dict:
 
     if not os.path.isdir(path):  # an old single-file checkpoint: full state dicts
         state = ckpt.load(path)
-        D.load_full_state(model, optimizer, state["model"], state["optimizer"])
+        groups = state["optimizer"]["param_groups"]
+        if groups and groups[0]["params"] and isinstance(groups[0]["params"][0], int):  # `optimizer.state_dict()`
+            D.unwrap(model).load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        else:
+            D.load_full_state(model, optimizer, state["model"], state["optimizer"])
         return state
     model_sd, optim_sd = _state(model, optimizer)  # the templates DCP loads into, in this run's sharding
     with _one_process_quietly():
-        dcp.load({"model": model_sd, "optim": optim_sd["state"]}, storage_reader=SafeReader(path))
+        dcp.load({"model": model_sd, "optim": optim_sd["state"]}, storage_reader=SafeReader(path),
+                 no_dist=d.world == 1)
     state = ckpt.load(os.path.join(path, TRAIN_STATE))
     set_state_dict(D.unwrap(model), optimizer, model_state_dict=model_sd,
                    optim_state_dict={"state": optim_sd["state"], "param_groups": state["param_groups"]},

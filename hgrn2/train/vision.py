@@ -53,9 +53,8 @@ from ..bench.common import (
 from ..data.files import write_json
 from ..data.idx import read_fashion_mnist_split
 from ..models.vision import HGRN2ForImageClassification, VisionConfig, num_parameters, preset
-from . import checkpoint as ckpt
 from . import distributed as D
-from . import guard
+from . import guard, sharded
 from .config import parse_overrides, unknown_key_error
 from .engine import Engine, EpochEnd, Task
 from .logger import read_log
@@ -389,7 +388,8 @@ class VisionTrainer:
         optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay,
                                     capturable=cfg.cuda_graph)
         self.engine = Engine(self.task, optimizer, lambda step, epoch: epoch_lr(cfg, epoch), d=self.d,
-                             bf16=cfg.precision == "bf16", clip=cfg.clip_grad, cuda_graph=cfg.cuda_graph,
+                             bf16=cfg.precision == "bf16" and self.d.device.type == "cuda", clip=cfg.clip_grad,
+                             cuda_graph=cfg.cuda_graph,
                              checkpoint_dir=os.path.join(cfg.out_dir, "checkpoints"), run_dir=cfg.out_dir,
                              keep_last=cfg.keep_last, name_by="epoch", log_every=cfg.log_every,
                              progress=cfg.progress, name=cfg.out_dir)
@@ -582,7 +582,7 @@ def plot_curve(curve: list[dict], path: str, title: str) -> str | None:
 
 def run_eval(args: argparse.Namespace) -> int:
     try:
-        state = ckpt.load_latest(os.path.join(args.run, "checkpoints"))
+        state = sharded.read_latest(os.path.join(args.run, "checkpoints"))
         if state is None:
             raise FileNotFoundError(f"`--run`: no checkpoint in {args.run}/checkpoints")
         if not isinstance(state, dict) or not {"config", "model_config", "model", "ema", "epoch"} <= set(state):

@@ -4,6 +4,7 @@ stopped."""
 
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from hgrn2.cli import main as cli_main
 from hgrn2.train import checkpoint as ckpt
 from hgrn2.train import distributed as D
-from hgrn2.train import guard
+from hgrn2.train import guard, sharded
 from hgrn2.train.engine import Engine, Task, cosine
 from hgrn2.train.vision import VisionTrainer
 from tests.train.test_guarantees import lra_args, lra_run_dir, steps_of
@@ -66,7 +67,7 @@ def test_a_limit_inside_an_epoch_saves_and_resumes_at_the_iteration(tmp_path):
     task = Regression()
     fit = engine(task, tmp_path / "parts").fit(3, max_steps=4)  # epoch 0 has 6 steps
     assert (fit.stopped, fit.step, fit.history) == ("max_steps", 4, [])
-    assert steps_of(tmp_path / "parts") == [4] and ckpt.load_latest(str(tmp_path / "parts"))["iteration"] == 4
+    assert steps_of(tmp_path / "parts") == [4] and sharded.read_latest(str(tmp_path / "parts"))["iteration"] == 4
     assert engine(Regression(), tmp_path / "parts").fit(3, max_steps=11).stopped == "max_steps"
     task = Regression()
     fit = engine(task, tmp_path / "parts").fit(3)
@@ -97,7 +98,7 @@ def test_divergence_stops_and_keeps_the_last_finite_checkpoint(tmp_path):
     with pytest.raises(guard.Diverged, match="not finite from step 9 "):
         engine(Regression(poison_at=9), tmp_path, ckpt_every=4, keep_last=5).fit(3)
     assert steps_of(tmp_path) == [4, 6, 8]  # every 4 steps and the epoch end: none after the NaN
-    state = ckpt.load_latest(str(tmp_path))
+    state = sharded.read_latest(str(tmp_path))
     assert all(v.isfinite().all() for v in state["model"].values())
 
 
@@ -125,15 +126,20 @@ OLD_VISION = {"model", "optimizer", "ema", "epoch", "step", "best_acc1", "rng", 
 
 
 def _to_old_layout(directory: Path, keys: set) -> None:
-    """Rewrite the newest checkpoint in `directory` with the earlier loop's keys only."""
-    paths = ckpt.list_checkpoints(str(directory))
-    path = paths[-1]
-    state = ckpt.load(path)
+    """Rewrite the newest checkpoint in `directory` as the earlier loop's single file, with its keys only (the
+    optimiser's state as `optimizer.state_dict()` keeps it: by parameter index)."""
+    found = sharded.list_checkpoints(str(directory))
+    step, path = found[-1]
+    state = sharded.read_latest(str(directory))
+    names = [name for group in state["param_groups"] for name in group["params"]]
+    optim = sharded.read_model(path, "optim")
+    state["optimizer"] = {"state": {i: optim[n] for i, n in enumerate(names) if n in optim},
+                          "param_groups": [{**g, "params": [names.index(n) for n in g["params"]]}
+                                           for g in state["param_groups"]]}
     assert keys <= set(state)
-    for p in paths:
-        Path(p).unlink()
-        Path(p[:-3] + ".json").unlink()
-    ckpt.save(str(directory), int(Path(path).stem[5:]), {k: state[k] for k in keys}, keep_last=2)
+    for _, p in found:
+        shutil.rmtree(p)
+    ckpt.save(str(directory), step, {k: state[k] for k in keys}, keep_last=2)
 
 
 def test_an_lra_run_folder_of_the_earlier_loop_resumes_to_the_same_run(tmp_path):
@@ -141,13 +147,13 @@ def test_an_lra_run_folder_of_the_earlier_loop_resumes_to_the_same_run(tmp_path)
     assert cli_main(lra_args(tmp_path / "old", "--ckpt-every", "0", "--max-steps", "7")) == 0  # inside epoch 2
     run = lra_run_dir(tmp_path / "old")
     _to_old_layout(run / "ckpt", OLD_LRA)
-    assert ckpt.load_latest(str(run / "ckpt"))["iteration"] == 2
+    assert sharded.read_latest(str(run / "ckpt"))["iteration"] == 2
     assert cli_main(lra_args(tmp_path / "old", "--ckpt-every", "0")) == 0
     whole, old = (json.loads((lra_run_dir(tmp_path / n) / "result.json").read_text()) for n in ("whole", "old"))
     strip = lambda r: [{k: v for k, v in h.items() if k not in ("epoch_time", "complete")}  # noqa: E731
                        for h in r["history"]]
     assert old["steps"] == whole["steps"] == 10 and strip(old) == strip(whole)
-    a, b = (ckpt.load_latest(str(lra_run_dir(tmp_path / n) / "ckpt"))["model"] for n in ("whole", "old"))
+    a, b = (sharded.read_latest(str(lra_run_dir(tmp_path / n) / "ckpt"))["model"] for n in ("whole", "old"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

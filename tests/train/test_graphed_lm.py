@@ -70,9 +70,10 @@ def test_captured_step_body_is_the_trainers_eager_step(data, tmp_path, micro, gr
         for _ in range(3):
             x = torch.cat([next(batches) for _ in range(t.accum)])
             if name == "eager":
-                out.append(t._eager_step(x))
+                loss, _, norm = t.engine._step_function()((x,))
+                out.append((loss, norm))
             else:
-                out.append(train_step(t._micro_loss, t.optimizer, [x], t.accum, grad_clip or float("inf")))
+                out.append(train_step(t.engine._loss, t.optimizer, [x], t.accum, grad_clip or float("inf")))
         runs.append((out, [p.detach().clone() for p in t.model.parameters()]))
     (eager, w_eager), (body, w_body) = runs
     for (l0, n0), (l1, n1) in zip(eager, body):
@@ -87,21 +88,22 @@ def test_captured_step_body_is_the_trainers_eager_step(data, tmp_path, micro, gr
 
 
 def test_trainers_graph_branch_feeds_the_eager_steps_batches(data, tmp_path, monkeypatch):
-    """The trainer's cuda_graph branch (micro-batches stacked, the step's outputs copied before the next one, the
+    """The engine's cuda_graph branch (micro-batches stacked, the step's outputs used before the next one, the
     norm logged) with the graph replaced by the body it captures: the eager run's losses and gradient norms."""
 
+    from hgrn2.train import engine as engine_module
     from hgrn2.train import trainer as trainer_module
 
-    def eager_body(compute_loss, optimizer, accum, max_norm):
+    def eager_body(compute_loss, optimizer, pad_values, accum, max_norm):
         return lambda *batch: train_step(compute_loss, optimizer, batch, accum, max_norm)
 
-    monkeypatch.setattr(trainer_module, "GraphedStep", eager_body)
+    monkeypatch.setattr(engine_module, "GraphedStep", eager_body)
     runs = {}
     for graph in (False, True):
         cfg = make_config(None, base_overrides(data, str(tmp_path / f"g{graph}"), dropout=0.0, max_steps=6,
                                                micro_batch_size=2, save_every=0, eval_every=0))
         t = trainer_module.Trainer(cfg)
-        t.graphed = graph  # past the CUDA check: the branch runs on the CPU
+        t.engine.cuda_graph = graph  # past the CUDA check: the branch runs on the CPU
         t.train()
         runs[graph] = (losses(cfg.out_dir), losses(cfg.out_dir, key="grad_norm"))
     assert len(runs[True][0]) == 6

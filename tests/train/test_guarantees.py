@@ -275,7 +275,7 @@ def test_checkpoints_from_before_plain_rng_states_still_load(tmp_path):
     old = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     ckpt.save(str(tmp_path), 1, {"rng": old}, keep_last=1)
     expected = np.random.rand(3)
-    ckpt.set_rng_state(ckpt.load_latest(str(tmp_path))["rng"])
+    ckpt.set_rng_state(sharded.read_latest(str(tmp_path))["rng"])
     assert (np.random.rand(3) == expected).all()
 
 

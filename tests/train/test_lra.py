@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import yaml
 
 from hgrn2.cli import main
 from hgrn2.models.lra import MIXERS, LRAClassifier, LRAModelConfig
-from hgrn2.train import checkpoint
+from hgrn2.train import checkpoint, sharded
 from hgrn2.train.lra import build, build_lra_optimizer, load_preset, report
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lra"
@@ -88,7 +89,8 @@ def test_presets_follow_the_authors_launch_script():
 def test_grad_clip_clips_every_step(tmp_path, monkeypatch):
     seen = []
     clip = torch.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, c: seen.append(c) or clip(params, c))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda params, c, **kw: seen.append(c) or clip(params, c, **kw))
     _cli(tmp_path / "clip", "--max-steps", "3", "--grad-clip", "0.25")
     assert seen == [0.25] * 3
     seen.clear()
@@ -166,7 +168,7 @@ def test_augmented_image_runs_resume_exactly(tmp_path, monkeypatch):
     states = {}
     for name in ("whole", "parts", "plain"):
         run = tmp_path / name / "image-hgrn2"
-        states[name] = checkpoint.load_latest(str(run / "ckpt"))["model"]
+        states[name] = sharded.read_latest(str(run / "ckpt"))["model"]
         result = json.loads((run / "result.json").read_text())
         assert result["config"]["in_channels"] == 3 and result["steps"] == 8
     assert result["data"] == {"grayscale": False, "augment": False}
@@ -210,7 +212,7 @@ def _cli(out: Path, *extra: str) -> None:
 
 def _final(out: Path) -> tuple[dict, dict]:
     run = out / "fashion_mnist-hgrn2"
-    state = checkpoint.load_latest(str(run / "ckpt"))
+    state = sharded.read_latest(str(run / "ckpt"))
     result = json.loads((run / "result.json").read_text())
     return state, result
 
@@ -385,10 +387,15 @@ def test_settings_of_names_the_flag_when_another_models_settings_do_not_fit():
 
 
 def _rewrite_latest(run: Path, change) -> None:
-    path = checkpoint.list_checkpoints(str(run / "ckpt"))[-1]
-    state = torch.load(path, weights_only=False)
+    """Change the train state of the newest checkpoint (and its manifest entry)."""
+    path = Path(sharded.list_checkpoints(str(run / "ckpt"))[-1][1])
+    state = torch.load(path / sharded.TRAIN_STATE, weights_only=False)
     change(state)
-    checkpoint.save(str(run / "ckpt"), state["step"], state, keep_last=2)
+    torch.save(state, path / sharded.TRAIN_STATE)
+    manifest = json.loads((path / sharded.MANIFEST).read_text())
+    manifest[sharded.TRAIN_STATE] = {"bytes": os.path.getsize(path / sharded.TRAIN_STATE),
+                                     "sha256": checkpoint.sha256(str(path / sharded.TRAIN_STATE))}
+    (path / sharded.MANIFEST).write_text(json.dumps(manifest))
 
 
 def test_runs_saved_before_their_settings_resume_and_are_still_checked(tmp_path):

@@ -186,7 +186,7 @@ def test_cli_sweep_resumes(tmp_path, capsys):
     assert len(files) == 2 and (out / "mqar.png").stat().st_size > 0
     results = json.loads((out / "results.json").read_text())
     assert all(r["complete"] and r["epochs_run"] <= 2 for r in results)
-    assert not any((out / "checkpoints").glob("*/*.pt"))  # a complete run's per-epoch checkpoints are deleted
+    assert not any((out / "checkpoints").glob("*/step_*"))  # a complete run's per-epoch checkpoints are deleted
     assert "MQAR test accuracy" in (out / "table.txt").read_text()
     mtimes = [f.stat().st_mtime_ns for f in files]
     capsys.readouterr()

@@ -96,17 +96,17 @@ def test_weight_decay_only_on_matrices():
 
 def test_checkpoint_keep_last_and_fallback(tmp_path):
     d = str(tmp_path)
-    assert ckpt.load_latest(d) is None
+    assert sharded.read_latest(d) is None
     for step in (1, 2, 3, 4):
         ckpt.save(d, step, {"step": step, "w": torch.full((100,), float(step))}, keep_last=3)
     names = sorted(os.listdir(d))
     assert names == [f"step_0000000{s}.{e}" for s in (2, 3, 4) for e in ("json", "pt")]
-    assert ckpt.load_latest(d)["step"] == 4
+    assert sharded.read_latest(d)["step"] == 4
 
     with open(os.path.join(d, "step_00000004.pt"), "r+b") as f:  # truncated
         f.truncate(100)
     with pytest.warns(UserWarning, match=r"step_00000004.pt is unusable \(size"):
-        assert ckpt.load_latest(d)["step"] == 3
+        assert sharded.read_latest(d)["step"] == 3
     with open(os.path.join(d, "step_00000003.pt"), "r+b") as f:  # same size, one byte flipped
         f.seek(200)
         b = f.read(1)
@@ -115,7 +115,7 @@ def test_checkpoint_keep_last_and_fallback(tmp_path):
     os.remove(os.path.join(d, "step_00000002.json"))  # killed between the rename and the sidecar
     with pytest.warns(UserWarning) as rec:
         with pytest.raises(RuntimeError, match="no intact checkpoint among 3"):
-            ckpt.load_latest(d)
+            sharded.read_latest(d)
     text = " ".join(str(w.message) for w in rec)
     assert "sha256 mismatch" in text and "no checksum sidecar" in text
 
