@@ -371,13 +371,17 @@ class Engine:
         norm or None): eager, or replayed as a CUDA graph."""
         max_norm = None if self.clip is None else (self.clip or math.inf)
         if self.cuda_graph:
-            graphed = GraphedStep(self._loss, self.optimizer, pad_values=self.task.pad_values, accum=self.accum,
-                                  max_norm=max_norm)
+            # the task's sums of each call's micro-batches; from the capture on, the graph's own tensors, which
+            # every replay rewrites (a replay runs no Python, so it appends nothing)
+            captured: list = []
+            graphed = GraphedStep(lambda *micro: self._loss(*micro, sums=captured), self.optimizer,
+                                  pad_values=self.task.pad_values, accum=self.accum, max_norm=max_norm)
 
             def replay(batch):
                 loss, norm = graphed(*batch)
+                del captured[:-self.accum]
                 self.task.after_step()
-                return loss, None, norm
+                return loss, sum(captured[1:], captured[0]) if captured else None, norm
 
             return replay
 

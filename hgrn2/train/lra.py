@@ -254,10 +254,13 @@ def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
                          f"settings to continue it, give another --out, or delete {run_dir} to start over")
 
 
-def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
+                        capturable: bool = False) -> torch.optim.AdamW:
     """AdamW (torch's defaults) decaying every parameter, norms and biases included: the LRA code passes all of
-    them in one group (its `_optim` overrides are set only by S4 layers)."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    them in one group (its `_optim` overrides are set only by S4 layers). `capturable`: for a CUDA-graph step, the
+    learning rate a tensor on the parameters' device (which the engine changes in place)."""
+    rate = torch.tensor(lr, device=next(model.parameters()).device) if capturable else lr
+    return torch.optim.AdamW(model.parameters(), lr=rate, weight_decay=weight_decay, capturable=capturable)
 
 
 def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist, variant: str | None = None
@@ -357,7 +360,7 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
         # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics); with
         # bn_group, their plain "batch", each rank normalises its own share
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"])
+    opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"], capturable=args.cuda_graph)
     amp = d.device.type == "cuda" and tr["precision"] == "bf16"
     settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task))
     lra = LRATask(model, data, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"], amp,
@@ -368,7 +371,8 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
                      max_steps=tr["schedule_steps"])
 
     # the run folder is locked by train_run (before any data is generated)
-    engine = Engine(lra, opt, schedule, d=d, bf16=amp, clip=tr["grad_clip"], checkpoint_dir=run_dir / "ckpt",
+    engine = Engine(lra, opt, schedule, d=d, bf16=amp, clip=tr["grad_clip"], cuda_graph=args.cuda_graph,
+                    checkpoint_dir=run_dir / "ckpt",
                     run_dir=run_dir, lock=False, keep_last=2, ckpt_every=args.ckpt_every, mid_epoch=True,
                     log_every=args.log_every, progress=True, name=name)
     engine.start()
@@ -509,6 +513,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="initialisation and data-order seed (the authors' 2222); another seed needs another --out")
     p.add_argument("--data-seed", type=int, default=SEED_DEFAULTS["data_seed"], help="seed of the generated data sets")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="replay each training step as one CUDA graph (one GPU; the pixel tasks image, pathfinder, "
+                        "pathx and fashion_mnist, whose batches all have one shape)")
     p.add_argument("--report", action="store_true", help="print the table over the runs in --out and plot curves")
     add_record_argument(p)
 
@@ -527,6 +534,14 @@ def _check_limits(args: argparse.Namespace) -> None:
         _check_at_least(flag, getattr(args, flag), low)
 
 
+def _check_graphable(args: argparse.Namespace, runs: list) -> None:
+    """A CUDA graph replays one shape: the token tasks pad each batch to its longest sequence."""
+    for task, variant, mixer in runs:
+        if build(task, mixer, args, variant)[0].vocab_size is not None:
+            raise ValueError(f"`--cuda-graph`: task {task!r} pads each batch to its longest sequence (the shapes "
+                             "vary); graphs need the pixel tasks image, pathfinder, pathx or fashion_mnist")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.report:
         print(report(args.out))
@@ -543,7 +558,11 @@ def run(args: argparse.Namespace) -> int:
     variants = [None if v == PRESET else v for v in dict.fromkeys(args.variants or [PRESET])]
     runs = [(task, variant, mixer) for task in args.tasks for variant in variants for mixer in args.models]
     batches = sorted({build(task, mixer, args, variant)[1]["batch_size"] for task, variant, mixer in runs})
+    if args.cuda_graph:
+        _check_graphable(args, runs)
     d = distributed.init(args.device)
+    if args.cuda_graph and (d.device.type != "cuda" or d.world > 1):
+        raise ValueError(f"`--cuda-graph`: needs one CUDA device, got {d.world} process(es) on {d.device}")
     summary = []
     try:
         for batch in batches:

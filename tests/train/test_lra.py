@@ -252,6 +252,29 @@ def test_bad_arguments(tmp_path):
         main(["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path), "--batch-size", "1000",
               "--device", "cpu"])
     assert "hgrn2 (here)" not in report(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="`--cuda-graph`: task 'listops' pads each batch"):
+        main(["lra", "listops", "--cuda-graph", "--out", str(tmp_path)])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="`--cuda-graph`: needs one CUDA device"):
+            main(["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path), "--cuda-graph"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_steps_train_as_the_eager_ones(tmp_path):
+    """--cuda-graph on a pixel task: the eager run's losses, accuracies and weights (fp32), resumed half-way."""
+    def run(out, *extra):
+        assert main(["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(out), "--batch-size", "8",
+                     "--warmup-steps", "2", "--schedule-steps", "10", "--lr", "3e-3", "--device", "cuda",
+                     "--log-every", "1", "--ckpt-every", "0", "--precision", "fp32",
+                     "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1}), *extra]) == 0
+        return json.loads((out / "fashion_mnist-hgrn2" / "result.json").read_text())
+
+    eager = run(tmp_path / "eager", "--epochs", "2")
+    run(tmp_path / "graph", "--epochs", "1", "--cuda-graph")
+    graphed = run(tmp_path / "graph", "--epochs", "2", "--cuda-graph")
+    for a, b in zip(eager["history"], graphed["history"]):
+        for key in ("train_loss", "train_acc", "val_acc", "val_loss", "test_acc"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
 
 
 @pytest.mark.parametrize("flag, value", [("--epochs", "0"), ("--lr", "0"), ("--batch-size", "-2"),
