@@ -14,12 +14,10 @@ import torch.nn.functional as F
 
 from hgrn2.cli import main as cli_main
 from hgrn2.train import checkpoint as ckpt
-from hgrn2.train import distributed as D
 from hgrn2.train import guard, sharded
 from hgrn2.train.engine import Engine, Task, cosine
-from hgrn2.train.vision import VisionTrainer
 from tests.train.test_guarantees import lra_args, lra_run_dir, steps_of
-from tests.train.test_vision import fashion_config, make_fashion_fixture
+from tests.train.test_vision import check_resume_trains_the_same_weights, make_fashion_fixture
 
 
 class Regression(Task):
@@ -159,14 +157,4 @@ def test_an_lra_run_folder_of_the_earlier_loop_resumes_to_the_same_run(tmp_path)
 
 def test_a_vision_run_folder_of_the_earlier_loop_resumes_to_the_same_run(tmp_path):
     images = make_fashion_fixture(tmp_path / "images")
-    straight = VisionTrainer(fashion_config(images, tmp_path / "a", "epochs=2", "ema_decay=0.9"), D.init("cpu"))
-    straight.train()
-    VisionTrainer(fashion_config(images, tmp_path / "b", "epochs=1", "ema_decay=0.9"), D.init("cpu")).train()
-    _to_old_layout(tmp_path / "b" / "checkpoints", OLD_VISION)
-    resumed = VisionTrainer(fashion_config(images, tmp_path / "b", "epochs=2", "ema_decay=0.9"), D.init("cpu"))
-    assert resumed.epoch == 1
-    resumed.train()
-    for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
-        assert torch.equal(a, b)
-    for a, b in zip(straight.ema.state_dict().values(), resumed.ema.state_dict().values()):
-        assert torch.equal(a, b)
+    check_resume_trains_the_same_weights(images, tmp_path, between=lambda ckpts: _to_old_layout(ckpts, OLD_VISION))

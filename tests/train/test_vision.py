@@ -81,19 +81,24 @@ def test_training_reduces_the_validation_loss(fixture_dir, tmp_path):
     assert kinds.count("val") == 4 and kinds.count("train") == 12
 
 
-def test_resume_trains_the_same_weights(fixture_dir, tmp_path):
-    straight = VisionTrainer(fashion_config(fixture_dir, tmp_path / "a", "epochs=2", "ema_decay=0.9"),
-                             D.init("cpu"))
+def check_resume_trains_the_same_weights(images, tmp_path, between=None):
+    """Two epochs straight against one epoch, `between(checkpoint_dir)`, then the second (EMA included)."""
+    straight = VisionTrainer(fashion_config(images, tmp_path / "a", "epochs=2", "ema_decay=0.9"), D.init("cpu"))
     straight.train()
-    VisionTrainer(fashion_config(fixture_dir, tmp_path / "b", "epochs=1", "ema_decay=0.9"), D.init("cpu")).train()
-    resumed = VisionTrainer(fashion_config(fixture_dir, tmp_path / "b", "epochs=2", "ema_decay=0.9"),
-                            D.init("cpu"))
+    VisionTrainer(fashion_config(images, tmp_path / "b", "epochs=1", "ema_decay=0.9"), D.init("cpu")).train()
+    if between is not None:
+        between(tmp_path / "b" / "checkpoints")
+    resumed = VisionTrainer(fashion_config(images, tmp_path / "b", "epochs=2", "ema_decay=0.9"), D.init("cpu"))
     assert resumed.epoch == 1
     resumed.train()
     for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
         assert torch.equal(a, b)
     for a, b in zip(straight.ema.state_dict().values(), resumed.ema.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_resume_trains_the_same_weights(fixture_dir, tmp_path):
+    check_resume_trains_the_same_weights(fixture_dir, tmp_path)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
