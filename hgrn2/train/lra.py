@@ -534,10 +534,10 @@ def _check_limits(args: argparse.Namespace) -> None:
         _check_at_least(flag, getattr(args, flag), low)
 
 
-def _check_graphable(args: argparse.Namespace, runs: list) -> None:
+def _check_graphable(built: dict) -> None:
     """A CUDA graph replays one shape: the token tasks pad each batch to its longest sequence."""
-    for task, variant, mixer in runs:
-        if build(task, mixer, args, variant)[0].vocab_size is not None:
+    for (task, _, _), (cfg, _, _) in built.items():
+        if cfg.vocab_size is not None:
             raise ValueError(f"`--cuda-graph`: task {task!r} pads each batch to its longest sequence (the shapes "
                              "vary); graphs need the pixel tasks image, pathfinder, pathx or fashion_mnist")
 
@@ -557,9 +557,10 @@ def run(args: argparse.Namespace) -> int:
     # every setting is checked before any data is generated
     variants = [None if v == PRESET else v for v in dict.fromkeys(args.variants or [PRESET])]
     runs = [(task, variant, mixer) for task in args.tasks for variant in variants for mixer in args.models]
-    batches = sorted({build(task, mixer, args, variant)[1]["batch_size"] for task, variant, mixer in runs})
+    built = {(task, variant, mixer): build(task, mixer, args, variant) for task, variant, mixer in runs}
+    batches = sorted({tr["batch_size"] for _, tr, _ in built.values()})
     if args.cuda_graph:
-        _check_graphable(args, runs)
+        _check_graphable(built)
     d = distributed.init(args.device)
     if args.cuda_graph and (d.device.type != "cuda" or d.world > 1):
         raise ValueError(f"`--cuda-graph`: needs one CUDA device, got {d.world} process(es) on {d.device}")
