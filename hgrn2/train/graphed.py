@@ -75,18 +75,18 @@ class GraphedStep:
     def _step(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         return train_step(self.compute_loss, self.optimizer, self.static, self.accum, self.max_norm)
 
-    def _fill(self, batch: Sequence[torch.Tensor]) -> None:
+    def _fill(self, batch: Sequence[torch.Tensor | None]) -> None:
         if self.static is None:
             if len(batch[0]) % self.accum:
                 raise ValueError(f"batch: {len(batch[0])} rows do not split into accum={self.accum} micro-batches")
-            self.static = [t.clone() for t in batch]
+            self.static = [None if t is None else t.clone() for t in batch]
         if self.pad_values is None:
-            shapes = [(tuple(s.shape), s.dtype) for s in self.static]
-            if [(tuple(t.shape), t.dtype) for t in batch] != shapes:
-                raise ValueError(f"batch: expected the first batch's shapes {shapes} (no pad_values given), got "
-                                 f"{[(tuple(t.shape), t.dtype) for t in batch]}")
+            shapes, got = [_spec(s) for s in self.static], [_spec(t) for t in batch]
+            if got != shapes:
+                raise ValueError(f"batch: expected the first batch's shapes {shapes} (no pad_values given), got {got}")
             for s, t in zip(self.static, batch):
-                s.copy_(t)
+                if s is not None:
+                    s.copy_(t)
         else:
             pad_into(self.static, batch, self.pad_values)
 
@@ -111,15 +111,23 @@ class GraphedStep:
         return self.out
 
 
-def pad_into(static: Sequence[torch.Tensor], batch: Sequence[torch.Tensor], pad_values: Sequence[int | float]) -> None:
+def pad_into(static: Sequence[torch.Tensor | None], batch: Sequence[torch.Tensor | None],
+             pad_values: Sequence[int | float]) -> None:
     """Copy each batch tensor into the first rows of its static tensor and fill the remaining rows with its pad
-    value. A batch tensor may have fewer rows than its static tensor, nothing else may differ."""
+    value. A batch tensor may have fewer rows than its static tensor, nothing else may differ; an absent input
+    (None, e.g. the lengths of equal-length sequences) stays absent."""
     if not len(static) == len(batch) == len(pad_values):
         raise ValueError(f"batch: expected {len(static)} tensors (one per static tensor and pad value), "
                          f"got {len(batch)}")
     for s, t, pad in zip(static, batch, pad_values):
-        if t.shape[1:] != s.shape[1:] or t.shape[0] > s.shape[0] or t.dtype != s.dtype:
-            raise ValueError(f"batch: expected at most {tuple(s.shape)} {s.dtype} (the first batch's shape), "
-                             f"got {tuple(t.shape)} {t.dtype}")
+        if s is None and t is None:
+            continue
+        if s is None or t is None or t.shape[1:] != s.shape[1:] or t.shape[0] > s.shape[0] or t.dtype != s.dtype:
+            raise ValueError(f"batch: expected at most {_spec(s)} (the first batch's shape), got {_spec(t)}")
         s[: len(t)].copy_(t)
         s[len(t):].fill_(pad)
+
+
+def _spec(t: torch.Tensor | None) -> tuple | None:
+    """(shape, dtype) of a batch input, None for an absent one."""
+    return None if t is None else (tuple(t.shape), t.dtype)

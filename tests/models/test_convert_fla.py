@@ -14,6 +14,7 @@ from hgrn2.models import HGRN2ForCausalLM
 from hgrn2.models.convert import convert_fla_checkpoint, greedy_decode
 
 fla_models = pytest.importorskip("fla.models", reason="flash-linear-attention not installed")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # fla's Triton kernels take CUDA tensors where a GPU exists
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +25,7 @@ def _no_autotune_benchmark(monkeypatch):
     monkeypatch.setattr(autotuner.Autotuner, "_bench", lambda self, *a, config=None, **k: [0.0, 0.0, 0.0])
 
 
-def fla_model(device="cpu", **kw):
+def fla_model(device=DEV, **kw):
     cfg = dict(vocab_size=128, hidden_size=32, num_hidden_layers=3, expand_ratio=8, intermediate_size=64,
                fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False)
     torch.manual_seed(3)
@@ -48,13 +49,14 @@ def test_convert_matches_fla_logits_and_greedy(tmp_path, short_conv):
     ref = fla_model(use_short_conv=short_conv)
     ref.save_pretrained(tmp_path / "fla")
     assert cli_main(["convert-fla", str(tmp_path / "fla"), str(tmp_path / "ours")]) == 0
-    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").eval()
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").to(DEV).eval()
     assert type(ours) is HGRN2ForCausalLM and ours.config.g_norm_eps == 1e-5
-    ids = torch.randint(0, 128, (2, 12))
+    ids = torch.randint(0, 128, (2, 12), device=DEV)
     want = ref(ids).logits
     assert rel_err(ours(ids).logits, want) <= 1e-4
     # the eps really matters at these magnitudes: fla's norm_eps (1e-6) in g_norm would not pass
-    wrong = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", backend="reference", g_norm_eps=1e-6).eval()
+    wrong = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", backend="reference", g_norm_eps=1e-6)
+    wrong = wrong.to(DEV).eval()
     assert rel_err(wrong(ids).logits, want) > 1e-3
     mask = torch.ones_like(ids)
     b = ours.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
@@ -71,8 +73,8 @@ def test_convert_bin_weights_and_tied_head(tmp_path):
     torch.save(state, tmp_path / "fla" / "pytorch_model.bin")
     ours = convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
     assert ours.lm_head.weight.data_ptr() == ours.model.embeddings.weight.data_ptr()
-    loaded = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").eval()
-    ids = torch.randint(0, 128, (1, 9))
+    loaded = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").to(DEV).eval()
+    ids = torch.randint(0, 128, (1, 9), device=DEV)
     assert rel_err(loaded(ids).logits, ref(ids).logits) <= 1e-4
 
 
@@ -83,8 +85,8 @@ def test_convert_without_g_norm_weight(tmp_path):
     ref.save_pretrained(tmp_path / "fla")
     ours = convert_fla_checkpoint(tmp_path / "fla", tmp_path / "ours")
     assert torch.equal(ours.model.layers[0].attn.g_norm.weight, torch.ones(32))
-    loaded = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").eval()
-    ids = torch.randint(0, 128, (1, 9))
+    loaded = HGRN2ForCausalLM.from_pretrained(tmp_path / "ours", backend="reference").to(DEV).eval()
+    ids = torch.randint(0, 128, (1, 9), device=DEV)
     assert rel_err(loaded(ids).logits, ref(ids).logits) <= 1e-4
 
 

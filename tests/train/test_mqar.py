@@ -303,6 +303,11 @@ def test_padded_batch_gives_the_smaller_batch_loss_and_gradients():
         torch.testing.assert_close(b, a)
     with pytest.raises(ValueError, match="batch: expected at most"):
         pad_into(static, (torch.zeros(6, 12, dtype=torch.int32), pos, tgt), (0, 0, -100))
+    absent = [static[0], None]  # an input absent from every batch (LRA's lengths of the pixel tasks)
+    pad_into(absent, (ids, None), (0, 0))
+    assert absent[1] is None and torch.equal(absent[0][:3], ids)
+    with pytest.raises(ValueError, match="batch: expected at most None"):
+        pad_into(absent, (ids, tgt), (0, 0))
 
 
 def test_cuda_graph_needs_cuda_and_a_capturable_optimizer(tmp_path):
