@@ -90,6 +90,12 @@ SECTIONS = {
             "The hgrn2-0.15b preset in bf16, 32 × 2048 tokens per optimiser step on a synthetic corpus: one GPU with "
             "gradient accumulation against `torchrun` with DDP and with FSDP2; tokens/s is the median of each run's "
             "second half, the loss difference the largest relative one over all steps."),
+    "fsdp_variants": ("Multi-GPU: FSDP2 options and checkpoints at the 1B preset",
+                      "`benchmarks/gpu_ddp.py --fsdp-variants`: the hgrn2-1b preset in bf16 autocast on the same "
+                      "global batches of a synthetic source, one GPU without wrapping (its record is the baseline) "
+                      "against each FSDP2 option set and DDP under torchrun; tokens/s over each run's second half. "
+                      "Checkpoints: model and AdamW state saved and loaded the old way (full state dicts gathered to "
+                      "rank 0, torch.save) against the sharded one (torch.distributed.checkpoint)."),
     "convert_fla": ("fla checkpoint conversion parity",
                     "fla's HGRN2ForCausalLM with random weights (bounds and norms randomised too), converted by "
                     "`hgrn2 convert-fla`: logits of both against the fp64 reference and each other (relative L2), "
@@ -199,6 +205,17 @@ def ddp_table(rec: dict) -> str:
     return format_table(rec["rows"], [("run", "run", ""), ("tokens/s", "tok_per_s", ".0f"),
                                       ("× 1 GPU", "speedup_vs_1gpu", ".2f"), ("final val loss", "val_loss", ".6f"),
                                       ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e")])
+
+
+def fsdp_table(rec: dict) -> str:
+    head = (f"{rec['preset']}, {rec['world_size']} rank(s), {rec['batch']} × {rec['seq_len']} tokens per step "
+            f"(micro-batch {rec['micro']}), {rec['steps']} steps.\n\n")
+    runs = format_table(rec["rows"], [("run", "run", ""), ("tokens/s", "tok_per_s", ".0f"),
+                                      ("× 1 GPU", "speedup_vs_1gpu", ".2f"), ("peak GiB", "peak_gib", ".1f"),
+                                      ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e")])
+    saves = format_table(rec.get("checkpoints", []), [("checkpoint", "checkpoint", ""), ("save s", "save_s", ".1f"),
+                                                       ("load s", "load_s", ".1f"), ("GiB", "gib", ".1f")])
+    return f"{head}{runs}\n\n{saves}"
 
 
 def convert_table(rec: dict) -> str:
@@ -449,7 +466,7 @@ def generic_table(rec: dict) -> str:
 
 TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format_table(rec["rows"], [
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
-    "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table,
+    "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table, "fsdp_variants": fsdp_table,
     "prepare_scaling": lambda rec: format_table(rec["rows"], PREPARE_COLUMNS),
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
     "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table,
