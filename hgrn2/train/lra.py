@@ -40,6 +40,7 @@ from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
 from . import distributed, guard
 from .engine import Engine, EpochEnd, Task
 from .optim import lr_at
+from .plot import pyplot
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
 PAPER_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
@@ -439,16 +440,10 @@ def report(out: str | Path) -> str:
 
 
 def plot(out: str | Path) -> Path | None:
-    """Validation accuracy per epoch, one panel per task, one line per model; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    """Validation accuracy per epoch, one panel per task, one line per model; None without matplotlib or runs."""
     results = results_in(out)
-    if not results:
+    plt = pyplot() if results else None
+    if plt is None:
         return None
     task_list = [t for t in (*PAPER_ORDER, "fashion_mnist") if any(r["task"] == t for r in results)]
     fig, axes = plt.subplots(1, len(task_list), figsize=(4 * len(task_list), 3.2), squeeze=False)

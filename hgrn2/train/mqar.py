@@ -46,6 +46,7 @@ from hgrn2.data import mqar
 from hgrn2.data.files import write_json
 from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train.engine import Engine, Task, cosine
+from hgrn2.train.plot import pyplot
 from hgrn2.train.sweep import best_device, finished_results, main_process, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
@@ -278,13 +279,8 @@ def table(results: list[dict], mixers, dims, seq_lens) -> str:
 
 def plot(results: list[dict], mixers, dims, seq_lens, path: Path) -> Path | None:
     """The paper's figure: accuracy vs model dimension, one panel per sequence length."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install 'hgrn2[plot]'): no plot")
+    plt = pyplot()
+    if plt is None:
         return None
     best = best_over_lrs(results)
     fig, axes = plt.subplots(1, len(seq_lens), figsize=(3.6 * len(seq_lens), 3.2), sharey=True, squeeze=False)

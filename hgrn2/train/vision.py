@@ -59,6 +59,7 @@ from .config import parse_overrides, unknown_key_error
 from .engine import Engine, EpochEnd, Task
 from .logger import read_log
 from .optim import build_optimizer
+from .plot import pyplot
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "vision")
 FASHION_MNIST_MEAN_STD = (0.2860, 0.3530)
@@ -552,13 +553,8 @@ def read_run(run: str) -> tuple[dict, list[dict]]:
 
 def plot_curve(curve: list[dict], path: str, title: str) -> str | None:
     """Validation top-1 and the training and validation loss per epoch; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install 'hgrn2[plot]'): no plot")
+    plt = pyplot()
+    if plt is None:
         return None
     epochs = [r["epoch"] for r in curve]
     fig, (acc, loss) = plt.subplots(1, 2, figsize=(8, 3.2))
