@@ -53,9 +53,8 @@ from ..bench.common import (
 from ..data.files import write_json
 from ..data.idx import read_fashion_mnist_split
 from ..models.vision import HGRN2ForImageClassification, VisionConfig, num_parameters, preset
+from . import config, guard, sharded
 from . import distributed as D
-from . import guard, sharded
-from .config import parse_overrides, unknown_key_error
 from .engine import Engine, EpochEnd, Task
 from .logger import read_log
 from .optim import build_optimizer
@@ -142,61 +141,14 @@ class VisionTrainConfig:
         return self.lr * self.batch_size / self.lr_batch
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(VisionTrainConfig)}
 # settings a resumed run may change; `epochs` may grow or shrink (said in one line), `data` is compared resolved
 RESUME_FREE = ("num_workers", "device", "out_dir", "log_every", "keep_last", "progress", "epochs", "data")
 
 
-def preset_names() -> list[str]:
-    return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".yaml"))
-
-
 def make_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> VisionTrainConfig:
-    """A preset (`hgrn2/configs/vision/<name>.yaml`) or YAML file, then `key=value` overrides; keys are checked."""
-    raw: dict = {}
-    if name_or_path:
-        path = name_or_path if os.path.isfile(name_or_path) else os.path.join(PRESET_DIR, f"{name_or_path}.yaml")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"`--config`: {name_or_path!r} is neither a file nor a preset; presets: "
-                                    f"{preset_names()}")
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
-    for key, value in parse_overrides(overrides or []):
-        if key.startswith("model_args."):
-            raw.setdefault("model_args", {})[key[len("model_args."):]] = value
-        else:
-            raw[key] = value
-    for key in raw:
-        if key not in FIELDS:
-            raise unknown_key_error(key, list(FIELDS) + ["model_args.<name>"])
-    defaults = VisionTrainConfig()
-    values = {k: _coerce(k, v, getattr(defaults, k)) for k, v in raw.items()}
-    cfg = VisionTrainConfig(**values)
-    cfg.validate()
-    return cfg
-
-
-def _coerce(key: str, value, default):
-    try:
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if isinstance(default, float):
-            return float(value)
-        if isinstance(default, int):
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if isinstance(default, list):
-            return [float(v) for v in value]
-        if isinstance(default, dict):
-            if not isinstance(value, dict):
-                raise ValueError
-            return dict(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"`{key}`: expects {type(default).__name__}, got {value!r}") from None
+    """A preset (`hgrn2/configs/vision/<name>.yaml`) or YAML file, then `key=value` overrides (`model_args.k=v`
+    edits the model's fields); keys are checked (`config.make_config`)."""
+    return config.make_config(name_or_path, overrides, VisionTrainConfig, PRESET_DIR, nested="model_args")
 
 
 def epoch_lr(cfg: VisionTrainConfig, epoch: int) -> float:
@@ -462,7 +414,8 @@ def evaluate(model, dataset, batch_size: int, d: D.Dist, autocast=contextlib.nul
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     train = sub.add_parser("train", help="train (works under torchrun)")
-    train.add_argument("--config", default=None, help=f"preset ({', '.join(preset_names())}) or YAML file")
+    train.add_argument("--config", default=None,
+                       help=f"preset ({', '.join(config.preset_names(PRESET_DIR))}) or YAML file")
     train.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", action="extend",
                        help="override config keys, e.g. data=/data/imagenet batch_size=256 model_args.num_layers=6")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
