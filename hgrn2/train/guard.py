@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import torch
 
@@ -22,6 +23,29 @@ class RunError(RuntimeError):
 
 class Diverged(RunError):
     """The loss or the gradient norm turned non-finite; the checkpoints hold only finite steps."""
+
+
+def train_command(name: str, build) -> int:
+    """The exit status of a training command: `build()` makes its trainer (bad input: exit 2; the run folder in use,
+    no intact checkpoint: exit 1), whose `train()` then runs (a full disk, a diverged run: exit 1, what was saved is
+    intact); a failure is printed as one line `NAME: error: ...`. The process group is left on return."""
+    from . import distributed as D
+
+    try:
+        trainer = build()
+    except (ValueError, FileNotFoundError, FileExistsError, RunError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        D.shutdown()
+        return 1 if isinstance(e, RunError) else 2
+    try:
+        trainer.train()
+    except (OSError, RunError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        del trainer  # before the process group goes (D.shutdown)
+        D.shutdown()
+    return 0
 
 
 class RunLock:

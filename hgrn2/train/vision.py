@@ -59,6 +59,7 @@ from .engine import Engine, EpochEnd, Task
 from .logger import read_log
 from .optim import build_optimizer
 from .plot import pyplot
+from .sweep import main_process
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "vision")
 FASHION_MNIST_MEAN_STD = (0.2860, 0.3530)
@@ -437,30 +438,16 @@ def run(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     try:  # bad input is reported in one line, before any training starts
         cfg = make_config(args.config, args.set)
-        if args.print_config:
-            print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
-            return 0
-        d = D.init(cfg.device)
-        trainer = VisionTrainer(cfg, d)
     except (ValueError, FileNotFoundError) as e:
         print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
-        D.shutdown()
         return 2
-    except guard.RunError as e:  # the run directory in use, no intact checkpoint
-        print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
-        D.shutdown()
-        return 1
-    try:
-        trainer.train()
-    except (OSError, guard.RunError) as e:  # a full disk, a diverged run: one line, what was saved is intact
-        print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        del trainer  # before the process group goes (D.shutdown)
-        D.shutdown()
-    if d.main and args.record is not None:
+    if args.print_config:
+        print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
+        return 0
+    status = guard.train_command("hgrn2 vision train", lambda: VisionTrainer(cfg, D.init(cfg.device)))
+    if status == 0 and main_process() and args.record is not None:
         return run_report(argparse.Namespace(**{**vars(args), "run": cfg.out_dir}))
-    return 0
+    return status
 
 
 def run_report(args: argparse.Namespace) -> int:
