@@ -133,17 +133,15 @@ def same_path(a, b) -> bool:
     return os.path.realpath(str(a)) == os.path.realpath(str(b))
 
 
-def check_resume(where: str, saved: dict, now: dict, *, fixed, paths=(), extendable=(), names=None) -> list[str]:
+def check_resume(where: str, saved: dict, now: dict, *, fixed, paths=(), extendable=()) -> list[str]:
     """Compare a run's saved settings with this call's: a change to a `fixed` key (or to the resolved `paths`) is
     refused in one line; a change of an `extendable` key (epochs, steps) is allowed and returned as one line each.
-    Keys absent from `saved` (checkpoints from before they were kept) are not compared. `names` maps keys to the
-    flags users set them with."""
-    names = names or {}
+    Keys absent from `saved` (checkpoints from before they were kept) are not compared."""
     changed = {k: (saved[k], now[k]) for k in fixed if k in saved and k in now and saved[k] != now[k]}
     changed |= {k: (saved[k], now[k]) for k in paths if k in saved and k in now and not same_path(saved[k], now[k])}
     if changed:
-        what = ", ".join(f"{names.get(k, k)} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
         raise ValueError(f"{where} holds a run started with other settings ({what}); resume it with its own, "
                          "or use another output directory")
-    return [f"{names.get(k, k)} {saved[k]} -> {now[k]}: the run continues with the new value"
+    return [f"{k} {saved[k]} -> {now[k]}: the run continues with the new value"
             for k in extendable if k in saved and k in now and saved[k] != now[k]]
