@@ -255,13 +255,10 @@ def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
                          f"settings to continue it, give another --out, or delete {run_dir} to start over")
 
 
-def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
-                        capturable: bool = False) -> torch.optim.AdamW:
+def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW (torch's defaults) decaying every parameter, norms and biases included: the LRA code passes all of
-    them in one group (its `_optim` overrides are set only by S4 layers). `capturable`: for a CUDA-graph step, the
-    learning rate a tensor on the parameters' device (which the engine changes in place)."""
-    rate = torch.tensor(lr, device=next(model.parameters()).device) if capturable else lr
-    return torch.optim.AdamW(model.parameters(), lr=rate, weight_decay=weight_decay, capturable=capturable)
+    them in one group (its `_optim` overrides are set only by S4 layers)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
 
 def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist, variant: str | None = None
@@ -361,7 +358,7 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
         # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics); with
         # bn_group, their plain "batch", each rank normalises its own share
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"], capturable=args.cuda_graph)
+    opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"])
     amp = d.device.type == "cuda" and tr["precision"] == "bf16"
     settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task))
     lra = LRATask(model, data, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"], amp,

@@ -172,10 +172,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     model = ZoologyLM(spec.mixer, spec.d_model, vocab_size=spec.vocab_size,
                       max_position_embeddings=spec.seq_len if is_attention else 0,
                       mixer_options=spec.mixer_options).to(dev)
-    # a CUDA graph needs the learning rate as a tensor, which the engine then changes in place
-    lr = torch.tensor(spec.lr, device=dev) if cuda_graph else spec.lr
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=spec.weight_decay, fused=dev.type == "cuda",
-                            capturable=cuda_graph)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, fused=dev.type == "cuda")
     task = MQARTask(model, train, test, spec.batch_size, spec.early_stop_accuracy)
     def epoch_done(record):  # the run's id and epochs beside the epoch's record, for the sweep's progress line
         if on_epoch is not None:

@@ -339,8 +339,7 @@ class VisionTrainer:
         self.n_params = num_parameters(model)
         self.task = VisionTask(cfg, self.d, model, train_set, self.val_set, classes)
         self.ema = self.task.ema
-        optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay,
-                                    capturable=cfg.cuda_graph)
+        optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay)
         self.engine = Engine(self.task, optimizer, lambda step, epoch: epoch_lr(cfg, epoch), d=self.d,
                              bf16=cfg.precision == "bf16" and self.d.device.type == "cuda", clip=cfg.clip_grad,
                              cuda_graph=cfg.cuda_graph,
