@@ -28,7 +28,6 @@ norm is not finite stops the run before anything of it is saved.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -140,6 +139,9 @@ class VisionTrainConfig:
 
     def peak_lr(self) -> float:
         return self.lr * self.batch_size / self.lr_batch
+
+    def bf16(self, device: torch.device) -> bool:
+        return self.precision == "bf16" and device.type == "cuda"  # a CPU computes in fp32
 
 
 # settings a resumed run may change; `epochs` may grow or shrink (said in one line), `data` is compared resolved
@@ -263,11 +265,6 @@ class VisionTask(Task):
         self.steps_per_epoch = min(n, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else n
         self.best = 0.0
 
-    def autocast(self):
-        if self.cfg.precision == "bf16" and self.d.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     def batches(self, epoch: int, start: int):
         self.sampler.set_epoch(epoch)
         dev = self.d.device
@@ -288,9 +285,10 @@ class VisionTask(Task):
             self.ema.update_parameters(self.model)
 
     def evaluate(self, model) -> dict:
-        metrics = evaluate(self.model, self.val_set, self.local_batch, self.d, self.autocast)
+        bf16 = self.cfg.bf16(self.d.device)
+        metrics = evaluate(self.model, self.val_set, self.local_batch, self.d, bf16)
         if self.ema is not None:
-            ema = evaluate(self.ema.module, self.val_set, self.local_batch, self.d, self.autocast)
+            ema = evaluate(self.ema.module, self.val_set, self.local_batch, self.d, bf16)
             metrics |= {f"ema_{k}": v for k, v in ema.items()}
         return metrics
 
@@ -341,8 +339,7 @@ class VisionTrainer:
         self.ema = self.task.ema
         optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay)
         self.engine = Engine(self.task, optimizer, lambda step, epoch: epoch_lr(cfg, epoch), d=self.d,
-                             bf16=cfg.precision == "bf16" and self.d.device.type == "cuda", clip=cfg.clip_grad,
-                             cuda_graph=cfg.cuda_graph,
+                             bf16=cfg.bf16(self.d.device), clip=cfg.clip_grad, cuda_graph=cfg.cuda_graph,
                              checkpoint_dir=os.path.join(cfg.out_dir, "checkpoints"), run_dir=cfg.out_dir,
                              keep_last=cfg.keep_last, name_by="epoch", log_every=cfg.log_every,
                              progress=cfg.progress, name=cfg.out_dir)
@@ -354,10 +351,6 @@ class VisionTrainer:
             os.makedirs(cfg.out_dir, exist_ok=True)
             write_json(os.path.join(cfg.out_dir, "config.json"), dataclasses.asdict(cfg))
         self.env = environment(self.d.device, self.d.world)
-
-    @property
-    def epoch(self) -> int:
-        return self.engine.epoch
 
     def train(self) -> dict:
         """Train to `epochs`; returns the last epoch's result ({} when the run has nothing left to train). The run
@@ -389,7 +382,7 @@ class VisionTrainer:
 
 
 @torch.no_grad()
-def evaluate(model, dataset, batch_size: int, d: D.Dist, autocast=contextlib.nullcontext) -> dict:
+def evaluate(model, dataset, batch_size: int, d: D.Dist, bf16: bool = False) -> dict:
     """Top-1 / top-5 accuracy (%) and mean loss over the whole split; rank r takes images r, r + world, ..."""
     part = torch.utils.data.Subset(dataset, range(d.rank, len(dataset), d.world))
     loader = torch.utils.data.DataLoader(part, batch_size=batch_size, shuffle=False)
@@ -398,7 +391,7 @@ def evaluate(model, dataset, batch_size: int, d: D.Dist, autocast=contextlib.nul
     sums = torch.zeros(4, dtype=torch.float64, device=d.device)  # loss, top-1, top-5, count
     for x, y in loader:
         x, y = x.to(d.device), y.to(d.device)
-        with autocast():
+        with torch.autocast(d.device.type, torch.bfloat16, enabled=bf16):
             logits = model(x).float()
         top = logits.topk(min(5, logits.shape[-1]), -1).indices
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (top[:, 0] == y).sum(),
@@ -539,9 +532,7 @@ def run_eval(args: argparse.Namespace) -> int:
         weights = {k[len("module."):]: v for k, v in state["ema"].items() if k.startswith("module.")}
     model.load_state_dict(weights)
     model.to(d.device)
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if d.device.type == "cuda" and \
-        cfg.precision == "bf16" else contextlib.nullcontext
-    metrics = evaluate(model, val, args.batch_size, d, autocast)
+    metrics = evaluate(model, val, args.batch_size, d, cfg.bf16(d.device))
     result = {"run": args.run, "epoch": state["epoch"], "ema": args.ema, **metrics}
     if d.main:
         write_json(os.path.join(args.run, "eval_ema.json" if args.ema else "eval.json"), result)
