@@ -95,14 +95,10 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.cuda_graph not in (None, True, False):
             raise ValueError(f"cuda_graph must be true, false or null (automatic), got {self.cuda_graph!r}")
-        if self.cuda_graph:
-            self._check_cuda_graph()
-
-    def _check_cuda_graph(self) -> None:
-        if self.device == "cpu":
+        if self.cuda_graph and self.device == "cpu":
             raise ValueError("cuda_graph needs a CUDA device, got device=cpu")
         for key in ("compile", "activation_checkpointing"):
-            if getattr(self, key):
+            if self.cuda_graph and getattr(self, key):
                 raise ValueError(f"cuda_graph cannot be combined with {key}=true (choose one)")
 
     def grad_accum(self, world: int) -> int:
