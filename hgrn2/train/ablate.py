@@ -39,6 +39,7 @@ import yaml
 
 from hgrn2.bench.common import add_record_argument, command_of, environment, runs_environment, write_result
 from hgrn2.data.files import write_json
+from hgrn2.train.plot import pyplot
 from hgrn2.train.sweep import best_device, main_process, read_result, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "ablate.yaml"
@@ -199,13 +200,8 @@ def table(recipe: str, title: str, rows: list[dict]) -> str:
 
 def plot(recipe: str, title: str, rows: list[dict], path: Path) -> Path | None:
     """Expand: perplexity against the expand ratio (log scale); other recipes: one bar per variant."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install 'hgrn2[plot]'): no plot")
+    plt = pyplot()
+    if plt is None:
         return None
     done = [r for r in rows if r["val_ppl"] is not None]
     if not done:

@@ -64,14 +64,6 @@ def _remove(path: str) -> None:
         pass
 
 
-def remove_stale(directory: str) -> list[str]:
-    """Delete the `.tmp` files that an interrupted save left in `directory`; returns their paths."""
-    stale = [p for p in glob.glob(os.path.join(directory, "*.tmp")) if os.path.isfile(p)]
-    for p in stale:
-        _remove(p)
-    return stale
-
-
 def save(directory: str, step: int, state: dict, keep_last: int) -> str:
     """Write `state` as the checkpoint of `step` and delete all but the newest `keep_last`. Returns the path.
 

@@ -43,26 +43,7 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
         return 0
     from . import distributed as D
-    from .guard import RunError
+    from .guard import train_command
     from .trainer import Trainer
 
-    try:  # bad input is reported in one line, before any training starts
-        d = D.init(cfg.device)
-        trainer = Trainer(cfg, d)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
-        print(f"hgrn2 train: error: {e}", file=sys.stderr)
-        D.shutdown()
-        return 2
-    except RunError as e:  # the run directory in use, no intact checkpoint
-        print(f"hgrn2 train: error: {e}", file=sys.stderr)
-        D.shutdown()
-        return 1
-    try:
-        trainer.train()
-    except (OSError, RunError) as e:  # a full disk, a diverged run: one line, what was saved is intact
-        print(f"hgrn2 train: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        del trainer  # before the process group goes (D.shutdown)
-        D.shutdown()
-    return 0
+    return train_command("hgrn2 train", lambda: Trainer(cfg, D.init(cfg.device)))

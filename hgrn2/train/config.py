@@ -95,14 +95,10 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.cuda_graph not in (None, True, False):
             raise ValueError(f"cuda_graph must be true, false or null (automatic), got {self.cuda_graph!r}")
-        if self.cuda_graph:
-            self._check_cuda_graph()
-
-    def _check_cuda_graph(self) -> None:
-        if self.device == "cpu":
+        if self.cuda_graph and self.device == "cpu":
             raise ValueError("cuda_graph needs a CUDA device, got device=cpu")
         for key in ("compile", "activation_checkpointing"):
-            if getattr(self, key):
+            if self.cuda_graph and getattr(self, key):
                 raise ValueError(f"cuda_graph cannot be combined with {key}=true (choose one)")
 
     def grad_accum(self, world: int) -> int:
@@ -113,22 +109,20 @@ class TrainConfig:
         return self.batch_size // per_step
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+def preset_names(directory: str = PRESET_DIR) -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".yaml"))
 
 
-def preset_names() -> list[str]:
-    return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".yaml"))
-
-
-def load_preset(name_or_path: str) -> dict:
-    """Raw dict of a preset given by name (`hgrn2/configs/lm/<name>.yaml`, or the model preset's name of a paper
-    size, `paper-150m`, ...) or by a YAML file path."""
+def load_preset(name_or_path: str, directory: str = PRESET_DIR) -> dict:
+    """Raw dict of a preset given by name (`<directory>/<name>.yaml`; for the language model also the model preset's
+    name of a paper size, `paper-150m`, ...) or by a YAML file path."""
     from hgrn2.models.presets import TRAINING_PRESETS
 
-    name = TRAINING_PRESETS.get(name_or_path, name_or_path)
-    path = name_or_path if os.path.isfile(name_or_path) else os.path.join(PRESET_DIR, f"{name}.yaml")
+    name = TRAINING_PRESETS.get(name_or_path, name_or_path) if directory == PRESET_DIR else name_or_path
+    path = name_or_path if os.path.isfile(name_or_path) else os.path.join(directory, f"{name}.yaml")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"config {name_or_path!r} is neither a file nor a preset; presets: {preset_names()}")
+        raise FileNotFoundError(f"config {name_or_path!r} is neither a file nor a preset; presets: "
+                                f"{preset_names(directory)}")
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
     if not isinstance(raw, dict):
@@ -147,22 +141,23 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def make_config(preset: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Preset (optional) then overrides in order; `model={...}` replaces the model section, `model.k=v` edits it.
-    Every key is checked and every value coerced to the field's type."""
-    raw = load_preset(preset) if preset else {}
-    model = dict(raw.pop("model", None) or {})
+def make_config(preset: str | None = None, overrides: list[str] | None = None, cls=TrainConfig,
+                directory: str = PRESET_DIR, nested: str = "model"):
+    """A `cls` from a preset of `directory` (optional), then overrides in order; `model={...}` replaces the nested
+    dict field `nested`, `model.k=v` edits it. Every key is checked and every value coerced to the field's type."""
+    raw = load_preset(preset, directory) if preset else {}
+    inner = dict(raw.pop(nested, None) or {})
     for key, value in parse_overrides(overrides or []):
-        if key == "model":
+        if key == nested:
             if not isinstance(value, dict):
-                raise ValueError(f"model= expects a mapping like {{hidden_size: 512}}, got {value!r}")
-            model = dict(value)
-        elif key.startswith("model."):
-            model[key[len("model.") :]] = value
+                raise ValueError(f"{nested}= expects a mapping like {{hidden_size: 512}}, got {value!r}")
+            inner = dict(value)
+        elif key.startswith(nested + "."):
+            inner[key[len(nested) + 1:]] = value
         else:
             raw[key] = value
-    values = {key: _coerce(key, value) for key, value in raw.items()}
-    cfg = TrainConfig(**values, model=model)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != nested}
+    cfg = cls(**{key: _coerce(key, value, fields, nested) for key, value in raw.items()}, **{nested: inner})
     cfg.validate()
     return cfg
 
@@ -176,16 +171,16 @@ def unknown_key_error(key: str, valid: list[str], what: str = "config") -> Value
 AUTO_BOOLS = ("cuda_graph",)  # bool settings whose default None means "decided at run time"
 
 
-def _coerce(key: str, value):
-    if key not in FIELDS or key == "model":
-        raise unknown_key_error(key, [k for k in FIELDS if k != "model"] + ["model.<name>"])
-    default = FIELDS[key].default
+def _coerce(key: str, value, fields: dict, nested: str):
+    if key not in fields:
+        raise unknown_key_error(key, [*fields, f"{nested}.<name>"])
+    default = fields[key].default
     kind = type(default) if default is not dataclasses.MISSING and default is not None else None
     if key in AUTO_BOOLS:  # true, false or null (automatic)
         kind = bool
         if value in (None, "null", "none", "None"):
             return None
-    if FIELDS[key].default_factory is not dataclasses.MISSING:
+    if fields[key].default_factory is not dataclasses.MISSING:
         kind = list
     try:
         if kind is bool:

@@ -139,11 +139,11 @@ class Engine:
         replaces the parameters it shards). `schedule(step, epoch)`: the learning rate of optimiser step `step`
         (0-based) in epoch `epoch`. `d` (None: one process on `device`). `bf16`: autocast to bfloat16. `clip`: the
         global gradient norm clipped to it (0: measured only; None: not measured). `accum`: micro-batches per step.
-        `parallel`: "ddp" or "fsdp" under torchrun (`fsdp`: `distributed.wrap`'s options). `cuda_graph`: the
-        optimizer must be capturable with its learning rate a CUDA tensor (`graphed.py`). `checkpoint_dir` (None:
-        no checkpoints) holds the run `run_id` only, `keep_last` checkpoints named by `name_by` ("step" or
-        "epoch"). `run_dir` (default `checkpoint_dir`) is locked while the run trains (`lock`; False: the caller
-        holds the lock) and holds `log.jsonl` when `log_every` > 0 (and TensorBoard's `tb/` with `tensorboard`).
+        `parallel`: "ddp" or "fsdp" under torchrun (`fsdp`: `distributed.wrap`'s options). `cuda_graph`: each
+        step replayed as one CUDA graph (`graphed.py`; the optimizer made capturable). `checkpoint_dir` (None: no
+        checkpoints) holds the run `run_id` only, `keep_last` checkpoints named by `name_by` ("step" or "epoch").
+        `run_dir` (default `checkpoint_dir`) is locked while the run trains (`lock`; False: the caller holds the
+        lock) and holds `log.jsonl` when `log_every` > 0 (and TensorBoard's `tb/` with `tensorboard`).
         `eval_every`: evaluate (logged and printed, not kept in the history) every that many steps inside an
         epoch. `mid_epoch`: a limit or `ckpt_every` checkpoints inside an epoch (the task's batches start at any
         iteration); without it a limit ends the epoch early, which is evaluated and not saved.
@@ -169,6 +169,8 @@ class Engine:
         self.progress, self.name, self.raise_on_divergence = progress, name, raise_on_divergence
         self.wrapped = D.wrap(task.model, parallel, self.d, **(fsdp or {}))
         self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(self.wrapped)
+        if cuda_graph:  # the learning rate a CUDA tensor, which `set_lr` changes in place under the graph
+            set_capturable(self.optimizer, self.device)
         self.step, self.epoch, self.iteration, self.history, self.seconds = 0, 0, 0, [], 0.0
         self.sums: torch.Tensor | None = None
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # since the last log record

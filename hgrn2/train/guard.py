@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import torch
 
@@ -22,6 +23,29 @@ class RunError(RuntimeError):
 
 class Diverged(RunError):
     """The loss or the gradient norm turned non-finite; the checkpoints hold only finite steps."""
+
+
+def train_command(name: str, build) -> int:
+    """The exit status of a training command: `build()` makes its trainer (bad input: exit 2; the run folder in use,
+    no intact checkpoint: exit 1), whose `train()` then runs (a full disk, a diverged run: exit 1, what was saved is
+    intact); a failure is printed as one line `NAME: error: ...`. The process group is left on return."""
+    from . import distributed as D
+
+    try:
+        trainer = build()
+    except (ValueError, FileNotFoundError, FileExistsError, RunError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        D.shutdown()
+        return 1 if isinstance(e, RunError) else 2
+    try:
+        trainer.train()
+    except (OSError, RunError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        del trainer  # before the process group goes (D.shutdown)
+        D.shutdown()
+    return 0
 
 
 class RunLock:
@@ -109,17 +133,15 @@ def same_path(a, b) -> bool:
     return os.path.realpath(str(a)) == os.path.realpath(str(b))
 
 
-def check_resume(where: str, saved: dict, now: dict, *, fixed, paths=(), extendable=(), names=None) -> list[str]:
+def check_resume(where: str, saved: dict, now: dict, *, fixed, paths=(), extendable=()) -> list[str]:
     """Compare a run's saved settings with this call's: a change to a `fixed` key (or to the resolved `paths`) is
     refused in one line; a change of an `extendable` key (epochs, steps) is allowed and returned as one line each.
-    Keys absent from `saved` (checkpoints from before they were kept) are not compared. `names` maps keys to the
-    flags users set them with."""
-    names = names or {}
+    Keys absent from `saved` (checkpoints from before they were kept) are not compared."""
     changed = {k: (saved[k], now[k]) for k in fixed if k in saved and k in now and saved[k] != now[k]}
     changed |= {k: (saved[k], now[k]) for k in paths if k in saved and k in now and not same_path(saved[k], now[k])}
     if changed:
-        what = ", ".join(f"{names.get(k, k)} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
         raise ValueError(f"{where} holds a run started with other settings ({what}); resume it with its own, "
                          "or use another output directory")
-    return [f"{names.get(k, k)} {saved[k]} -> {now[k]}: the run continues with the new value"
+    return [f"{k} {saved[k]} -> {now[k]}: the run continues with the new value"
             for k in extendable if k in saved and k in now and saved[k] != now[k]]

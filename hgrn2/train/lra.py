@@ -40,6 +40,7 @@ from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
 from . import distributed, guard
 from .engine import Engine, EpochEnd, Task
 from .optim import lr_at
+from .plot import pyplot
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
 PAPER_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
@@ -254,13 +255,10 @@ def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
                          f"settings to continue it, give another --out, or delete {run_dir} to start over")
 
 
-def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
-                        capturable: bool = False) -> torch.optim.AdamW:
+def build_lra_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW (torch's defaults) decaying every parameter, norms and biases included: the LRA code passes all of
-    them in one group (its `_optim` overrides are set only by S4 layers). `capturable`: for a CUDA-graph step, the
-    learning rate a tensor on the parameters' device (which the engine changes in place)."""
-    rate = torch.tensor(lr, device=next(model.parameters()).device) if capturable else lr
-    return torch.optim.AdamW(model.parameters(), lr=rate, weight_decay=weight_decay, capturable=capturable)
+    them in one group (its `_optim` overrides are set only by S4 layers)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
 
 def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist, variant: str | None = None
@@ -360,7 +358,7 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
         # the authors' "synbatch" (SyncBatchNorm runs on CUDA only; CPU ranks keep their own statistics); with
         # bn_group, their plain "batch", each rank normalises its own share
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"], capturable=args.cuda_graph)
+    opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"])
     amp = d.device.type == "cuda" and tr["precision"] == "bf16"
     settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task))
     lra = LRATask(model, data, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"], amp,
@@ -439,16 +437,10 @@ def report(out: str | Path) -> str:
 
 
 def plot(out: str | Path) -> Path | None:
-    """Validation accuracy per epoch, one panel per task, one line per model; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    """Validation accuracy per epoch, one panel per task, one line per model; None without matplotlib or runs."""
     results = results_in(out)
-    if not results:
+    plt = pyplot() if results else None
+    if plt is None:
         return None
     task_list = [t for t in (*PAPER_ORDER, "fashion_mnist") if any(r["task"] == t for r in results)]
     fig, axes = plt.subplots(1, len(task_list), figsize=(4 * len(task_list), 3.2), squeeze=False)

@@ -46,6 +46,7 @@ from hgrn2.data import mqar
 from hgrn2.data.files import write_json
 from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train.engine import Engine, Task, cosine
+from hgrn2.train.plot import pyplot
 from hgrn2.train.sweep import best_device, finished_results, main_process, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "mqar.yaml"
@@ -171,10 +172,7 @@ def train_run(spec: RunSpec, device: str | torch.device = "cpu", data_dir: str |
     model = ZoologyLM(spec.mixer, spec.d_model, vocab_size=spec.vocab_size,
                       max_position_embeddings=spec.seq_len if is_attention else 0,
                       mixer_options=spec.mixer_options).to(dev)
-    # a CUDA graph needs the learning rate as a tensor, which the engine then changes in place
-    lr = torch.tensor(spec.lr, device=dev) if cuda_graph else spec.lr
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=spec.weight_decay, fused=dev.type == "cuda",
-                            capturable=cuda_graph)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, fused=dev.type == "cuda")
     task = MQARTask(model, train, test, spec.batch_size, spec.early_stop_accuracy)
     def epoch_done(record):  # the run's id and epochs beside the epoch's record, for the sweep's progress line
         if on_epoch is not None:
@@ -278,13 +276,8 @@ def table(results: list[dict], mixers, dims, seq_lens) -> str:
 
 def plot(results: list[dict], mixers, dims, seq_lens, path: Path) -> Path | None:
     """The paper's figure: accuracy vs model dimension, one panel per sequence length."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install 'hgrn2[plot]'): no plot")
+    plt = pyplot()
+    if plt is None:
         return None
     best = best_over_lrs(results)
     fig, axes = plt.subplots(1, len(seq_lens), figsize=(3.6 * len(seq_lens), 3.2), sharey=True, squeeze=False)

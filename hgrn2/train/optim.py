@@ -10,21 +10,16 @@ import math
 import torch
 
 
-def build_optimizer(model: torch.nn.Module, name: str, lr: float, betas, eps: float, weight_decay: float,
-                    capturable: bool = False):
+def build_optimizer(model: torch.nn.Module, name: str, lr: float, betas, eps: float, weight_decay: float):
     """Two parameter groups: matrices (dim >= 2: projections, embeddings) decayed; vectors (norms, biases,
-    lower bounds) not. `fused`/`foreach` are left to torch's defaults for the device. `capturable`: the step can be
-    captured in a CUDA graph, its learning rate a CUDA tensor (`set_capturable`) that `set_lr` changes in place."""
+    lower bounds) not. `fused`/`foreach` are left to torch's defaults for the device."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[name]
-    optimizer = cls(groups, lr=lr, betas=tuple(betas), eps=eps, capturable=capturable)
-    if capturable:
-        set_capturable(optimizer, params[0].device)
-    return optimizer
+    return cls(groups, lr=lr, betas=tuple(betas), eps=eps)
 
 
 def lr_at(step: int, *, schedule: str, lr: float, warmup_steps: int, max_steps: int, min_lr: float = 0.0) -> float:

@@ -43,13 +43,24 @@ def _label(p: str) -> str:
     return os.path.basename(os.path.normpath(p if os.path.isdir(p) else os.path.dirname(p) or p))
 
 
+def pyplot(required: bool = False):
+    """matplotlib's pyplot on the file backend; None (with a note) without matplotlib, unless `required`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        if required:
+            raise
+        print("matplotlib is not installed (pip install 'hgrn2[plot]'): no plot")
+        return None
+    return plt
+
+
 def plot(curves: dict[str, list[dict]], out: str, *, x: str = "step", smooth: int = 1, logy: bool = False) -> None:
     """One panel for training loss, one for validation loss; a line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(required=True)
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4))
     for name, rows in curves.items():
         train = [r for r in rows if r.get("kind") == "train"]

@@ -152,14 +152,14 @@ def _remove(path: str) -> None:
                 os.remove(p)
 
 
-def remove_stale(directory: str) -> list[str]:
-    """Delete what an interrupted save left in `directory` (`.tmp` files and folders); returns their paths."""
-    stale = ckpt.remove_stale(directory)
+def remove_stale(directory: str) -> None:
+    """Delete what an interrupted save left in `directory`: `.tmp` folders and (of the single files) `.tmp` files."""
     for name in _names(directory):
-        if name.endswith(".tmp") and os.path.isdir(os.path.join(directory, name)):
-            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-            stale.append(os.path.join(directory, name))
-    return stale
+        path = os.path.join(directory, name)
+        if name.endswith(".tmp") and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.endswith(".tmp"):
+            os.remove(path)
 
 
 def check(path: str) -> str | None:

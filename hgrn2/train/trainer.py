@@ -151,8 +151,7 @@ class Trainer:
                              f"out_dir (they would be mixed with this run's)")
         self.task = LMTask(cfg, self.d, model, self.train_set, self.val_set, self.accum)
         self.engine = Engine(
-            self.task, lambda m: build_optimizer(m, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay,
-                                                 capturable=self.graphed),
+            self.task, lambda m: build_optimizer(m, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay),
             lambda step, epoch: lr_at(step, schedule=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                                       max_steps=cfg.max_steps, min_lr=cfg.min_lr),
             d=self.d, bf16=cfg.precision == "bf16", clip=cfg.grad_clip, accum=self.accum, parallel=cfg.parallel,
@@ -170,15 +169,6 @@ class Trainer:
     def step(self) -> int:
         return self.engine.step
 
-    @property
-    def loss_sum(self) -> float:
-        """The summed loss of the steps since the last log record (kept in checkpoints)."""
-        return self.engine.loss_sum.item()
-
-    @property
-    def loss_count(self) -> int:
-        return self.engine.loss_count
-
     def train(self, after_step=None) -> dict:
         """Train to max_steps, then validate on eval_sequences and export `final/`; returns the final validation
         record. `after_step()` is called after every optimiser step: when it returns True the run stops there,
@@ -193,7 +183,8 @@ class Trainer:
                           "nothing to train")
                 return {"stopped_at": self.step}
             if self.step == cfg.max_steps:
-                record = self.evaluate()
+                record = self.engine.validate()
+                self.save_final()
             else:
                 if d.main:
                     print(f"{cfg.arch}: {self.n_params / 1e6:.1f}M parameters; {d.world} rank(s) × micro batch "
@@ -203,15 +194,9 @@ class Trainer:
                 if fit.stopped is not None:
                     return {"stopped_at": self.step}
                 record = {"step": self.step, **fit.history[-1]}
-                return {"kind": "val", **record} if len(record) > 1 else {}
-            self.save_final()
             return {"kind": "val", **record} if len(record) > 1 else {}
         finally:
             self.engine.close()
-
-    def evaluate(self) -> dict:
-        """Validation loss/perplexity now (logged and printed); its record with the step ({} without a val split)."""
-        return self.engine.validate()
 
     def save_final(self) -> None:
         """The exported model in `final/`, written whole into `final.tmp/` and swapped in by renames."""

@@ -28,7 +28,6 @@ norm is not finite stops the run before anything of it is saved.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -53,12 +52,13 @@ from ..bench.common import (
 from ..data.files import write_json
 from ..data.idx import read_fashion_mnist_split
 from ..models.vision import HGRN2ForImageClassification, VisionConfig, num_parameters, preset
+from . import config, guard, sharded
 from . import distributed as D
-from . import guard, sharded
-from .config import parse_overrides, unknown_key_error
 from .engine import Engine, EpochEnd, Task
 from .logger import read_log
 from .optim import build_optimizer
+from .plot import pyplot
+from .sweep import main_process
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "vision")
 FASHION_MNIST_MEAN_STD = (0.2860, 0.3530)
@@ -140,62 +140,18 @@ class VisionTrainConfig:
     def peak_lr(self) -> float:
         return self.lr * self.batch_size / self.lr_batch
 
+    def bf16(self, device: torch.device) -> bool:
+        return self.precision == "bf16" and device.type == "cuda"  # a CPU computes in fp32
 
-FIELDS = {f.name: f for f in dataclasses.fields(VisionTrainConfig)}
+
 # settings a resumed run may change; `epochs` may grow or shrink (said in one line), `data` is compared resolved
 RESUME_FREE = ("num_workers", "device", "out_dir", "log_every", "keep_last", "progress", "epochs", "data")
 
 
-def preset_names() -> list[str]:
-    return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".yaml"))
-
-
 def make_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> VisionTrainConfig:
-    """A preset (`hgrn2/configs/vision/<name>.yaml`) or YAML file, then `key=value` overrides; keys are checked."""
-    raw: dict = {}
-    if name_or_path:
-        path = name_or_path if os.path.isfile(name_or_path) else os.path.join(PRESET_DIR, f"{name_or_path}.yaml")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"`--config`: {name_or_path!r} is neither a file nor a preset; presets: "
-                                    f"{preset_names()}")
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
-    for key, value in parse_overrides(overrides or []):
-        if key.startswith("model_args."):
-            raw.setdefault("model_args", {})[key[len("model_args."):]] = value
-        else:
-            raw[key] = value
-    for key in raw:
-        if key not in FIELDS:
-            raise unknown_key_error(key, list(FIELDS) + ["model_args.<name>"])
-    defaults = VisionTrainConfig()
-    values = {k: _coerce(k, v, getattr(defaults, k)) for k, v in raw.items()}
-    cfg = VisionTrainConfig(**values)
-    cfg.validate()
-    return cfg
-
-
-def _coerce(key: str, value, default):
-    try:
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if isinstance(default, float):
-            return float(value)
-        if isinstance(default, int):
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if isinstance(default, list):
-            return [float(v) for v in value]
-        if isinstance(default, dict):
-            if not isinstance(value, dict):
-                raise ValueError
-            return dict(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"`{key}`: expects {type(default).__name__}, got {value!r}") from None
+    """A preset (`hgrn2/configs/vision/<name>.yaml`) or YAML file, then `key=value` overrides (`model_args.k=v`
+    edits the model's fields); keys are checked (`config.make_config`)."""
+    return config.make_config(name_or_path, overrides, VisionTrainConfig, PRESET_DIR, nested="model_args")
 
 
 def epoch_lr(cfg: VisionTrainConfig, epoch: int) -> float:
@@ -309,11 +265,6 @@ class VisionTask(Task):
         self.steps_per_epoch = min(n, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else n
         self.best = 0.0
 
-    def autocast(self):
-        if self.cfg.precision == "bf16" and self.d.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     def batches(self, epoch: int, start: int):
         self.sampler.set_epoch(epoch)
         dev = self.d.device
@@ -334,9 +285,10 @@ class VisionTask(Task):
             self.ema.update_parameters(self.model)
 
     def evaluate(self, model) -> dict:
-        metrics = evaluate(self.model, self.val_set, self.local_batch, self.d, self.autocast)
+        bf16 = self.cfg.bf16(self.d.device)
+        metrics = evaluate(self.model, self.val_set, self.local_batch, self.d, bf16)
         if self.ema is not None:
-            ema = evaluate(self.ema.module, self.val_set, self.local_batch, self.d, self.autocast)
+            ema = evaluate(self.ema.module, self.val_set, self.local_batch, self.d, bf16)
             metrics |= {f"ema_{k}": v for k, v in ema.items()}
         return metrics
 
@@ -385,11 +337,9 @@ class VisionTrainer:
         self.n_params = num_parameters(model)
         self.task = VisionTask(cfg, self.d, model, train_set, self.val_set, classes)
         self.ema = self.task.ema
-        optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay,
-                                    capturable=cfg.cuda_graph)
+        optimizer = build_optimizer(model, "adamw", cfg.peak_lr(), cfg.betas, cfg.eps, cfg.weight_decay)
         self.engine = Engine(self.task, optimizer, lambda step, epoch: epoch_lr(cfg, epoch), d=self.d,
-                             bf16=cfg.precision == "bf16" and self.d.device.type == "cuda", clip=cfg.clip_grad,
-                             cuda_graph=cfg.cuda_graph,
+                             bf16=cfg.bf16(self.d.device), clip=cfg.clip_grad, cuda_graph=cfg.cuda_graph,
                              checkpoint_dir=os.path.join(cfg.out_dir, "checkpoints"), run_dir=cfg.out_dir,
                              keep_last=cfg.keep_last, name_by="epoch", log_every=cfg.log_every,
                              progress=cfg.progress, name=cfg.out_dir)
@@ -401,10 +351,6 @@ class VisionTrainer:
             os.makedirs(cfg.out_dir, exist_ok=True)
             write_json(os.path.join(cfg.out_dir, "config.json"), dataclasses.asdict(cfg))
         self.env = environment(self.d.device, self.d.world)
-
-    @property
-    def epoch(self) -> int:
-        return self.engine.epoch
 
     def train(self) -> dict:
         """Train to `epochs`; returns the last epoch's result ({} when the run has nothing left to train). The run
@@ -436,7 +382,7 @@ class VisionTrainer:
 
 
 @torch.no_grad()
-def evaluate(model, dataset, batch_size: int, d: D.Dist, autocast=contextlib.nullcontext) -> dict:
+def evaluate(model, dataset, batch_size: int, d: D.Dist, bf16: bool = False) -> dict:
     """Top-1 / top-5 accuracy (%) and mean loss over the whole split; rank r takes images r, r + world, ..."""
     part = torch.utils.data.Subset(dataset, range(d.rank, len(dataset), d.world))
     loader = torch.utils.data.DataLoader(part, batch_size=batch_size, shuffle=False)
@@ -445,7 +391,7 @@ def evaluate(model, dataset, batch_size: int, d: D.Dist, autocast=contextlib.nul
     sums = torch.zeros(4, dtype=torch.float64, device=d.device)  # loss, top-1, top-5, count
     for x, y in loader:
         x, y = x.to(d.device), y.to(d.device)
-        with autocast():
+        with torch.autocast(d.device.type, torch.bfloat16, enabled=bf16):
             logits = model(x).float()
         top = logits.topk(min(5, logits.shape[-1]), -1).indices
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (top[:, 0] == y).sum(),
@@ -461,7 +407,8 @@ def evaluate(model, dataset, batch_size: int, d: D.Dist, autocast=contextlib.nul
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     train = sub.add_parser("train", help="train (works under torchrun)")
-    train.add_argument("--config", default=None, help=f"preset ({', '.join(preset_names())}) or YAML file")
+    train.add_argument("--config", default=None,
+                       help=f"preset ({', '.join(config.preset_names(PRESET_DIR))}) or YAML file")
     train.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", action="extend",
                        help="override config keys, e.g. data=/data/imagenet batch_size=256 model_args.num_layers=6")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -483,30 +430,16 @@ def run(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     try:  # bad input is reported in one line, before any training starts
         cfg = make_config(args.config, args.set)
-        if args.print_config:
-            print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
-            return 0
-        d = D.init(cfg.device)
-        trainer = VisionTrainer(cfg, d)
     except (ValueError, FileNotFoundError) as e:
         print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
-        D.shutdown()
         return 2
-    except guard.RunError as e:  # the run directory in use, no intact checkpoint
-        print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
-        D.shutdown()
-        return 1
-    try:
-        trainer.train()
-    except (OSError, guard.RunError) as e:  # a full disk, a diverged run: one line, what was saved is intact
-        print(f"hgrn2 vision train: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        del trainer  # before the process group goes (D.shutdown)
-        D.shutdown()
-    if d.main and args.record is not None:
+    if args.print_config:
+        print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
+        return 0
+    status = guard.train_command("hgrn2 vision train", lambda: VisionTrainer(cfg, D.init(cfg.device)))
+    if status == 0 and main_process() and args.record is not None:
         return run_report(argparse.Namespace(**{**vars(args), "run": cfg.out_dir}))
-    return 0
+    return status
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -552,13 +485,8 @@ def read_run(run: str) -> tuple[dict, list[dict]]:
 
 def plot_curve(curve: list[dict], path: str, title: str) -> str | None:
     """Validation top-1 and the training and validation loss per epoch; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install 'hgrn2[plot]'): no plot")
+    plt = pyplot()
+    if plt is None:
         return None
     epochs = [r["epoch"] for r in curve]
     fig, (acc, loss) = plt.subplots(1, 2, figsize=(8, 3.2))
@@ -604,9 +532,7 @@ def run_eval(args: argparse.Namespace) -> int:
         weights = {k[len("module."):]: v for k, v in state["ema"].items() if k.startswith("module.")}
     model.load_state_dict(weights)
     model.to(d.device)
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if d.device.type == "cuda" and \
-        cfg.precision == "bf16" else contextlib.nullcontext
-    metrics = evaluate(model, val, args.batch_size, d, autocast)
+    metrics = evaluate(model, val, args.batch_size, d, cfg.bf16(d.device))
     result = {"run": args.run, "epoch": state["epoch"], "ema": args.ema, **metrics}
     if d.main:
         write_json(os.path.join(args.run, "eval_ema.json" if args.ema else "eval.json"), result)

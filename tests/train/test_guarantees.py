@@ -473,8 +473,8 @@ def test_single_file_checkpoints_of_earlier_versions_still_resume(corpus, tmp_pa
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    old = {"step": 2, "model": model_sd, "optimizer": optim_sd, "rng": [rng], "loss_sum": trainer.loss_sum,
-           "loss_count": trainer.loss_count, "config": dataclasses.asdict(trainer.cfg), "world": 1}
+    old = {"step": 2, "model": model_sd, "optimizer": optim_sd, "rng": [rng], "config": dataclasses.asdict(trainer.cfg),
+           "loss_sum": trainer.engine.loss_sum.item(), "loss_count": trainer.engine.loss_count, "world": 1}
     for _, path in sharded.list_checkpoints(str(tmp_path / "old" / "checkpoints")):
         sharded._remove(path)
     ckpt.save(str(tmp_path / "old" / "checkpoints"), 2, old, keep_last=1)

@@ -89,7 +89,7 @@ def check_resume_trains_the_same_weights(images, tmp_path, between=None):
     if between is not None:
         between(tmp_path / "b" / "checkpoints")
     resumed = VisionTrainer(fashion_config(images, tmp_path / "b", "epochs=2", "ema_decay=0.9"), D.init("cpu"))
-    assert resumed.epoch == 1
+    assert resumed.engine.epoch == 1
     resumed.train()
     for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
         assert torch.equal(a, b)
