@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test suite and the benchmarks on any CUDA machine, from the repository root:
 #   OUT=/some/dir bash benchmarks/gpu_suite.sh [STEP ...]        (default steps: tests ops layer train)
-# Steps: tests (the op, layer and model tests, GPU ones included; TESTS=... to choose, SHARD=I/N one part of them,
+# Steps: tests (the op, layer and model tests, GPU ones included; TESTS=... to choose, e.g. TESTS='tests/train -m gpu'
+# for the training loops' CUDA-graph tests; SHARD=I/N one part of them,
 # WORKERS=K pytest processes side by side), tests-quick (every kernel variant once against fp64), ops, layer,
 # fla-warmup, train, generate, vision, parity (DATA=a `hgrn2 data prepare` directory of real text), profile, accuracy,
 # convert-fla, memory, ddp (needs 2 GPUs). Each bench step writes its JSON to

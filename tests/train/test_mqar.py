@@ -322,6 +322,7 @@ def test_cuda_graph_needs_cuda_and_a_capturable_optimizer(tmp_path):
         cli_main(["mqar", "--device", "cpu", "--cuda-graph", "--out", str(tmp_path)])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mixer", [STAND_IN, "hgrn2", "attention", "hgrn1_complex"])
 def test_cuda_graph_training_learns_like_eager(tmp_path, mixer):

@@ -101,6 +101,7 @@ def test_resume_trains_the_same_weights(fixture_dir, tmp_path):
     check_resume_trains_the_same_weights(fixture_dir, tmp_path)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graphed_steps_train_as_the_eager_ones(fixture_dir, tmp_path):
     """cuda_graph: the same losses and weights as eager steps (fp32, no dropout), with a resume in between."""
