@@ -38,7 +38,6 @@ class _Blocks(NamedTuple):
     bk_bwd: int  # K-block of the backward
     bk_small: int  # K-block of the small-gates dβ kernel
     bv: int  # V-block of the chunk-parallel kernels
-    bv_small: int  # V-block of the small-gates dβ kernel
     bk_seq: int  # K-block of the sequential state walks
     bv_seq: int  # V-block of the sequential state walks
     warps: int
@@ -56,7 +55,6 @@ def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig) -> _Blocks:
     bk_bwd = max(16, min(kp, cap, cfg.block_k_bwd))
     bk_small = max(16, min(kp, cap, cfg.block_k_small or cfg.block_k_bwd))
     bv = max(16, min(vp, cfg.block_v or (32 if fp32 else 128)))
-    bv_small = max(16, min(vp, cfg.block_v_small or bv))
     bk_seq = max(16, min(kp, cap, cfg.block_k_seq or kp))
     bv_seq = max(16, min(vp, cfg.block_v_seq or (64 if fp32 else 128)))
     # the sequential walks take T/BT dependent steps per program: with few (sequence, head) pairs their blocks
@@ -71,7 +69,7 @@ def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig) -> _Blocks:
     warps = cfg.num_warps
     warps_bwd = cfg.num_warps_bwd or (8 if bt * max(bk_bwd, bv) >= 4096 else 4)
     warps_seq = cfg.num_warps_seq or (8 if bk_seq * bv_seq >= 4096 else 4)
-    return _Blocks(bk, bk_bwd, bk_small, bv, bv_small, bk_seq, bv_seq, warps, warps_bwd, warps_seq)
+    return _Blocks(bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq)
 
 
 def _num_chunks(o, cu_seqlens, cfg: ChunkParallelConfig):
@@ -116,7 +114,7 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, _, _, bv, _, bk_seq, bv_seq, warps, _, warps_seq = _config(o, i, N * H, cfg)
+    bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
     bt = chunk_size(o, cfg)
     dt, prec = _dot_dtype(o, i, cfg)
     NT = cdiv(T, bt)
@@ -211,7 +209,7 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    _, bk_bwd, bk_small, bv, bv_small, bk_seq, bv_seq, _, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
+    bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
     bt = chunk_size(o, cfg)
     dt, prec = _dot_dtype(o, i, cfg)
     NT = cdiv(T, bt)
@@ -227,12 +225,8 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         dg = torch.empty_like(do)
     di = torch.empty_like(i)
     dlb = o.new_empty(0)
-    if lower_bound is not None:
-        # every real chunk writes its rows of the parallel kernel's NV V-blocks: only varlen's padding chunks, and
-        # the rows the small-gates kernel alone adds to (its V-blocks beyond NV), need the zeros
-        nv_dlb = max(NV, cdiv(V, bv_small)) if fz.numel() else NV
-        dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(nv_dlb, n_chunks, H, K, dtype=torch.float32)
-        dlb[NV:].zero_()
+    if lower_bound is not None:  # every real chunk writes its row: only varlen's padding chunks need the zeros
+        dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(NV, n_chunks, H, K, dtype=torch.float32)
     bb, fb = (b_saved, fb_saved) if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg)[:2]
     nv_seq = cdiv(V, bv_seq)
     chunk_parallel_bwd_dh_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
@@ -255,10 +249,10 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         # a K-block per program, several programs per SM and K-block: each listed chunk's work is latency-bound,
         # and the K-blocks that hold none of its small gates leave at once
         per_sm = max(1, cfg.small_programs_per_sm)
-        grid = (max(1, min(n_chunks * H, per_sm * sm_count(o.device))), cdiv(V, bv_small), cdiv(K, bk_small))
+        grid = (max(1, min(n_chunks * H, per_sm * sm_count(o.device))), NV, cdiv(K, bk_small))
         chunk_parallel_bwd_small_kernel[grid](
             o, g, i, lower_bound, h, dh, dy, dlb, fz, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
-            BK=bk_small, BV=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec,
+            BK=bk_small, BV=bv, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec,
             num_warps=cfg.num_warps_small,
         )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)

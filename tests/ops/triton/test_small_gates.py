@@ -62,20 +62,6 @@ def test_exact_in_later_k_blocks(channels, block_k):
                         output_final_state=True))
 
 
-@pytest.mark.parametrize("block_v", [16, 64])
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_exact_with_its_own_v_blocks(block_v, varlen):
-    """V = 64 in fp32 (the parallel kernels' 32-wide V-blocks): the small-gates kernel on V-blocks of its own, more
-    of them (rows of the partial sums only it writes) or fewer."""
-    o, g, i, beta, h0 = make_inputs(1, 70, 2, 16, 64, lb=(2.0 ** -8, 0.9), n_states=2 if varlen else 1)
-    beta[1, 3] = 0.0
-    g[:, 20:50, 1, 3] = -30.0
-    kw = dict(cu_seqlens=torch.tensor([0, 33, 70], device=DEV)) if varlen else {}
-    with launch_config(chunk_parallel=cp.ChunkParallelConfig(block_v_small=block_v, small_programs_per_sm=1)):
-        check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
-                        output_final_state=True, **kw))
-
-
 def test_listed_chunks():
     """The forward lists exactly the (chunk, head) pairs holding a gate below SMALL_F, and only when the bound needs
     a gradient."""
