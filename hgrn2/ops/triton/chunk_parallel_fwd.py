@@ -145,12 +145,15 @@ def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.cons
     offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
     g, bb = g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
     beta = load_beta(lb, i_h, K, ck, HAS_LB)
+    lowest = 1.0  # the K-block's lowest bound (a scalar: β itself is not held past the gate math)
+    if FLAG_SMALL:
+        lowest = tl.min(tl.where(ck < K, beta, 1.0), 0)
     a, _, _, _, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
     b = tl.cumsum(tl.where(mtk, a, 0.0), 0)
     tl.store(bb + offk, b, mask=mtk)
     if FLAG_SMALL:
         # f ≥ β: a K-block whose bounds all reach SMALL_F holds no small gate and skips the tile's reductions
-        if tl.min(tl.where(ck < K, beta, 1.0), 0) < SMALL_F:
+        if lowest < SMALL_F:
             small = tl.max(tl.where(mtk & (f < SMALL_F), 1, 0), 0)  # per channel
             if tl.max(small, 0) > 0:
                 groups = tl.reduce(tl.where(small > 0, 1 << tl.minimum(ck // SMALL_GROUP, 31), 0), 0, _bit_or)
