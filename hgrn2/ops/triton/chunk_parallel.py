@@ -277,10 +277,11 @@ class _ChunkParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state,
-                save_a, save_b, config):
+                save_a, save_b, grad, config):
+        # the small gates are listed only for a backward that forms dβ (needs_input_grad holds without grad mode too)
         y, ht, h, a_saved, b_saved, fb, fz = chunk_parallel_fwd(
             o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, output_final_state, save_a, save_b,
-            ctx.needs_input_grad[3], config)
+            grad and ctx.needs_input_grad[3], config)
         ctx.save_for_backward(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved, b_saved, fb, fz)
         ctx.args = (scale, o_act, i_act, output_final_state, config)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensors are made
@@ -295,7 +296,7 @@ class _ChunkParallel(torch.autograd.Function):
         do, dg, di, dlb, dh0 = chunk_parallel_bwd(o, g, i, lower_bound, initial_state, cu_seqlens, h, a_saved,
                                                   b_saved, fb, fz, dy, dht, scale, o_act, i_act, config)
         return (do, dg, di, dlb if lower_bound is not None else None, dh0 if initial_state is not None else None,
-                None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None)
 
 
 def hgrn2_chunk_parallel_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor,
@@ -327,6 +328,6 @@ def hgrn2_chunk_parallel_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tenso
         None if initial_state is None else initial_state.contiguous(),
         None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
         float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), cfg.save_a and grad, cfg.save_b and grad,
-        key,
+        grad, key,
     )
     return y.to(in_dtype), (ht if output_final_state else None)

@@ -79,6 +79,38 @@ def test_listed_chunks():
             assert fz[1:1 + 2 * 4].tolist() == [0, 0, 0, 0, 0, 1, 0, 0]  # channel 3: group 0's bit
 
 
+@pytest.mark.parametrize("bound, listed", [(2.0 ** -8, False), (2.0 ** -8 * (1 - 2.0 ** -20), True)],
+                         ids=["at-SMALL_F", "just-below"])
+def test_blocks_whose_bounds_reach_small_f_list_nothing(bound, listed):
+    """f ≥ β: the decay kernel skips its search in a K-block whose bounds all reach SMALL_F; a bound just below it
+    behind a closed gate (f → β) is still found."""
+    o, g, i, beta, _ = make_inputs(1, 64, 2, 16, 16, lb=(0.01, 0.9))
+    beta[1, 5] = bound
+    g[0, 40, 1, 5] = -80.0
+    key = cp.config_key(None, cp.ChunkParallelConfig)
+    fz = cp.chunk_parallel_fwd(o, g, i, beta, None, None, 1.0, 0, 0, False, True, True, True, key)[6]
+    assert int(fz[0]) == listed
+
+
+def test_inference_lists_nothing(monkeypatch):
+    """Without grad mode no backward follows: the forward does not look for small gates, even for a bound that
+    requires a gradient (autograd still reports it as needing one)."""
+    o, g, i, beta, _ = small_bound_inputs(T=40, n_states=None)
+    beta.requires_grad_()
+    flags = []
+    real = cp.chunk_parallel_fwd
+
+    def spy(*args):
+        flags.append(args[12])
+        return real(*args)
+
+    monkeypatch.setattr(cp, "chunk_parallel_fwd", spy)
+    with torch.no_grad():
+        hgrn2_chunk_parallel_triton(o, g, i, beta, scale=0.5, o_act="silu")
+    hgrn2_chunk_parallel_triton(o, g, i, beta, scale=0.5, o_act="silu")
+    assert flags == [False, True]
+
+
 def test_main_kernel_alone_is_off():
     """Without the listed chunks' exact sums the main kernel's dβ misses the small gates' share (so the test above
     can fail): its error is far past the tolerance."""
