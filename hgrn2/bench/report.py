@@ -323,7 +323,12 @@ def lra_table(rec: dict) -> str:
                             ("test acc %", "test", ".2f"), ("best val %", "val", ".2f"), ("epochs", "epochs_str", ""),
                             ("steps", "steps", "d"), ("s / epoch", "time_per_epoch_s", ".1f"),
                             ("GPUs", "world_size", "d")])
-    return f"{table}\n\n{details}"
+    notes = {(r["task"], r["variant"]): r.get("variant_note") for r in rows if r.get("variant")}
+    if not notes:
+        return f"{table}\n\n{details}"
+    changes = format_table([{"task": t, "variant": v, "note": n or "-"} for (t, v), n in notes.items()],
+                           [("task", "task", ""), ("variant", "variant", ""), ("what it changes", "note", "")])
+    return f"{table}\n\n{details}\n\nEach variant is one change against the task's preset:\n\n{changes}"
 
 
 def _lra_label(r: dict) -> str:

@@ -538,6 +538,7 @@ def test_variants_train_apart_and_report_apart(tmp_path, capsys):
     own = json.loads((out / "fashion_mnist-hgrn2" / "result.json").read_text())
     wide = json.loads((out / "fashion_mnist-hgrn2+wide" / "result.json").read_text())
     assert (own["variant"], wide["variant"]) == (None, "wide")
+    assert (own["variant_note"], wide["variant_note"]) == (None, "a wider model")
     # the command line's model options (hidden 8) override the variant's width, as they do the preset's
     assert own["config"]["hidden_size"] == wide["config"]["hidden_size"] == 8
     assert "| hgrn2 [wide] (here) |" in report(out) and "| hgrn2 (here) |" in report(out)
