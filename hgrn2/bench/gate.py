@@ -191,6 +191,10 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
     B0, T0 = shapes[0]
     spec.append(dict(name=f"small β B{B0} T{T0}", grad=True,
                      inputs=op_inputs(B0, T0, H, K, device, dtype, small_beta=True)))
+    if dtype != torch.float32:  # fp32 takes its own blocks and dot precision: its two training rows
+        for small in (False, True):
+            spec.append(dict(name=f"{'small β' if small else 'fwd+bwd'} fp32 B{B0} T{T0}", grad=True,
+                             inputs=op_inputs(B0, T0, H, K, device, torch.float32, small_beta=small)))
     for B, T in shapes:
         spec.append(dict(name=f"fwd B{B} T{T}", grad=False, inputs=op_inputs(B, T, H, K, device, dtype)))
     lens = packed_lengths(B0 * T0)

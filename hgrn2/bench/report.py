@@ -115,9 +115,10 @@ SECTIONS = {
     "gate": ("Speed gate: the working tree against main",
              "`hgrn2 bench gate`: the recurrence of the working tree and of a base tree (the landed main, exported "
              "with `git archive main hgrn2` into the folder `--base-dir` names) side by side in one process on one "
-             "GPU, bf16, H 16, head 128, β learnable (U[0.01, 0.9); the small-β row U[0, 0.9) with channels at 0, "
-             "1e-6 and 2^-9); each time the median over interleaved rounds; max rel. diff: the trees' outputs and "
-             "gradients against each other. A row more than the tolerance slower than the base fails the gate."),
+             "GPU, bf16 (a row named fp32: fp32 inputs), H 16, head 128, β learnable (U[0.01, 0.9); the small-β rows "
+             "U[0, 0.9) with channels at 0, 1e-6 and 2^-9); each time the median over interleaved rounds; max rel. "
+             "diff: the trees' outputs and gradients against each other. A row more than the tolerance slower than "
+             "the base fails the gate."),
     "tests": ("Tests on the GPU",
               "`hgrn2 bench tests PATHS`: pytest on the device, the Triton kernels compiled rather than interpreted, "
               "each test file's outcomes (xfailed: known gaps marked strict, so a fix shows as a failure to update "
@@ -323,7 +324,12 @@ def lra_table(rec: dict) -> str:
                             ("test acc %", "test", ".2f"), ("best val %", "val", ".2f"), ("epochs", "epochs_str", ""),
                             ("steps", "steps", "d"), ("s / epoch", "time_per_epoch_s", ".1f"),
                             ("GPUs", "world_size", "d")])
-    return f"{table}\n\n{details}"
+    notes = {(r["task"], r["variant"]): r.get("variant_note") for r in rows if r.get("variant")}
+    if not notes:
+        return f"{table}\n\n{details}"
+    changes = format_table([{"task": t, "variant": v, "note": n or "-"} for (t, v), n in notes.items()],
+                           [("task", "task", ""), ("variant", "variant", ""), ("what it changes", "note", "")])
+    return f"{table}\n\n{details}\n\nEach variant is one change against the task's preset:\n\n{changes}"
 
 
 def _lra_label(r: dict) -> str:

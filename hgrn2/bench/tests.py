@@ -154,7 +154,29 @@ def run_pytest(pytest_args: list[str], workers: int, folder: Path) -> tuple[int,
     return exit_status(codes), [(junit, rc == 2) for (junit, _), rc in zip(procs, codes) if junit.is_file()]
 
 
+OWN_OPTIONS = {"--out": "out", "--workers": "workers", "--device": "device"}  # this command's options taking a value
+
+
+def take_own_options(args: argparse.Namespace) -> None:
+    """This command's own options written after the test paths (argparse hands everything from the first path on to
+    pytest, which would refuse them): moved from `pytest_args` onto `args`."""
+    rest, it = [], iter(args.pytest_args)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if name in OWN_OPTIONS:
+            value = value if eq else next(it, None)
+            if value is None:
+                raise ValueError(f"`{name}`: expected a value")
+            setattr(args, OWN_OPTIONS[name], int(value) if name == "--workers" else value)
+        elif arg == "--quick":
+            args.quick = True
+        else:
+            rest.append(arg)
+    args.pytest_args = rest
+
+
 def run(args: argparse.Namespace) -> int:
+    take_own_options(args)
     quick = getattr(args, "quick", False)
     workers = getattr(args, "workers", 1)
     if workers < 1:

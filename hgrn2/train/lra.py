@@ -376,10 +376,13 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
     engine.start()
     t_start, first_step, env = time.time(), engine.step, environment(d.device, d.world)
 
+    note = _variant(load_preset(task, args.config), task, variant).get("note")  # what the variant changes
+
     def record(stopped: str | None, write: bool = True) -> dict:
         history, best = engine.history, engine.best()
         times = [h["epoch_time"] for h in history if h.get("complete")]
-        result = {"task": task, "model": mixer, "settings_of": settings, "variant": variant, "parameters": params,
+        result = {"task": task, "model": mixer, "settings_of": settings, "variant": variant, "variant_note": note,
+                  "parameters": params,
                   "config": cfg.to_dict(), "train": tr, "data": data_opts,
                   "environment": env, "world_size": d.world, "steps": engine.step,
                   "steps_per_epoch": lra.steps_per_epoch, "epochs_done": engine.epoch, "history": history,
@@ -589,7 +592,7 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
         raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
     order = {t: k for k, t in enumerate((*PAPER_ORDER, *lra_tasks.TASKS))}
     rows = [{"task": r["task"], "model": r["model"], "settings": _run_key(r)[1], "variant": _run_key(r)[2],
-             "parameters": r["parameters"],
+             "variant_note": r.get("variant_note"), "parameters": r["parameters"],
              "test_acc": r["test_acc_at_best_val"], "best_val_acc": r["best_val_acc"],
              "test_acc_last": r.get("test_acc_last"), "test_acc_max": r.get("test_acc_max"),
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],

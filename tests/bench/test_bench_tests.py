@@ -139,3 +139,14 @@ def test_shards_deal_the_tests_in_turn_and_name_their_records(tmp_path):
         ran.append(set(rec["durations"]))
     assert ran[0].isdisjoint(ran[1]) and len(ran[0]) == len(ran[1]) == 3
     assert all(any(t.split("::")[0].endswith("test_part2.py") for t in part) for part in ran)  # the 3-test file
+
+
+def test_own_options_after_the_paths_are_taken_back_from_pytest(tmp_path):
+    """`hgrn2 bench tests tests/train -m gpu --out DIR`: --out is this command's, not pytest's."""
+    args = argparse.Namespace(pytest_args=["tests/train", "-m", "gpu", "--out", str(tmp_path), "--workers=2",
+                                           "--quick", "-rf"], device="cpu", out=None, workers=1, quick=False)
+    tests.take_own_options(args)
+    assert args.pytest_args == ["tests/train", "-m", "gpu", "-rf"]
+    assert (args.out, args.workers, args.quick) == (str(tmp_path), 2, True)
+    with pytest.raises(ValueError, match="`--out`: expected a value"):
+        tests.take_own_options(argparse.Namespace(pytest_args=["tests", "--out"], out=None))

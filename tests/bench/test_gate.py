@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from hgrn2.bench.gate import verdicts
+from hgrn2.bench.gate import rows_spec, verdicts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,3 +46,15 @@ def test_argument_errors(tmp_path):
                       (["--base-dir", str(tmp_path)], "--base-dir")):
         proc = run_gate(tmp_path, *args)
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-500:]
+
+
+def test_half_precision_runs_add_the_fp32_training_rows():
+    """On a GPU (bf16) the gate also times fwd+bwd and the small-β case in fp32, on fp32 inputs; the CPU's quick run,
+    fp32 throughout, has no second copy of them."""
+    cpu = torch.device("cpu")
+    half = {s["name"]: s for s in rows_spec(True, cpu, torch.bfloat16)}
+    assert [n for n in half if "fp32" in n] == ["fwd+bwd fp32 B2 T64", "small β fp32 B2 T64"]
+    assert all(t.dtype == torch.float32 for n in ("fwd+bwd fp32 B2 T64", "small β fp32 B2 T64")
+               for t in half[n]["inputs"])
+    assert half["small β fp32 B2 T64"]["inputs"][3].min() == 0  # the small-β bounds
+    assert not [s for s in rows_spec(True, cpu, torch.float32) if "fp32" in s["name"]]

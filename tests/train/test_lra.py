@@ -281,10 +281,13 @@ def test_graphed_steps_train_as_the_eager_ones(tmp_path):
     weights = [sharded.read_latest(str(tmp_path / name / "fashion_mnist-hgrn2" / "ckpt"))["model"]
                for name in ("eager", "graph")]
     assert weights[0].keys() == weights[1].keys()
+    # a missed, repeated or stale step moves the weights by about lr (3e-3) per step; the graphed step's capturable
+    # AdamW (bias corrections on the device) leaves last-bit differences that stay far below lr / 10
     for name, w in weights[0].items():
         if name.endswith(("running_var", "running_mean")) or not torch.is_floating_point(w):
             continue  # the statistics follow the weights; running_var is the ill-conditioned one (above)
-        torch.testing.assert_close(weights[1][name], w, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(weights[1][name], w, rtol=1e-4, atol=3e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("flag, value", [("--epochs", "0"), ("--lr", "0"), ("--batch-size", "-2"),
@@ -535,6 +538,7 @@ def test_variants_train_apart_and_report_apart(tmp_path, capsys):
     own = json.loads((out / "fashion_mnist-hgrn2" / "result.json").read_text())
     wide = json.loads((out / "fashion_mnist-hgrn2+wide" / "result.json").read_text())
     assert (own["variant"], wide["variant"]) == (None, "wide")
+    assert (own["variant_note"], wide["variant_note"]) == (None, "a wider model")
     # the command line's model options (hidden 8) override the variant's width, as they do the preset's
     assert own["config"]["hidden_size"] == wide["config"]["hidden_size"] == 8
     assert "| hgrn2 [wide] (here) |" in report(out) and "| hgrn2 (here) |" in report(out)

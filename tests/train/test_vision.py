@@ -115,7 +115,7 @@ def test_graphed_steps_train_as_the_eager_ones(fixture_dir, tmp_path):
     eager = run("eager", False, 3)
     run("graph", True, 2)
     graphed = run("graph", True, 3)
-    assert graphed.epoch == 3
+    assert graphed.engine.epoch == 3
     for a, b in zip(eager.model.state_dict().values(), graphed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     losses = [[json.loads(line)["loss"] for line in (tmp_path / name / "log.jsonl").read_text().splitlines()
