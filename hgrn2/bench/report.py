@@ -327,7 +327,7 @@ def lra_table(rec: dict) -> str:
     notes = {(r["task"], r["variant"]): r.get("variant_note") for r in rows if r.get("variant")}
     if not notes:
         return f"{table}\n\n{details}"
-    changes = format_table([{"task": t, "variant": v, "note": n or "-"} for (t, v), n in notes.items()],
+    changes = format_table([{"task": t, "variant": v, "note": n} for (t, v), n in notes.items()],
                            [("task", "task", ""), ("variant", "variant", ""), ("what it changes", "note", "")])
     return f"{table}\n\n{details}\n\nEach variant is one change against the task's preset:\n\n{changes}"
 

@@ -167,6 +167,8 @@ def take_own_options(args: argparse.Namespace) -> None:
             value = value if eq else next(it, None)
             if value is None:
                 raise ValueError(f"`{name}`: expected a value")
+            if name == "--workers" and not value.isdigit():
+                raise ValueError(f"`--workers`: expected a count, got {value!r}")
             setattr(args, OWN_OPTIONS[name], int(value) if name == "--workers" else value)
         elif arg == "--quick":
             args.quick = True

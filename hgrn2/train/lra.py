@@ -382,8 +382,7 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
         history, best = engine.history, engine.best()
         times = [h["epoch_time"] for h in history if h.get("complete")]
         result = {"task": task, "model": mixer, "settings_of": settings, "variant": variant, "variant_note": note,
-                  "parameters": params,
-                  "config": cfg.to_dict(), "train": tr, "data": data_opts,
+                  "parameters": params, "config": cfg.to_dict(), "train": tr, "data": data_opts,
                   "environment": env, "world_size": d.world, "steps": engine.step,
                   "steps_per_epoch": lra.steps_per_epoch, "epochs_done": engine.epoch, "history": history,
                   "time_per_epoch_s": float(np.mean(times)) if times else None,
