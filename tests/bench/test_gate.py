@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hgrn2.bench.gate import rows_spec, verdicts
+from hgrn2.bench.gate import rows_spec, time_row, verdicts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,6 +21,27 @@ def test_verdicts_fail_a_row_past_the_tolerance():
     assert rows["a"]["passed"] and rows["a"]["ratio"] == pytest.approx(1.04)
     assert not rows["b"]["passed"] and rows["b"]["ratio"] == pytest.approx(1.07)
     assert rows["c"]["passed"] and rows["c"]["tree_vs_fla"] == pytest.approx(0.25)
+
+
+def fake_timer(times: dict[str, list[float]]):
+    """A time function handing out each call's next time from `times`, and the calls that read them."""
+    left = {name: iter(v) for name, v in times.items()}
+    return {name: name for name in times}, lambda name: next(left[name])
+
+
+def test_a_row_past_the_tolerance_is_timed_again_and_judged_on_all_rounds():
+    # one slow round pair of identical code: confirmed as within the tolerance over 5 + 10 rounds
+    calls, fn = fake_timer({"base": [1.0] * 15, "tree": [1.2, 1.2, 1.2, 1.0, 1.0] + [1.0] * 10, "fla": [3.0] * 5})
+    t = time_row(calls, 5, 10, 0.05, fn)
+    assert [len(t[n]) for n in ("base", "tree", "fla")] == [15, 15, 5]
+    assert verdicts({"r": t}, 0.05)[0]["passed"] and verdicts({"r": t}, 0.05)[0]["rounds"] == 15
+    # a tree slower in every round stays failed; a passing row gets no more rounds; 0 confirms nothing
+    calls, fn = fake_timer({"base": [1.0] * 15, "tree": [1.1] * 15})
+    assert not verdicts({"r": time_row(calls, 5, 10, 0.05, fn)}, 0.05)[0]["passed"]
+    calls, fn = fake_timer({"base": [1.0] * 5, "tree": [1.04] * 5})
+    assert len(time_row(calls, 5, 10, 0.05, fn)["tree"]) == 5
+    calls, fn = fake_timer({"base": [1.0] * 5, "tree": [1.2] * 5})
+    assert len(time_row(calls, 5, 0, 0.05, fn)["tree"]) == 5
 
 
 def run_gate(tmp_path, *args):
@@ -43,6 +64,7 @@ def test_quick_run_against_the_same_tree(tmp_path):
 @pytest.mark.slow
 def test_argument_errors(tmp_path):
     for args, msg in ((["--rows", "nothing"], "--rows"), (["--rounds", "0"], "--rounds"),
+                      (["--confirm-rounds", "-1"], "--confirm-rounds"),
                       (["--base-dir", str(tmp_path)], "--base-dir")):
         proc = run_gate(tmp_path, *args)
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-500:]
