@@ -499,7 +499,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "example; default: the preset's")
     p.add_argument("--model-options", type=json.loads, help='JSON overrides of the model preset, e.g. '
                    '\'{"hidden_size": 16, "num_layers": 1}\'')
-    p.add_argument("--max-minutes", type=float, help="stop each run after this many minutes (checkpointed)")
+    p.add_argument("--max-minutes", type=float, help="stop each run after this many minutes from its first step "
+                   "(checkpointed; loading the data and the checkpoint come on top)")
     p.add_argument("--max-steps", type=int, help="stop each run at this optimiser step (checkpointed)")
     p.add_argument("--ckpt-every", type=int, default=1000, help="checkpoint every N steps as well (0: epochs only)")
     p.add_argument("--log-every", type=int, default=50, help="log the training loss every N steps")
