@@ -196,6 +196,22 @@ def lra_run_label(model: str, settings: str, variant: str | None = None) -> str:
     return label if variant is None else f"{label} [{variant}]"
 
 
+LRA_SEED = 2222  # the authors' seed (both LRA launch scripts); `hgrn2 lra --seed`'s default
+
+
+def seeds_cell(accs: list[float | None], early: bool) -> str | None:
+    """An accuracy (a share) in %: one run's, or the mean ± sample standard deviation over several seeds' runs with
+    their count, e.g. "58.10 ± 0.40 (3)"; * when a run stopped early; None without a value."""
+    accs = [100 * a for a in accs if a is not None]
+    if not accs:
+        return None
+    star = "*" if early else ""
+    if len(accs) == 1:
+        return f"{accs[0]:.2f}{star}"
+    mean, std = statistics.mean(accs), statistics.stdev(accs)
+    return f"{mean:.2f} ± {std:.2f} ({len(accs)}){star}"
+
+
 # the columns of an image classifier's learning curve, as `hgrn2 vision report` prints it and BENCHMARKS.md shows it
 VISION_CURVE_COLUMNS = [("epoch", "epoch", "d"), ("train loss", "train_loss", ".4f"), ("val loss", "val_loss", ".4f"),
                         ("top-1 %", "acc1", ".2f"), ("top-5 %", "acc5", ".2f"), ("EMA top-1 %", "ema_acc1", ".2f"),

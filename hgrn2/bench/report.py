@@ -13,7 +13,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hgrn2.bench.common import REQUIRED_KEYS, RESULTS_DIR, VISION_CURVE_COLUMNS, format_table, lra_run_label
+from hgrn2.bench.common import (
+    LRA_SEED,
+    REQUIRED_KEYS,
+    RESULTS_DIR,
+    VISION_CURVE_COLUMNS,
+    format_table,
+    lra_run_label,
+    seeds_cell,
+)
 
 HEADER = """# Benchmarks
 
@@ -51,8 +59,9 @@ SECTIONS = {
     "lra": ("Long Range Arena",
             "`hgrn2 lra --report --record` over the runs of `hgrn2 lra TASK...` (the authors' per-task presets): "
             "test accuracy (%) at the epoch of the best validation accuracy, as LRA reports, beside the HGRN2 paper's "
-            "table; * marks a run that has not finished its epochs. \"hgrn2, hgrn1's settings\" is HGRN2 trained with "
-            "HGRN1's presets, as the paper describes its LRA runs (`--settings-of hgrn1`); plain \"hgrn2\" uses the "
+            "table; with several seeds (`--seed A B ...`), their mean ± sample standard deviation (count); * marks "
+            "a run that has not finished its epochs. \"hgrn2, hgrn1's settings\" is HGRN2 trained with HGRN1's "
+            "presets, as the paper describes its LRA runs (`--settings-of hgrn1`); plain \"hgrn2\" uses the "
             "presets of HGRN2's own launch script. The curves are validation accuracy per epoch."),
     "vision": ("Image classification: training throughput against DeiT-Tiny",
                "`hgrn2 bench vision`: forward + backward + AdamW on random 224×224 images under bf16 autocast, the "
@@ -315,15 +324,19 @@ def lra_table(rec: dict) -> str:
     tasks = list(dict.fromkeys([*next(iter(paper.values())), *(r["task"] for r in rows)]))
     matrix = [{"model": label, **{t: f"{v:.2f}" for t, v in values.items()}} for label, values in paper.items()]
     for run in dict.fromkeys(_lra_label(r) for r in rows):
-        matrix.append({"model": f"{run} (here)", **{r["task"]: _lra_cell(r) for r in rows if _lra_label(r) == run}})
+        mine = [r for r in rows if _lra_label(r) == run]
+        matrix.append({"model": f"{run} (here)", **{
+            t: seeds_cell([r["test_acc"] for r in mine if r["task"] == t],
+                          any(r["epochs_done"] < r["epochs"] for r in mine if r["task"] == t))
+            for t in dict.fromkeys(r["task"] for r in mine)}})
     table = format_table(matrix, [("model", "model", "")] + [(LRA_NAMES.get(t, t), t, "") for t in tasks])
     details = format_table([dict(r, model=_lra_label(r), test=r["test_acc"] and 100 * r["test_acc"],
-                                 val=r["best_val_acc"] and 100 * r["best_val_acc"],
+                                 val=r["best_val_acc"] and 100 * r["best_val_acc"], seed=r.get("seed", LRA_SEED),
                                  epochs_str=f"{r['epochs_done']} / {r['epochs']}") for r in rows],
-                           [("task", "task", ""), ("model", "model", ""), ("params", "parameters", ",d"),
-                            ("test acc %", "test", ".2f"), ("best val %", "val", ".2f"), ("epochs", "epochs_str", ""),
-                            ("steps", "steps", "d"), ("s / epoch", "time_per_epoch_s", ".1f"),
-                            ("GPUs", "world_size", "d")])
+                           [("task", "task", ""), ("model", "model", ""), ("seed", "seed", "d"),
+                            ("params", "parameters", ",d"), ("test acc %", "test", ".2f"), ("best val %", "val", ".2f"),
+                            ("epochs", "epochs_str", ""), ("steps", "steps", "d"),
+                            ("s / epoch", "time_per_epoch_s", ".1f"), ("GPUs", "world_size", "d")])
     notes = {(r["task"], r["variant"]): r.get("variant_note") for r in rows if r.get("variant")}
     if not notes:
         return f"{table}\n\n{details}"
@@ -334,12 +347,6 @@ def lra_table(rec: dict) -> str:
 
 def _lra_label(r: dict) -> str:
     return lra_run_label(r["model"], r.get("settings", r["model"]), r.get("variant"))
-
-
-def _lra_cell(r: dict) -> str | None:
-    if r["test_acc"] is None:
-        return None
-    return f"{100 * r['test_acc']:.2f}" + ("*" if r["epochs_done"] < r["epochs"] else "")
 
 
 def vision_table(rec: dict) -> str:

@@ -31,7 +31,16 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from ..bench.common import add_record_argument, command_of, environment, lra_run_label, runs_environment, write_result
+from ..bench.common import (
+    LRA_SEED,
+    add_record_argument,
+    command_of,
+    environment,
+    lra_run_label,
+    runs_environment,
+    seeds_cell,
+    write_result,
+)
 from ..data.files import write_json
 from ..data.lra import images
 from ..data.lra import tasks as lra_tasks
@@ -51,7 +60,7 @@ PRECISIONS = ("fp32", "bf16")
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule_steps", "weight_decay", "precision",
               "grad_clip")
 # the seeds a run resumes with (initialisation and data order; generated data), at their command-line defaults
-SEED_DEFAULTS = {"seed": 2222, "data_seed": 0}
+SEED_DEFAULTS = {"seed": LRA_SEED, "data_seed": 0}
 # the name `--variants` gives the preset itself, with none of its `variants` applied
 PRESET = "preset"
 # a preset's `data` section and its defaults (LRA's image task: grey, unaugmented); only the image task changes them
@@ -183,9 +192,13 @@ def settings_of(mixer: str, args: argparse.Namespace) -> str:
     return getattr(args, "settings_of", None) or mixer
 
 
-def run_name(task: str, mixer: str, settings: str, variant: str | None = None) -> str:
+def run_name(task: str, mixer: str, settings: str, variant: str | None = None, seed: int = SEED_DEFAULTS["seed"]
+             ) -> str:
+    """TASK-MODEL[-as-SETTINGS][+VARIANT][-seedN]: the seed only where it is not the authors' (older runs keep
+    their folders)."""
     name = f"{task}-{mixer}" if settings == mixer else f"{task}-{mixer}-as-{settings}"
-    return name if variant is None else f"{name}+{variant}"
+    name = name if variant is None else f"{name}+{variant}"
+    return name if seed == SEED_DEFAULTS["seed"] else f"{name}-seed{seed}"
 
 
 def _variant(preset: dict, task: str, variant: str | None) -> dict:
@@ -265,7 +278,7 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
               ) -> dict:
     """Train one (task, mixer[, variant]) run to its epochs (or a time / step limit) and return its result record;
     its folder is locked meanwhile (`guard.RunLock`)."""
-    run_dir = Path(args.out) / run_name(task, mixer, settings_of(mixer, args), variant)
+    run_dir = Path(args.out) / run_name(task, mixer, settings_of(mixer, args), variant, args.seed)
     lock = guard.RunLock(str(run_dir), d)
     try:
         return _train_run(task, mixer, args, d, run_dir, variant)
@@ -382,8 +395,8 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
         history, best = engine.history, engine.best()
         times = [h["epoch_time"] for h in history if h.get("complete")]
         result = {"task": task, "model": mixer, "settings_of": settings, "variant": variant, "variant_note": note,
-                  "parameters": params, "config": cfg.to_dict(), "train": tr, "data": data_opts,
-                  "environment": env, "world_size": d.world, "steps": engine.step,
+                  "seed": args.seed, "data_seed": args.data_seed, "parameters": params, "config": cfg.to_dict(),
+                  "train": tr, "data": data_opts, "environment": env, "world_size": d.world, "steps": engine.step,
                   "steps_per_epoch": lra.steps_per_epoch, "epochs_done": engine.epoch, "history": history,
                   "time_per_epoch_s": float(np.mean(times)) if times else None,
                   "best_val_acc": best and best["val_acc"], "test_acc_at_best_val": best and best["test_acc"],
@@ -427,15 +440,22 @@ def report(out: str | Path) -> str:
     for label, values in PAPER.items():
         rows.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {np.mean(values):.2f} |")
     for key in dict.fromkeys(map(_run_key, results)):
-        got = {r["task"]: r for r in results if _run_key(r) == key}
         cells = []
         for task in PAPER_ORDER:
-            r = got.get(task)
-            acc = r and r["test_acc_at_best_val"]
-            cells.append("–" if acc is None else f"{100 * acc:.2f}" + ("" if r["stopped"] is None else "*"))
+            runs = [r for r in results if _run_key(r) == key and r["task"] == task]
+            cells.append(seeds_cell([r["test_acc_at_best_val"] for r in runs],
+                                    any(r["stopped"] is not None for r in runs)) or "–")
         rows.append(f"| {lra_run_label(*key)} (here) | " + " | ".join(cells) + " | |")
-    rows.append("\n(*: stopped early by a time or step limit; – : no run)")
+    rows.append("\n(*: stopped early by a time or step limit; – : no run; a ± b (n): mean and standard deviation "
+                "over n seeds)")
     return "\n".join(rows)
+
+
+def seed_label(result: dict) -> str:
+    """A run's label with its seed where that is not the authors' (one written before seeds were kept: theirs)."""
+    seed = result.get("seed", SEED_DEFAULTS["seed"])
+    label = lra_run_label(*_run_key(result))
+    return label if seed == SEED_DEFAULTS["seed"] else f"{label} seed {seed}"
 
 
 def plot(out: str | Path) -> Path | None:
@@ -450,7 +470,7 @@ def plot(out: str | Path) -> Path | None:
         for r in results:
             if r["task"] == task and r["history"]:
                 ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]],
-                        label=lra_run_label(*_run_key(r)))
+                        label=seed_label(r))
         ax.set(title=task, xlabel="epoch", ylabel="val accuracy")
         if ax.lines:  # no finished epoch yet: an empty panel
             ax.legend()
@@ -504,8 +524,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, help="stop each run at this optimiser step (checkpointed)")
     p.add_argument("--ckpt-every", type=int, default=1000, help="checkpoint every N steps as well (0: epochs only)")
     p.add_argument("--log-every", type=int, default=50, help="log the training loss every N steps")
-    p.add_argument("--seed", type=int, default=SEED_DEFAULTS["seed"],
-                   help="initialisation and data-order seed (the authors' 2222); another seed needs another --out")
+    p.add_argument("--seed", type=int, nargs="+", default=[SEED_DEFAULTS["seed"]],
+                   help="initialisation and data-order seeds, one run each (default the authors' 2222, whose runs "
+                        "go to TASK-MODEL.../, another seed's to TASK-MODEL...-seedN/); --report gives the mean ± "
+                        "std over seeds")
     p.add_argument("--data-seed", type=int, default=SEED_DEFAULTS["data_seed"], help="seed of the generated data sets")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--cuda-graph", action="store_true",
@@ -525,8 +547,15 @@ def _check_at_least(flag: str, value, low: float | None) -> None:
 def _check_limits(args: argparse.Namespace) -> None:
     # the fewest examples (images) that leave each split one: ListOps holds out 2 %, Pathfinder 10 % twice
     for flag, low in (("examples", 3), ("images", 10), ("workers", 1), ("max_minutes", None), ("max_steps", 1),
-                      ("ckpt_every", 0), ("log_every", 1), ("seed", 0), ("data_seed", 0)):
+                      ("ckpt_every", 0), ("log_every", 1), ("data_seed", 0)):
         _check_at_least(flag, getattr(args, flag), low)
+    for seed in _seeds(args):
+        _check_at_least("seed", seed, 0)
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    """--seed's values, each once, in order (an int where a caller built the namespace with one)."""
+    return list(dict.fromkeys(args.seed if isinstance(args.seed, list | tuple) else [args.seed]))
 
 
 def _check_graphable(built: dict) -> None:
@@ -565,7 +594,8 @@ def run(args: argparse.Namespace) -> int:
             if batch % d.world:
                 raise ValueError(f"`--batch-size`: {batch} is not divisible by the {d.world} processes")
         for task, variant, mixer in runs:
-            summary.append(train_run(task, mixer, args, d, variant))
+            for seed in _seeds(args):
+                summary.append(train_run(task, mixer, argparse.Namespace(**{**vars(args), "seed": seed}), d, variant))
     finally:
         distributed.shutdown()
     if d.main:
@@ -575,7 +605,7 @@ def run(args: argparse.Namespace) -> int:
             best = r["best_val_acc"]
             fmt = (lambda v: "–" if v is None else f"{v:.4f}")  # noqa: E731
             sec = r["time_per_epoch_s"]
-            label = lra_run_label(*_run_key(r))
+            label = seed_label(r)
             print(f"| {r['task']} | {label} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
                   f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
         if args.record is not None:
@@ -592,12 +622,14 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
         raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
     order = {t: k for k, t in enumerate((*PAPER_ORDER, *lra_tasks.TASKS))}
     rows = [{"task": r["task"], "model": r["model"], "settings": _run_key(r)[1], "variant": _run_key(r)[2],
-             "variant_note": r.get("variant_note"), "parameters": r["parameters"],
+             "variant_note": r.get("variant_note"), "seed": r.get("seed", SEED_DEFAULTS["seed"]),
+             "parameters": r["parameters"],
              "test_acc": r["test_acc_at_best_val"], "best_val_acc": r["best_val_acc"],
              "test_acc_last": r.get("test_acc_last"), "test_acc_max": r.get("test_acc_max"),
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],
              "time_per_epoch_s": r["time_per_epoch_s"], "stopped": r["stopped"], "world_size": r["world_size"]}
-            for r in sorted(results, key=lambda r: (order.get(r["task"], len(order)), r["model"]))]
+            for r in sorted(results, key=lambda r: (order.get(r["task"], len(order)), r["model"],
+                                                    r.get("seed", SEED_DEFAULTS["seed"])))]
     paper = {label: dict(zip(PAPER_ORDER, values)) for label, values in PAPER.items()}
     env = runs_environment([r.get("environment") for r in results], args.out)
     return write_result(args.record or None, "lra", env, rows, command_of(args), figure=figure, paper=paper)

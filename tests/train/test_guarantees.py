@@ -179,11 +179,15 @@ def test_lm_resume_refuses_other_settings_and_says_what_changes(corpus, tmp_path
 
 def test_lra_resume_refuses_other_seeds_and_data(tmp_path, capsys):
     assert cli_main(lra_args(tmp_path, "--max-steps", "3")) == 0
-    for flag, value in (("--seed", "5"), ("--data-seed", "3"), ("--lr", "1e-3")):
+    for flag, value in (("--data-seed", "3"), ("--lr", "1e-3")):
         with pytest.raises(ValueError, match="other settings"):
             cli_main(lra_args(tmp_path, "--max-steps", "4", flag, value))
     run = lra_run_dir(tmp_path)
     before = (run / "result.json").read_text()
+    # another seed is another run, in its own folder: the first run is left as it was
+    assert cli_main(lra_args(tmp_path, "--max-steps", "1", "--seed", "5")) == 0
+    assert (run.parent / f"{run.name}-seed5" / "result.json").is_file()
+    assert (run / "result.json").read_text() == before and steps_of(run / "ckpt") == [2, 3]
     capsys.readouterr()
     assert cli_main(lra_args(tmp_path, "--max-steps", "2")) == 0
     assert "at step 3, --max-steps is 2: nothing to train" in capsys.readouterr().out

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from hgrn2.bench.common import seeds_cell
+from hgrn2.bench.report import lra_table as report_lra_table
 from hgrn2.cli import main
 from hgrn2.models.lra import MIXERS, LRAClassifier, LRAModelConfig
 from hgrn2.train import checkpoint, sharded
@@ -439,11 +441,39 @@ def test_a_run_resumes_only_with_its_own_settings(tmp_path):
     _cli(tmp_path, "--max-steps", "3")
     with pytest.raises(ValueError, match=r"`--out`: .* other settings \{'train.lr': \(0.003, 0.001\)\}"):
         _cli(tmp_path, "--lr", "1e-3")
-    # another seed is another run: a second seed in the same folder would otherwise continue the first
-    with pytest.raises(ValueError, match=r"other settings \{'run.seed': \(2222, 1\)\}"):
-        _cli(tmp_path, "--seed", "1")
     _cli(tmp_path, "--epochs", "3")  # more epochs continue the same run
     assert json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())["epochs_done"] == 3
+
+
+def test_seeds_train_apart_and_report_their_mean_and_spread(tmp_path, capsys):
+    """--seed A B: one run per seed, the authors' seed in the usual folder and any other in FOLDER-seedN (a seed never
+    continues another's run); --report and the record give the mean ± sample standard deviation over the seeds."""
+    _cli(tmp_path, "--seed", "2222", "1", "1", "--max-steps", "3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fashion_mnist-hgrn2", "fashion_mnist-hgrn2-seed1"]
+    results = {p.name: json.loads((p / "result.json").read_text()) for p in tmp_path.iterdir()}
+    assert results["fashion_mnist-hgrn2-seed1"]["seed"] == 1 and results["fashion_mnist-hgrn2"]["seed"] == 2222
+    # a folder resumes only with its own seed (here one renamed to another seed's name)
+    (tmp_path / "fashion_mnist-hgrn2-seed1").rename(tmp_path / "fashion_mnist-hgrn2-seed2")
+    with pytest.raises(ValueError, match=r"other settings \{'run.seed': \(1, 2\)\}"):
+        _cli(tmp_path, "--seed", "2", "--max-steps", "3")
+    (tmp_path / "fashion_mnist-hgrn2-seed2").rename(tmp_path / "fashion_mnist-hgrn2-seed1")
+    for name, acc in (("fashion_mnist-hgrn2", 0.5), ("fashion_mnist-hgrn2-seed1", 0.6)):  # as if both had finished
+        path = tmp_path / name / "result.json"
+        saved = json.loads(path.read_text())
+        path.write_text(json.dumps({**saved, "test_acc_at_best_val": acc, "stopped": None, "task": "listops",
+                                    "epochs_done": saved["train"]["epochs"]}))
+    capsys.readouterr()
+    assert main(["lra", "--report", "--out", str(tmp_path), "--record", str(tmp_path / "rec")]) == 0
+    assert "| hgrn2 (here) | 55.00 ± 7.07 (2) |" in capsys.readouterr().out
+    rec = json.loads((tmp_path / "rec" / "lra.json").read_text())
+    assert [r["seed"] for r in rec["rows"]] == [1, 2222]
+    assert "| hgrn2 (here) | 55.00 ± 7.07 (2) |" in report_lra_table(rec)
+
+
+def test_seeds_cell():
+    assert seeds_cell([None], False) is None
+    assert seeds_cell([0.5812], True) == "58.12*"
+    assert seeds_cell([0.58, 0.60, None, 0.59], False) == "59.00 ± 1.00 (3)"
 
 
 def test_settings_of_names_the_flag_when_another_models_settings_do_not_fit():
