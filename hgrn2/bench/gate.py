@@ -304,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
                 fn()
             t = time_row(calls, args.rounds, args.confirm_rounds, args.tolerance, partial(time_ms, inputs=inputs))
             times[s["name"]] = t
-            more = f" ({len(t['tree'])} rounds: confirming)" if len(t["tree"]) > args.rounds else ""
+            more = f" (past the tolerance: judged on {len(t['tree'])} rounds)" if len(t["tree"]) > args.rounds else ""
             print(f"{s['name']}: " + ", ".join(f"{n} {statistics.median(v):.4f} ms" for n, v in t.items()) + more,
                   flush=True)
     rows = verdicts(times, args.tolerance)
