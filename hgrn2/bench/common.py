@@ -189,14 +189,16 @@ def runs_environment(envs: list[dict | None], folder: str | Path) -> dict:
     return {**newest, "commit": ", ".join(commits) + (" (per run)" if len(commits) > 1 else "")}
 
 
-def lra_run_label(model: str, settings: str, variant: str | None = None) -> str:
-    """An LRA run's name in tables and plots: the model, whose preset settings it trained with where not its own
-    (`hgrn2 lra --settings-of`), and its ablation variant if any (`--variants`)."""
-    label = model if settings == model else f"{model}, {settings}'s settings"
-    return label if variant is None else f"{label} [{variant}]"
-
-
 LRA_SEED = 2222  # the authors' seed (both LRA launch scripts); `hgrn2 lra --seed`'s default
+
+
+def lra_run_label(model: str, settings: str, variant: str | None = None, seed: int | None = None) -> str:
+    """An LRA run's name in tables and plots: the model, whose preset settings it trained with where not its own
+    (`hgrn2 lra --settings-of`), its ablation variant if any (`--variants`), and its seed where given and not the
+    authors'."""
+    label = model if settings == model else f"{model}, {settings}'s settings"
+    label = label if variant is None else f"{label} [{variant}]"
+    return label if seed in (None, LRA_SEED) else f"{label} seed {seed}"
 
 
 def seeds_cell(accs: list[float | None], early: bool) -> str | None:

@@ -323,12 +323,13 @@ def lra_table(rec: dict) -> str:
     rows, paper = rec["rows"], rec["paper"]
     tasks = list(dict.fromkeys([*next(iter(paper.values())), *(r["task"] for r in rows)]))
     matrix = [{"model": label, **{t: f"{v:.2f}" for t, v in values.items()}} for label, values in paper.items()]
-    for run in dict.fromkeys(_lra_label(r) for r in rows):
-        mine = [r for r in rows if _lra_label(r) == run]
+    runs: dict[str, dict[str, list[dict]]] = {}  # label → task → its seeds' rows
+    for r in rows:
+        runs.setdefault(_lra_label(r), {}).setdefault(r["task"], []).append(r)
+    for run, tasks_of in runs.items():
         matrix.append({"model": f"{run} (here)", **{
-            t: seeds_cell([r["test_acc"] for r in mine if r["task"] == t],
-                          any(r["epochs_done"] < r["epochs"] for r in mine if r["task"] == t))
-            for t in dict.fromkeys(r["task"] for r in mine)}})
+            t: seeds_cell([r["test_acc"] for r in rs], any(r["epochs_done"] < r["epochs"] for r in rs))
+            for t, rs in tasks_of.items()}})
     table = format_table(matrix, [("model", "model", "")] + [(LRA_NAMES.get(t, t), t, "") for t in tasks])
     details = format_table([dict(r, model=_lra_label(r), test=r["test_acc"] and 100 * r["test_acc"],
                                  val=r["best_val_acc"] and 100 * r["best_val_acc"], seed=r.get("seed", LRA_SEED),

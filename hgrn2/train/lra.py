@@ -451,13 +451,6 @@ def report(out: str | Path) -> str:
     return "\n".join(rows)
 
 
-def seed_label(result: dict) -> str:
-    """A run's label with its seed where that is not the authors' (one written before seeds were kept: theirs)."""
-    seed = result.get("seed", SEED_DEFAULTS["seed"])
-    label = lra_run_label(*_run_key(result))
-    return label if seed == SEED_DEFAULTS["seed"] else f"{label} seed {seed}"
-
-
 def plot(out: str | Path) -> Path | None:
     """Validation accuracy per epoch, one panel per task, one line per model; None without matplotlib or runs."""
     results = results_in(out)
@@ -470,7 +463,7 @@ def plot(out: str | Path) -> Path | None:
         for r in results:
             if r["task"] == task and r["history"]:
                 ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]],
-                        label=seed_label(r))
+                        label=lra_run_label(*_run_key(r), r.get("seed")))
         ax.set(title=task, xlabel="epoch", ylabel="val accuracy")
         if ax.lines:  # no finished epoch yet: an empty panel
             ax.legend()
@@ -605,7 +598,7 @@ def run(args: argparse.Namespace) -> int:
             best = r["best_val_acc"]
             fmt = (lambda v: "–" if v is None else f"{v:.4f}")  # noqa: E731
             sec = r["time_per_epoch_s"]
-            label = seed_label(r)
+            label = lra_run_label(*_run_key(r), r.get("seed"))
             print(f"| {r['task']} | {label} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
                   f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
         if args.record is not None:
