@@ -37,6 +37,7 @@ class _Blocks(NamedTuple):
     bk: int  # K-block of the forward
     bk_bwd: int  # K-block of the backward
     bk_small: int  # K-block of the small-gates dβ kernel
+    bv_small: int  # V sub-block of the small-gates dβ kernel's loop over V
     bv: int  # V-block of the chunk-parallel kernels
     bk_seq: int  # K-block of the sequential state walks
     bv_seq: int  # V-block of the sequential state walks
@@ -54,6 +55,7 @@ def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig) -> _Blocks:
     bk = max(16, min(kp, cap, cfg.block_k))
     bk_bwd = max(16, min(kp, cap, cfg.block_k_bwd))
     bk_small = max(16, min(kp, cap, cfg.block_k_small or cfg.block_k_bwd))
+    bv_small = max(16, min(vp, cfg.sub_block_v_small))
     bv = max(16, min(vp, cfg.block_v or (32 if fp32 else 128)))
     bk_seq = max(16, min(kp, cap, cfg.block_k_seq or kp))
     bv_seq = max(16, min(vp, cfg.block_v_seq or (64 if fp32 else 128)))
@@ -69,7 +71,7 @@ def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig) -> _Blocks:
     warps = cfg.num_warps
     warps_bwd = cfg.num_warps_bwd or (8 if bt * max(bk_bwd, bv) >= 4096 else 4)
     warps_seq = cfg.num_warps_seq or (8 if bk_seq * bv_seq >= 4096 else 4)
-    return _Blocks(bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq)
+    return _Blocks(bk, bk_bwd, bk_small, bv_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq)
 
 
 def _num_chunks(o, cu_seqlens, cfg: ChunkParallelConfig):
@@ -114,7 +116,7 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
+    bk, bk_bwd, bk_small, bv_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
     bt = chunk_size(o, cfg)
     dt, prec = _dot_dtype(o, i, cfg)
     NT = cdiv(T, bt)
@@ -209,7 +211,7 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     cfg = from_key(config)
     B, T, H, N = seq_layout(o, cu_seqlens)
     K, V = o.shape[-1], i.shape[-1]
-    bk, bk_bwd, bk_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
+    bk, bk_bwd, bk_small, bv_small, bv, bk_seq, bv_seq, warps, warps_bwd, warps_seq = _config(o, i, N * H, cfg)
     bt = chunk_size(o, cfg)
     dt, prec = _dot_dtype(o, i, cfg)
     NT = cdiv(T, bt)
@@ -246,13 +248,14 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
             chunk_parallel_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
     if fz.numel():
         sprec = state_precision(dt, prec)
-        # a K-block per program, several programs per SM and K-block: each listed chunk's work is latency-bound,
-        # and the K-blocks that hold none of its small gates leave at once
+        # a K-block per program over all of V, several programs per SM and K-block: each listed chunk's work is
+        # latency-bound, and the K-blocks that hold none of its small gates leave at once. It adds into V-block 0's
+        # rows of dlb, which the parallel launches above have written.
         per_sm = max(1, cfg.small_programs_per_sm)
-        grid = (max(1, min(n_chunks * H, per_sm * sm_count(o.device))), NV, cdiv(K, bk_small))
+        grid = (max(1, min(n_chunks * H, per_sm * sm_count(o.device))), cdiv(K, bk_small))
         chunk_parallel_bwd_small_kernel[grid](
             o, g, i, lower_bound, h, dh, dy, dlb, fz, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
-            BK=bk_small, BV=bv, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec,
+            BK=bk_small, BVS=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec,
             num_warps=cfg.num_warps_small,
         )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)

@@ -309,19 +309,19 @@ def _sum_keep_later(s1, z1, k1, s2, z2, k2):
 @triton.jit
 def chunk_parallel_bwd_small_kernel(
     o, g, i, lb, h, dh, dy, dlb, fz, chunks, scale, T, NT, NC,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr,
 ):
-    """dβ's share of the forget gates below SMALL_F, exactly, added to the β partial sums of the chunks that
-    `chunk_parallel_decay_kernel` listed in fz (grid (P, NV, NK): a K-block each, walking the list as the fallback
-    launches do; a K-block whose channel groups the chunk's mask leaves out skips it without a load).
+    """dβ's share of the forget gates below SMALL_F, exactly, added to V-block 0's β partial sums of the chunks that
+    `chunk_parallel_decay_kernel` listed in fz (grid (P, NK): a K-block each over all of V, walking the list as the
+    fallback launches do; a K-block whose channel groups the chunk's mask leaves out skips it without a load).
 
     There dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is formed directly, not as d log f / f (whose cancelling running sum
     would be divided by the small f): at each row holding such a gate, the state h_{t−1} from the chunk-start state
     h_c, and the state's gradient dH_t = e^{b_last − b_t} dh_c + Σ_{u ≥ t} e^{b_u − b_t} q_u dy_uᵀ through one
     product dy (h_{t−1} − v_t) [BT, BK], every exponent a sum of log f over the rows it spans (each ≤ 0: nothing
     divides by f)."""
-    i_v, i_k = tl.program_id(1), tl.program_id(2)
+    i_k = tl.program_id(1)
     ck = i_k * BK + tl.arange(0, BK)
     # this K-block's bits of the chunks' channel-group masks (int64: a block may reach bit 31)
     first = tl.minimum(i_k * BK // SMALL_GROUP, 31)
@@ -330,13 +330,13 @@ def chunk_parallel_bwd_small_kernel(
     for e in range(tl.program_id(0), tl.load(fz), tl.num_programs(0)):
         c_h = tl.load(fz + 1 + NC * H + e)
         if (tl.load(fz + 1 + c_h).to(tl.int64) & mine) != 0:
-            _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, i_v, ck, scale, T, NT, NC, H, K, V, BT, BK, BV,
+            _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, ck, scale, T, NT, NC, H, K, V, BT, BK, BVS,
                          O_ACT, I_ACT, VARLEN, SPREC)
 
 
 @triton.jit
-def _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, i_v, ck, scale, T, NT, NC, H: tl.constexpr,
-                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, ck, scale, T, NT, NC, H: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
                  O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr):
     """`chunk_parallel_bwd_small_kernel` on the listed (chunk, head) c_h: the pointers moved there, then its work."""
     i_c, i_h = c_h // H, c_h % H
@@ -344,19 +344,23 @@ def _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, i_v, ck, scale, T, NT
     n = (t1 - t0).to(tl.int32)
     base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
     state = (i_c.to(tl.int64) * H + i_h) * V * K
-    row = dlb + ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K
-    _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n, i_v,
-                      i_h, ck, scale, H, K, V, BT, BK, BV, O_ACT, I_ACT, SPREC)
+    row = dlb + (i_c.to(tl.int64) * H + i_h) * K  # V-block 0's row: the main kernel has written it
+    _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n, i_h, ck,
+                      scale, H, K, V, BT, BK, BVS, O_ACT, I_ACT, SPREC)
 
 
 @triton.jit
-def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_v, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, O_ACT: tl.constexpr,
+def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, O_ACT: tl.constexpr,
                       I_ACT: tl.constexpr, SPREC: tl.constexpr):
     """`chunk_parallel_bwd_small_kernel` on one K-block of one chunk (pointers at its first row and head; h, dh at
-    its state). A K-block without a small gate costs one tile of logits; each row with one, two products:
+    its state). A K-block without a small gate costs one tile of logits; each row with one, two products per V
+    sub-block:
 
-        h_{t−1} = e^{b_{t−1}} ⊙ h_c + Σ_{s<t} v_s ⊗ (k_s e^{Σ_{s<τ<t} log f_τ}),   then dy (h_{t−1} − v_t)."""
+        h_{t−1} = e^{b_{t−1}} ⊙ h_c + Σ_{s<t} v_s ⊗ (k_s e^{Σ_{s<τ<t} log f_τ}),   then dy (h_{t−1} − v_t).
+
+    The row's V-independent factors come first, then V in sub-blocks of BVS, v, dy, h_c and dh_c reloaded (from
+    cache) for each row: tiles of all of V held across the rows spilled."""
     rows = tl.arange(0, BT)
     beta = load_beta(lb, i_h, K, ck, True)
     offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
@@ -373,26 +377,32 @@ def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_v, i_h, ck, scale, H: tl
         offn, mtn = chunk_tile(n - 1, ck, H, K, BK, BT)
         a_next = tl.where(mtn, gates(tl.load(g + H * K + offn, mask=mtn, other=0.0).to(tl.float32), beta, True)[0],
                           0.0)
-        cv = i_v * BV + tl.arange(0, BV)
-        offv, mtv = chunk_tile(n, cv, H, V, BV, BT)
-        v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
-        dy_t = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
-        s_off = cv[:, None] * K + ck[None, :]
-        s_mask = (cv < V)[:, None] & (ck < K)[None, :]
-        S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
-        dS = tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32)
         acc = tl.zeros([BK], dtype=tl.float32)
         for t in range(0, n):
             if (flagged >> t) & 1:
                 decay = tl.cumsum(tl.where(rows[:, None] + 1 < t, a_next, 0.0), 0, reverse=True)  # Σ_{s<τ<t}
                 W = tl.where(rows[:, None] < t, k * fast_exp(decay), 0.0)
-                b_prev = tl.sum(tl.where(rows[:, None] < t, a, 0.0), 0)
-                X = (S * fast_exp(b_prev)[None, :] + tl.dot(tl.trans(v), W, input_precision=SPREC)
-                     - take_row(v, rows, t)[:, None])  # h_{t−1} − v_t [BV, BK]
+                e_prev = fast_exp(tl.sum(tl.where(rows[:, None] < t, a, 0.0), 0))  # e^{b_{t−1}}
+                D = tl.zeros([BT, BK], dtype=tl.float32)  # dy_u · (h_{t−1} − v_t), summed over the sub-blocks
+                dSX = tl.zeros([BVS, BK], dtype=tl.float32)  # dh_c ⊙ (h_{t−1} − v_t), reduced over V after them
+                for j in range(0, tl.cdiv(V, BVS)):
+                    cv = j * BVS + tl.arange(0, BVS)
+                    offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
+                    v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
+                    # v_t loaded as row t (the same activation of the same element as in v)
+                    v_t = tl.where(cv < V, act(tl.load(i + t * (H * V) + cv, mask=cv < V, other=0.0).to(tl.float32),
+                                               I_ACT), 0.0)
+                    s_off = cv[:, None] * K + ck[None, :]
+                    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+                    S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
+                    X = (S * e_prev[None, :] + tl.dot(tl.trans(v), W, input_precision=SPREC)
+                         - v_t[:, None])  # h_{t−1} − v_t [BVS, BK]
+                    dy_t = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
+                    D = tl.dot(dy_t, X, D, input_precision=SPREC)
+                    dSX += tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32) * X
                 later = tl.where(rows[:, None] > t, a, 0.0)
                 span = tl.cumsum(later, 0)  # Σ_{t<τ≤u} log f_τ on the rows u ≥ t
                 wq = tl.where(rows[:, None] >= t, q * fast_exp(span), 0.0)
-                D = tl.dot(dy_t, X, input_precision=SPREC)  # dy_u · (h_{t−1} − v_t) [BT, BK]
-                d_f = fast_exp(tl.sum(later, 0)) * tl.sum(dS * X, 0) + tl.sum(wq * D, 0)
+                d_f = fast_exp(tl.sum(later, 0)) * tl.sum(dSX, 0) + tl.sum(wq * D, 0)
                 acc += take_row(w, rows, t) * d_f
         tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)

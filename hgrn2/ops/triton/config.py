@@ -121,10 +121,11 @@ class ChunkParallelConfig(_Config):
     # the backward in two parallel launches (dv; dq/dk/dg); None: split exactly when A is rebuilt
     bwd_split: bool | None = _knob(None, "flag?")
     # the small-gates dβ kernel (chunk_parallel_bwd_small_kernel): programs per SM and K-block, warps, K-block
-    # (None: block_k_bwd)
+    # (None: block_k_bwd), the V sub-block of its loop over all of V (64 spills in bf16)
     small_programs_per_sm: int = _knob(8, "count")
     num_warps_small: int = _knob(4, "warps")
     block_k_small: int | None = _knob(16, "block?")
+    sub_block_v_small: int = _knob(32, "block")
     chunk_max_spread: float = _knob(120.0, "spread")  # chunks whose log-decay is below this: one product
     max_spread: float = _knob(60.0, "spread")  # 16-token sub-blocks whose spread is below this: one product each
     fp32_dot_precision: str = _knob("ieee", "precision")  # tl.dot precision for fp32 inputs

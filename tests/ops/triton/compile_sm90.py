@@ -241,13 +241,15 @@ def _chunk_parallel_variants():
                    dict(g=f"*{dt}", lb="*fp32", fz="*i32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
                    dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen, CHUNK_SPREAD=120.0,
                         FLAG_SMALL=not varlen), 4)
-        # dβ at small gates: the default blocks (BK 16, all of V)
-        BV_s = 128 if dt == "bf16" else 32
-        yield (f"bwd small gates {dt} K=V=128 BK=16 BV={BV_s} w=4", b.chunk_parallel_bwd_small_kernel,
-               dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", lb="*fp32", h=f"*{dt}", dh=f"*{dt}", dy=f"*{dt}",
-                    dlb="*fp32", fz="*i32", scale="fp32", T="i32", NT="i32", NC="i32"),
-               dict(H=16, K=128, V=128, BT=common["BT"], BK=16, BV=BV_s, O_ACT=1, I_ACT=0, VARLEN=False,
-                    SPREC="tf32x3" if dt == "bf16" else prec), 4)
+        # dβ at small gates: the default blocks (BK 16, all of V in sub-blocks of 32), fp16 inputs (fp32 dot
+        # operands, bf16's SPREC) beside fp32's
+        for sdt in (dt, "fp16") if dt == "fp32" else (dt,):
+            hdt = "fp32" if sdt == "fp16" else sdt  # the stored states' dtype
+            yield (f"bwd small gates {sdt} K=V=128 BK=16 BVS=32 w=4", b.chunk_parallel_bwd_small_kernel,
+                   dict(o=f"*{sdt}", g=f"*{sdt}", i=f"*{sdt}", lb="*fp32", h=f"*{hdt}", dh=f"*{hdt}", dy=f"*{sdt}",
+                        dlb="*fp32", fz="*i32", scale="fp32", T="i32", NT="i32", NC="i32"),
+                   dict(H=16, K=128, V=128, BT=common["BT"], BK=16, BVS=32, O_ACT=1, I_ACT=0, VARLEN=False,
+                        SPREC=prec if sdt == "fp32" else "tf32x3"), 4)
         yield (f"fwd_h varlen {dt}", f.chunk_parallel_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),
@@ -311,7 +313,7 @@ def chunk_parallel_default_variants():
             "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8",
             "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8",
             "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 fallback",
-            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8 fallback", "bwd small gates bf16 K=V=128 BK=16 BV=128 w=4")
+            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8 fallback", "bwd small gates bf16 K=V=128 BK=16 BVS=32 w=4")
     return (v for v in chunk_parallel_variants() if v[0] in keep)
 
 

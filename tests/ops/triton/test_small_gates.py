@@ -20,10 +20,10 @@ pytestmark = [needs_triton,
 FAMILIES = [hgrn2_fused_chunk_triton, hgrn2_chunk_parallel_triton]
 
 
-def small_bound_inputs(T=75, heads=3, n_states=3, dtype=torch.float32):
+def small_bound_inputs(T=75, heads=3, n_states=3, dtype=torch.float32, V=16):
     """β in [2^-8, 0.9) but head 1's channels 0-3 at 0, 4-7 at 1e-6 and 8 at 2^-9, behind closed gates on tokens
     10-39: the main kernel's dβ is off by orders of magnitude there."""
-    o, g, i, beta, h0 = make_inputs(1, T, heads, 16, 16, lb=(2.0 ** -8, 0.9), n_states=n_states, dtype=dtype)
+    o, g, i, beta, h0 = make_inputs(1, T, heads, 16, V, lb=(2.0 ** -8, 0.9), n_states=n_states, dtype=dtype)
     beta[1, :4], beta[1, 4:8], beta[1, 8] = 0.0, 1e-6, 2.0 ** -9
     g[:, 10:40, 1, :9] = -30.0
     return [o, g, i, beta, h0]
@@ -59,6 +59,20 @@ def test_exact_in_later_k_blocks(channels, block_k):
         g[:, 20:50, 1, c] = -30.0
     with launch_config(chunk_parallel=cp.ChunkParallelConfig(block_k_small=block_k, small_programs_per_sm=1)):
         check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
+                        output_final_state=True))
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("sub_block, dtype", [(32, torch.float32), (16, torch.float32), (32, torch.bfloat16)],
+                         ids=["32-fp32", "16-fp32", "32-bf16"])
+def test_exact_over_v_sub_blocks(varlen, sub_block, dtype):
+    """V = 48 walked in sub-blocks of 32 (two, the second partly past V) or 16 (three): every gradient, dβ too,
+    against fp64. In fp32 the parallel kernels split V in two as well, so dβ's partial sums have a row per V-block
+    and the small-gates kernel adds into the first."""
+    cu = torch.tensor([0, 30, 31, 75], device=DEV) if varlen else None
+    inputs = small_bound_inputs(n_states=3 if varlen else 1, dtype=dtype, V=48)
+    with launch_config(chunk_parallel=cp.ChunkParallelConfig(sub_block_v_small=sub_block)):
+        check(*run_both(inputs, hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu", i_act="silu", cu_seqlens=cu,
                         output_final_state=True))
 
 
