@@ -124,3 +124,14 @@ def test_generate_table_with_the_floor_and_the_speed_ups(tmp_path):
     assert "| hgrn2-static | 1.3b B1 | 20480 | 1333 | 0.75 | - | 0.500 | 1.5 | 3.0 | - | ok |" in text
     assert "| fla | 1.3b B1 |" in text and "| OOM |" in text
     assert "hgrn2-static 1.3b B1 decode tokens/s: 4.00× llama-static" in text
+
+
+def test_gate_table_shows_rounds_only_where_a_row_was_confirmed():
+    row = dict(base_ms=1.0, tree_ms=1.01, ratio=1.01, fla_ms=None, tree_vs_fla=None, max_rel_diff=0.0)
+    rec = dict(base=".gpu/main", rounds=5, tolerance=0.05,
+               rows=[dict(row, row="fwd", rounds=5), dict(row, row="varlen", rounds=15)])
+    table = report.gate_table(rec)
+    assert "| tree / base | rounds |" in table
+    assert "| varlen | 1.0000 | 1.0100 | 1.010 | 15 |" in table
+    rec["rows"][1]["rounds"] = 5
+    assert "rounds |" not in report.gate_table(rec)
