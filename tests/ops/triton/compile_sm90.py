@@ -22,6 +22,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from hgrn2.ops.triton.config import ChunkParallelConfig
+
+# the forward output kernel's default launch (K-block, warps), which the default group must compile
+FWD_O_DEFAULT = (ChunkParallelConfig().block_k, ChunkParallelConfig().num_warps)
+
 
 def compile_variant(kernel, types: dict, consts: dict, num_warps: int = 4, **options):
     """Arguments absent from `types` and `consts` are None pointers (constexpr None). Pointers and integers are
@@ -228,12 +233,13 @@ def _chunk_parallel_variants():
                         scale="fp32", T="i32", NT="i32"),
                    dict(H=16, K=128, V=128, BT=32, DT=DT, PREC=prec, BK=32, BV=32, O_ACT=1, I_ACT=0, HAS_LB=True,
                         VARLEN=False, MAX_SPREAD=60.0, STORE_A=True), 4)
-        if dt == "bf16":
-            yield ("fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", f.chunk_parallel_fwd_o_kernel,
-                   dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", y="*bf16", a_out="*bf16",
-                        scale="fp32", T="i32", NT="i32"),
-                   dict(common, BK=64, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
-                        STORE_A=True), 8)
+        if dt == "bf16":  # the default launch (ChunkParallelConfig's block_k and num_warps) and BK 64 at 8 warps
+            for BK, warps in dict.fromkeys([FWD_O_DEFAULT, (64, 8)]):
+                yield (f"fwd_o storing A bf16 K=V=128 BK={BK} BV=128 w={warps}", f.chunk_parallel_fwd_o_kernel,
+                       dict(o="*bf16", g="*bf16", i="*bf16", lb="*fp32", h="*bf16", y="*bf16", a_out="*bf16",
+                            scale="fp32", T="i32", NT="i32"),
+                       dict(common, BK=BK, BV=128, O_ACT=1, I_ACT=0, HAS_LB=True, VARLEN=False, MAX_SPREAD=60.0,
+                            STORE_A=True), warps)
         # varlen and the other flags once per dtype
         common = dict(H=16, K=128, V=128, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
         for varlen in (False, True):
@@ -311,9 +317,10 @@ def chunk_parallel_default_variants():
     keep = ("decay bf16 varlen=False", "fwd_h bf16 K=V=128 BK=64 BV=128 w=8", "bwd_dh bf16 K=V=128 BK=64 BV=128 w=8",
             "fwd_o bf16 K=V=128 BK=64 BV=128 w=8", "bwd bf16 K=V=128 BK=32 BV=128 w=8",
             "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8",
-            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8",
-            "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 fallback",
-            "fwd_o storing A bf16 K=V=128 BK=64 BV=128 w=8 fallback", "bwd small gates bf16 K=V=128 BK=16 BVS=32 w=4")
+            f"fwd_o storing A bf16 K=V=128 BK={FWD_O_DEFAULT[0]} BV=128 w={FWD_O_DEFAULT[1]}",
+            f"fwd_o storing A bf16 K=V=128 BK={FWD_O_DEFAULT[0]} BV=128 w={FWD_O_DEFAULT[1]} fallback",
+            "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 fallback",
+            "bwd small gates bf16 K=V=128 BK=16 BVS=32 w=4")
     return (v for v in chunk_parallel_variants() if v[0] in keep)
 
 
