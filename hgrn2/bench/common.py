@@ -201,17 +201,28 @@ def lra_run_label(model: str, settings: str, variant: str | None = None, seed: i
     return label if seed in (None, LRA_SEED) else f"{label} seed {seed}"
 
 
-def seeds_cell(accs: list[float | None], early: bool) -> str | None:
-    """An accuracy (a share) in %: one run's, or the mean ± sample standard deviation over several seeds' runs with
-    their count, e.g. "58.10 ± 0.40 (3)"; * when a run stopped early; None without a value."""
-    accs = [100 * a for a in accs if a is not None]
-    if not accs:
+# how `seeds_cell`'s values read, for the tables that show them
+SEEDS_NOTE = ("*: not finished; – : no run; a ± b (n): mean and sample standard deviation over n seeds' runs equally "
+              "far along, the finished ones if any; [k of n seeds]: the others are not as far along")
+
+
+def seeds_cell(runs: list[tuple[float | None, int, int]]) -> str | None:
+    """An accuracy (a share) in %, from each seed's run as (accuracy, epochs done, epochs planned): one run's, or the
+    mean ± sample standard deviation with the count, e.g. "58.10 ± 0.40 (3)". Only runs equally far along are
+    averaged: the finished ones if any finished, else the furthest (marked *); "[k of n seeds]" when that leaves
+    some out. None without a value."""
+    runs = [(100 * a, done, planned) for a, done, planned in runs if a is not None]
+    if not runs:
         return None
-    star = "*" if early else ""
-    if len(accs) == 1:
-        return f"{accs[0]:.2f}{star}"
-    mean, std = statistics.mean(accs), statistics.stdev(accs)
-    return f"{mean:.2f} ± {std:.2f} ({len(accs)}){star}"
+    finished = [a for a, done, planned in runs if done >= planned]
+    if finished:
+        accs, star = finished, ""
+    else:
+        furthest = max(done for _, done, _ in runs)
+        accs, star = [a for a, done, _ in runs if done == furthest], "*"
+    cell = f"{accs[0]:.2f}" if len(accs) == 1 else \
+        f"{statistics.mean(accs):.2f} ± {statistics.stdev(accs):.2f} ({len(accs)})"
+    return cell + star + (f" [{len(accs)} of {len(runs)} seeds]" if len(accs) < len(runs) else "")
 
 
 # the columns of an image classifier's learning curve, as `hgrn2 vision report` prints it and BENCHMARKS.md shows it

@@ -59,10 +59,11 @@ SECTIONS = {
     "lra": ("Long Range Arena",
             "`hgrn2 lra --report --record` over the runs of `hgrn2 lra TASK...` (the authors' per-task presets): "
             "test accuracy (%) at the epoch of the best validation accuracy, as LRA reports, beside the HGRN2 paper's "
-            "table; with several seeds (`--seed A B ...`), their mean ± sample standard deviation (count); * marks "
-            "a run that has not finished its epochs. \"hgrn2, hgrn1's settings\" is HGRN2 trained with HGRN1's "
-            "presets, as the paper describes its LRA runs (`--settings-of hgrn1`); plain \"hgrn2\" uses the "
-            "presets of HGRN2's own launch script. The curves are validation accuracy per epoch."),
+            "table; with several seeds (`--seed A B ...`), their mean ± sample standard deviation (count) over the "
+            "runs equally far along (the finished ones if any); * marks a cell of runs that have not finished their "
+            "epochs, [k of n seeds] one that leaves the others out. \"hgrn2, hgrn1's settings\" is HGRN2 trained "
+            "with HGRN1's presets, as the paper describes its LRA runs (`--settings-of hgrn1`); plain \"hgrn2\" "
+            "uses the presets of HGRN2's own launch script. The curves are validation accuracy per epoch."),
     "vision": ("Image classification: training throughput against DeiT-Tiny",
                "`hgrn2 bench vision`: forward + backward + AdamW on random 224×224 images under bf16 autocast, the "
                "DeiT-Tiny-sized HGRN2 (`hgrn2.models.vision` preset `deit_tiny`, bidirectional scans on the Triton "
@@ -328,7 +329,7 @@ def lra_table(rec: dict) -> str:
         runs.setdefault(_lra_label(r), {}).setdefault(r["task"], []).append(r)
     for run, tasks_of in runs.items():
         matrix.append({"model": f"{run} (here)", **{
-            t: seeds_cell([r["test_acc"] for r in rs], any(r["epochs_done"] < r["epochs"] for r in rs))
+            t: seeds_cell([(r["test_acc"], r["epochs_done"], r["epochs"]) for r in rs])
             for t, rs in tasks_of.items()}})
     table = format_table(matrix, [("model", "model", "")] + [(LRA_NAMES.get(t, t), t, "") for t in tasks])
     details = format_table([dict(r, model=_lra_label(r), test=r["test_acc"] and 100 * r["test_acc"],

@@ -33,6 +33,7 @@ import yaml
 
 from ..bench.common import (
     LRA_SEED,
+    SEEDS_NOTE,
     add_record_argument,
     command_of,
     environment,
@@ -443,11 +444,10 @@ def report(out: str | Path) -> str:
         cells = []
         for task in PAPER_ORDER:
             runs = [r for r in results if _run_key(r) == key and r["task"] == task]
-            cells.append(seeds_cell([r["test_acc_at_best_val"] for r in runs],
-                                    any(r["stopped"] is not None for r in runs)) or "–")
+            cells.append(seeds_cell([(r["test_acc_at_best_val"], r["epochs_done"], r["train"]["epochs"])
+                                     for r in runs]) or "–")
         rows.append(f"| {lra_run_label(*key)} (here) | " + " | ".join(cells) + " | |")
-    rows.append("\n(*: stopped early by a time or step limit; – : no run; a ± b (n): mean and standard deviation "
-                "over n seeds)")
+    rows.append(f"\n({SEEDS_NOTE})")
     return "\n".join(rows)
 
 

@@ -470,10 +470,13 @@ def test_seeds_train_apart_and_report_their_mean_and_spread(tmp_path, capsys):
     assert "| hgrn2 (here) | 55.00 ± 7.07 (2) |" in report_lra_table(rec)
 
 
-def test_seeds_cell():
-    assert seeds_cell([None], False) is None
-    assert seeds_cell([0.5812], True) == "58.12*"
-    assert seeds_cell([0.58, 0.60, None, 0.59], False) == "59.00 ± 1.00 (3)"
+def test_seeds_cell_averages_only_runs_equally_far_along():
+    assert seeds_cell([(None, 3, 50)]) is None
+    assert seeds_cell([(0.5812, 48, 50)]) == "58.12*"
+    assert seeds_cell([(0.58, 50, 50), (0.60, 50, 50), (None, 50, 50), (0.59, 60, 50)]) == "59.00 ± 1.00 (3)"
+    # a seed that has just started is not averaged with finished ones, nor unfinished runs with less progress
+    assert seeds_cell([(0.58, 50, 50), (0.38, 6, 50)]) == "58.00 [1 of 2 seeds]"
+    assert seeds_cell([(0.58, 48, 50), (0.56, 48, 50), (0.38, 6, 50)]) == "57.00 ± 1.41 (2)* [2 of 3 seeds]"
 
 
 def test_settings_of_names_the_flag_when_another_models_settings_do_not_fit():
