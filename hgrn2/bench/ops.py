@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import time
 import traceback
 
@@ -161,6 +162,9 @@ def sdpa(q, k, v):
 # rows
 
 
+SEQ_ROUNDS = 3  # interleaved rounds of each recurrence row (`interleaved`)
+
+
 def gate_inputs(B, T, ctx, requires_grad=False):
     """Random raw projections o, g, i [B, T, H, D] and a bound β [H, D] in (0, 0.9)."""
     H, D, device, dtype = ctx["H"], ctx["D"], ctx["device"], ctx["dtype"]
@@ -218,13 +222,27 @@ def seq_rows(B, T, ctx) -> list[dict]:
                                     flops_fwd * (3 if mode != "fwd" else 1))}
         if mode == "fwd" and fla:
             compare(row, ours_fn, fla_fn, args, dy)
-        with torch.no_grad() if mode == "fwd" else torch.enable_grad():
-            row["ours_ms"] = try_time(row, "ours", lambda m=mode: measure(timer, ours_fn, args, dy, m))
-            row["fla_ms"] = try_time(row, "fla", lambda m=mode: measure(timer, fla_fn, args, dy, m)) if fla else None
+        thunks = {"ours": lambda m=mode: measure(timer, ours_fn, args, dy, m)}
+        if fla:
+            thunks["fla"] = lambda m=mode: measure(timer, fla_fn, args, dy, m)
         if ctx["cuda"]:
-            row["sdpa_ms"] = try_time(row, "sdpa", lambda m=mode: sdpa_ms(B, T, ctx, m))
+            thunks["sdpa"] = lambda m=mode: sdpa_ms(B, T, ctx, m)
+        with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+            row.update(interleaved(row, thunks, ctx["rounds"]))
+        row.setdefault("fla_ms", None)
         rows.append(row)
     return rows
+
+
+def interleaved(row: dict, thunks: dict, rounds: int) -> dict:
+    """{name_ms: median} of each thunk's timings over `rounds` rounds, the thunks interleaved in each: one do_bench
+    call can land in a slower mode of the GPU that lasts the whole call (seen on the sequential walks)."""
+    times: dict[str, list] = {name: [] for name in thunks}
+    for _ in range(rounds):
+        for name, thunk in thunks.items():
+            if None not in times[name]:
+                times[name].append(try_time(row, name, thunk))
+    return {f"{name}_ms": None if None in ts else statistics.median(ts) for name, ts in times.items()}
 
 
 def first_calls(ctx, B, T) -> dict:
@@ -433,7 +451,7 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend or ("triton" if cuda else "reference")
     ctx = {"device": device, "quick": quick, "cuda": cuda, "H": 2 if quick else H, "D": 32 if quick else D,
            "timer": timer, "fla": fla, "dtype": torch.bfloat16 if cuda else torch.float32, "backend": backend,
-           "hgrn1_backend": backend}
+           "hgrn1_backend": backend, "rounds": 1 if quick else SEQ_ROUNDS}
     ctx["ceilings"] = ceilings(device, timer, quick)
     env = environment(device)
     extra = {"quick": quick, "ceilings": ctx["ceilings"], "backend": backend}

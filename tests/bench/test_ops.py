@@ -31,3 +31,25 @@ def test_unknown_skip_kind_is_named():
 
     with pytest.raises(ValueError, match=r"--skip: unknown row kinds \['layer'\]"):
         main(["bench", "ops", "--quick", "--skip", "layer"])
+
+
+def test_interleaved_rounds_take_each_median_and_keep_a_failure():
+    from hgrn2.bench.ops import interleaved
+
+    calls, times = [], {"ours": iter([1.0, 9.0, 2.0]), "fla": iter([5.0, 4.0, 6.0])}
+
+    def thunk(name):
+        def run():
+            calls.append(name)
+            return next(times[name])
+        return run
+
+    def broken():
+        calls.append("sdpa")
+        raise RuntimeError("no flash kernel")
+
+    row = {}
+    got = interleaved(row, {"ours": thunk("ours"), "fla": thunk("fla"), "sdpa": broken}, 3)
+    assert got == {"ours_ms": 2.0, "fla_ms": 5.0, "sdpa_ms": None}
+    assert calls == ["ours", "fla", "sdpa", "ours", "fla", "ours", "fla"]  # rounds interleaved; a failure not retried
+    assert row["sdpa_error"] == "RuntimeError: no flash kernel"
