@@ -162,7 +162,7 @@ def sdpa(q, k, v):
 # rows
 
 
-SEQ_ROUNDS = 3  # interleaved rounds of each recurrence row (`interleaved`)
+ROUNDS = 3  # interleaved rounds of every row (`interleaved`)
 
 
 def gate_inputs(B, T, ctx, requires_grad=False):
@@ -309,10 +309,12 @@ def decode_rows(B, ctx) -> list[dict]:
             y_ref, s_ref = fla_fn(*sets[0])
             y, s = kernel_fn(*sets[0])
             row["err_vs_fla_y"], row["err_vs_fla_state"] = rel_err(y, y_ref), rel_err(s, s_ref)
-        if ctx["cuda"]:
-            row["ours_ms"] = try_time(row, "ours", lambda: timer(rotate(kernel_fn)))
-        row["ours_api_ms"] = try_time(row, "ours_api", lambda: timer(rotate(api_fn)))
-        row["fla_ms"] = timer(rotate(fla_fn)) if fla else None
+        thunks = {"ours": lambda: timer(rotate(kernel_fn))} if ctx["cuda"] else {}
+        thunks["ours_api"] = lambda: timer(rotate(api_fn))
+        if fla:
+            thunks["fla"] = lambda: timer(rotate(fla_fn))
+        row.update(interleaved(row, thunks, ctx["rounds"]))
+    row.setdefault("fla_ms", None)
     return [row]
 
 
@@ -339,9 +341,10 @@ def hgrn1_rows(ctx) -> list[dict]:
 
     if fla:
         compare(row, ours_fn, fla_fn, (x, g), dy, n_grad=2)
-    row["ours_ms"] = try_time(row, "ours", lambda: timer(fwd_bwd(ours_fn, (x, g), dy), grad_to_none=[x, g]))
+    thunks = {"ours": lambda: timer(fwd_bwd(ours_fn, (x, g), dy), grad_to_none=[x, g])}
     if fla:
-        row["fla_ms"] = try_time(row, "fla", lambda: timer(fwd_bwd(fla_fn, (x, g), dy), grad_to_none=[x, g]))
+        thunks["fla"] = lambda: timer(fwd_bwd(fla_fn, (x, g), dy), grad_to_none=[x, g])
+    row.update(interleaved(row, thunks, ctx["rounds"]))
     return [row]
 
 
@@ -397,10 +400,10 @@ def glue_rows(ctx) -> list[dict]:
     for kind, shape, nbytes, flops, leaves, cot, impls in specs:
         row = {"kind": kind, "mode": "fwd+bwd", "shape": shape, "B": N, "T": 1,
                "floor_ms": floor_ms(ctx, nbytes, flops)}
-        ms = {name: try_time(row, name, lambda fn=fn, cot=cot, leaves=leaves: _time_fwd_bwd(ctx, fn, cot, leaves))
-              for name, fn in impls.items() if fn}
-        row["ours_ms"], row["fla_ms"] = ms.get("ours"), ms.get("fla")
-        row["note"] = f"composite {ms['composite']:.4f} ms" if ms.get("composite") else None
+        ms = interleaved(row, {name: lambda fn=fn, cot=cot, leaves=leaves: _time_fwd_bwd(ctx, fn, cot, leaves)
+                               for name, fn in impls.items() if fn}, ctx["rounds"])
+        row["ours_ms"], row["fla_ms"] = ms.get("ours_ms"), ms.get("fla_ms")
+        row["note"] = f"composite {ms['composite_ms']:.4f} ms" if ms.get("composite_ms") else None
         rows.append(row)
     return rows
 
@@ -451,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend or ("triton" if cuda else "reference")
     ctx = {"device": device, "quick": quick, "cuda": cuda, "H": 2 if quick else H, "D": 32 if quick else D,
            "timer": timer, "fla": fla, "dtype": torch.bfloat16 if cuda else torch.float32, "backend": backend,
-           "hgrn1_backend": backend, "rounds": 1 if quick else SEQ_ROUNDS}
+           "hgrn1_backend": backend, "rounds": 1 if quick else ROUNDS}
     ctx["ceilings"] = ceilings(device, timer, quick)
     env = environment(device)
     extra = {"quick": quick, "ceilings": ctx["ceilings"], "backend": backend}

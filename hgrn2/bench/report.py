@@ -38,8 +38,8 @@ SECTIONS = {
             "bf16, H 16, head 128, B·T = 16K tokens from the raw projections (ours: `hgrn2.ops.hgrn2`, Triton; fla: "
             "its HGRN2Attention glue + `chunk_gla`; SDPA: causal FlashAttention at the same B, T, H, D). Glue rows: "
             "RMSNorm, fused residual add + RMSNorm, SwiGLU + down projection, linear + cross entropy, HGRN1's scan. "
-            "Recurrence rows: the median of three rounds, ours, fla and SDPA interleaved in each (records from "
-            "before 2026-11-29: one round). "
+            "Each time is the median of three rounds, ours, fla and SDPA interleaved in each (records from before "
+            "2026-11-29: one round). "
             "The floor is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured in the same run. "
             "err: relative L2 of ours against fla (output)."),
     "decode": ("Decode: one token from a state",
