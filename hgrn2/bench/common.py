@@ -68,6 +68,28 @@ def time_ms(fn: Callable[[], object], *, device: torch.device | str | None = Non
     return statistics.median(times)
 
 
+TIMING_ROUNDS = 3  # rounds of `interleaved` in the benchmarks that compare implementations
+
+
+def try_time(row, name, thunk):
+    try:
+        return thunk()
+    except Exception as e:  # noqa: BLE001 - an unavailable backend is a note, not a crash
+        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+        return None
+
+
+def interleaved(row: dict, thunks: dict, rounds: int) -> dict:
+    """{name_ms: median} of each thunk's timings over `rounds` rounds, the thunks interleaved in each: one do_bench
+    call can land in a slower mode of the GPU that lasts the whole call (seen on the sequential walks)."""
+    times: dict[str, list] = {name: [] for name in thunks}
+    for _ in range(rounds):
+        for name, thunk in thunks.items():
+            if None not in times[name]:
+                times[name].append(try_time(row, name, thunk))
+    return {f"{name}_ms": None if None in ts else statistics.median(ts) for name, ts in times.items()}
+
+
 def fla_available() -> bool:
     """fla's kernels run here: it is installed and there is a GPU (its Triton kernels have no CPU path)."""
     if not torch.cuda.is_available():

@@ -1,9 +1,10 @@
 """`hgrn2 bench layer`: the HGRU2 token mixer with its projections against fla's `HGRN2Attention`, forward+backward.
 
 Both layers at the same width and head size (default d = 2048, head 128, bf16, B8 × T2048), the same input
-x ~ N(0, 1) and lower bound β ~ U(0, 0.9), output gradient random; medians of `hgrn2.bench.common.time_ms` with
-x's gradient reset each call. The projections are the same work in both, so the layer's ratio is diluted from the
-op's (`hgrn2 bench ops`); `hgrn2 bench profile --target layer` splits the time kernel by kernel.
+x ~ N(0, 1) and lower bound β ~ U(0, 0.9), output gradient random; the median of three rounds of
+`hgrn2.bench.common.time_ms`, the layers interleaved in each, with x's gradient reset each call. The projections
+are the same work in both, so the layer's ratio is diluted from the op's (`hgrn2 bench ops`);
+`hgrn2 bench profile --target layer` splits the time kernel by kernel.
 
     hgrn2 bench layer                     # writes benchmarks/results/<device>/layer.json
     hgrn2 bench layer --quick             # d 64, head 32, B1 T64; on a CPU ours only
@@ -16,11 +17,13 @@ import argparse
 import torch
 
 from hgrn2.bench.common import (
+    TIMING_ROUNDS,
     add_output_argument,
     command_of,
     environment,
     fla_available,
     format_table,
+    interleaved,
     time_ms,
     write_result,
 )
@@ -71,12 +74,15 @@ def run(args: argparse.Namespace) -> int:
         print("skipped: fla's HGRN2Attention: needs CUDA and flash-linear-attention", flush=True)
     x, dy, lb = step_inputs(B, T, args.hidden, device, dtype)
     warmup, rep = (5, 20) if args.quick else (25, 100)
-    rows = []
-    for name, layer in layers(args.hidden, args.expand, device, dtype, backend, with_fla).items():
-        ms = time_ms(lambda layer=layer: layer(x, lower_bound=lb)[0].backward(dy), device=device, inputs=[x, lb],
-                     warmup=warmup, rep=rep, grad_to_none=[x])
-        rows.append({"layer": name, "mode": "fwd+bwd", "shape": f"B={B} T={T} d={args.hidden}", "B": B, "T": T,
-                     "hidden": args.hidden, "expand": args.expand, "ms": ms})
+    timed = {name: lambda layer=layer: time_ms(lambda: layer(x, lower_bound=lb)[0].backward(dy), device=device,
+                                               inputs=[x, lb], warmup=warmup, rep=rep, grad_to_none=[x])
+             for name, layer in layers(args.hidden, args.expand, device, dtype, backend, with_fla).items()}
+    errors: dict[str, str] = {}
+    ms = interleaved(errors, timed, 1 if args.quick else TIMING_ROUNDS)
+    if errors:
+        raise RuntimeError(f"timing failed: {errors}")
+    rows = [{"layer": name, "mode": "fwd+bwd", "shape": f"B={B} T={T} d={args.hidden}", "B": B, "T": T,
+             "hidden": args.hidden, "expand": args.expand, "ms": ms[f"{name}_ms"]} for name in timed]
     fla_ms = next((r["ms"] for r in rows if r["layer"] == "fla"), None)
     for r in rows:
         r["vs_fla"] = r["ms"] / fla_ms if fla_ms else None

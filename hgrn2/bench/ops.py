@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import time
 import traceback
 
@@ -38,10 +37,12 @@ import torch
 import torch.nn.functional as F
 
 from hgrn2.bench.common import (
+    TIMING_ROUNDS,
     add_output_argument,
     command_of,
     environment,
     fla_available,
+    interleaved,
     rel_err,
     time_ms,
     write_result,
@@ -162,9 +163,6 @@ def sdpa(q, k, v):
 # rows
 
 
-ROUNDS = 3  # interleaved rounds of every row (`interleaved`)
-
-
 def gate_inputs(B, T, ctx, requires_grad=False):
     """Random raw projections o, g, i [B, T, H, D] and a bound β [H, D] in (0, 0.9)."""
     H, D, device, dtype = ctx["H"], ctx["D"], ctx["device"], ctx["dtype"]
@@ -232,17 +230,6 @@ def seq_rows(B, T, ctx) -> list[dict]:
         row.setdefault("fla_ms", None)
         rows.append(row)
     return rows
-
-
-def interleaved(row: dict, thunks: dict, rounds: int) -> dict:
-    """{name_ms: median} of each thunk's timings over `rounds` rounds, the thunks interleaved in each: one do_bench
-    call can land in a slower mode of the GPU that lasts the whole call (seen on the sequential walks)."""
-    times: dict[str, list] = {name: [] for name in thunks}
-    for _ in range(rounds):
-        for name, thunk in thunks.items():
-            if None not in times[name]:
-                times[name].append(try_time(row, name, thunk))
-    return {f"{name}_ms": None if None in ts else statistics.median(ts) for name, ts in times.items()}
 
 
 def first_calls(ctx, B, T) -> dict:
@@ -420,14 +407,6 @@ def _time_fwd_bwd(ctx, fn, cotangent, leaves) -> float:
     return ctx["timer"](step, grad_to_none=leaves)
 
 
-def try_time(row, name, thunk):
-    try:
-        return thunk()
-    except Exception as e:  # noqa: BLE001 - an unavailable backend is a note, not a crash
-        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
-        return None
-
-
 def floor_ms(ctx, nbytes, flops) -> float:
     c = ctx["ceilings"]
     return 1e3 * max(nbytes / c["copy_bytes_per_s"], flops / c["matmul_flops_per_s"])
@@ -454,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend or ("triton" if cuda else "reference")
     ctx = {"device": device, "quick": quick, "cuda": cuda, "H": 2 if quick else H, "D": 32 if quick else D,
            "timer": timer, "fla": fla, "dtype": torch.bfloat16 if cuda else torch.float32, "backend": backend,
-           "hgrn1_backend": backend, "rounds": 1 if quick else ROUNDS}
+           "hgrn1_backend": backend, "rounds": 1 if quick else TIMING_ROUNDS}
     ctx["ceilings"] = ceilings(device, timer, quick)
     env = environment(device)
     extra = {"quick": quick, "ceilings": ctx["ceilings"], "backend": backend}

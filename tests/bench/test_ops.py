@@ -34,7 +34,7 @@ def test_unknown_skip_kind_is_named():
 
 
 def test_interleaved_rounds_take_each_median_and_keep_a_failure():
-    from hgrn2.bench.ops import interleaved
+    from hgrn2.bench.common import interleaved
 
     calls, times = [], {"ours": iter([1.0, 9.0, 2.0]), "fla": iter([5.0, 4.0, 6.0])}
 
