@@ -61,8 +61,8 @@ def capturing(x: torch.Tensor) -> bool:
 
 
 def check_lower_bound_range(lower_bound: torch.Tensor) -> None:
-    """β in [0, 1) (see `check_values`)."""
-    check_values(((lower_bound >= 0) & (lower_bound < 1)).all(), "lower_bound", "values in [0, 1)",
+    """β in [0, 1) (see `check_values`): ⌊β⌋ = 0, which NaN fails too (one kernel fewer than two comparisons)."""
+    check_values(lower_bound.floor().eq(0).all(), "lower_bound", "values in [0, 1)",
                  lambda: f"values in [{lower_bound.min().item()}, {lower_bound.max().item()}]")
 
 

@@ -8,6 +8,7 @@ extra output of the forward (saved for the backward, not recomputed), with a sta
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -48,8 +49,13 @@ class _Blocks(NamedTuple):
 
 def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig) -> _Blocks:
     """Blocks and warps of every kernel for inputs of n_seq_heads (sequence, head) pairs."""
-    K, V = o.shape[-1], i.shape[-1]
-    fp32 = o.dtype != torch.bfloat16  # fp32 dot operands (fp16 too: its range cannot hold e^{±60})
+    # fp32 dot operands for fp32 and fp16 inputs (fp16's range cannot hold e^{±60})
+    return _blocks(o.shape[-1], i.shape[-1], o.dtype != torch.bfloat16, n_seq_heads, sm_count(o.device), cfg)
+
+
+@functools.lru_cache(maxsize=1024)
+def _blocks(K: int, V: int, fp32: bool, n_seq_heads: int, sms: int, cfg: ChunkParallelConfig) -> _Blocks:
+    """`_config` of hashable arguments, cached: a launch's host time is the bound of mid-sized calls."""
     kp, vp = max(16, next_pow2(K)), max(16, next_pow2(V))
     cap = 32 if fp32 else kp  # fp32 (ieee dots): at most 32-wide K-blocks
     bk = max(16, min(kp, cap, cfg.block_k))
@@ -62,12 +68,12 @@ def _config(o, i, n_seq_heads: int, cfg: ChunkParallelConfig) -> _Blocks:
     # the sequential walks take T/BT dependent steps per program: with few (sequence, head) pairs their blocks
     # shrink (K first: V-blocks repeat the gate math) to fill more SMs, down to 32 × 32
     while (bk_seq > 32 or bv_seq > 32) and (n_seq_heads * cdiv(K, bk_seq) * cdiv(V, bv_seq)
-                                             < cfg.seq_split_below * sm_count(o.device)):
+                                             < cfg.seq_split_below * sms):
         if bk_seq > 32:
             bk_seq //= 2
         else:
             bv_seq //= 2
-    bt = chunk_size(o, cfg)
+    bt = cfg.block_t_fp32 if fp32 else cfg.block_t
     warps = cfg.num_warps
     warps_bwd = cfg.num_warps_bwd or (8 if bt * max(bk_bwd, bv) >= 4096 else 4)
     warps_seq = cfg.num_warps_seq or (8 if bk_seq * bv_seq >= 4096 else 4)
@@ -325,12 +331,13 @@ def hgrn2_chunk_parallel_triton(o: torch.Tensor, g: torch.Tensor, i: torch.Tenso
         t is not None and t.requires_grad for t in (o, g, i, lower_bound, initial_state))
     if torch.float64 in (o.dtype, g.dtype, i.dtype):
         o, g, i = o.float(), g.float(), i.float()
-    y, ht = _ChunkParallel.apply(
-        o.contiguous(), g.contiguous(), i.contiguous(),
-        None if lower_bound is None else lower_bound.contiguous(),
-        None if initial_state is None else initial_state.contiguous(),
-        None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
-        float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state), cfg.save_a and grad, cfg.save_b and grad,
-        grad, key,
-    )
+    args = (o.contiguous(), g.contiguous(), i.contiguous(),
+            None if lower_bound is None else lower_bound.contiguous(),
+            None if initial_state is None else initial_state.contiguous(),
+            None if cu_seqlens is None else cu_seqlens.to(o.device).contiguous(),
+            float(scale), ACTS[o_act], ACTS[i_act], bool(output_final_state))
+    if grad:
+        y, ht = _ChunkParallel.apply(*args, cfg.save_a, cfg.save_b, True, key)
+    else:  # no autograd node: its bookkeeping is a tenth of a mid-sized forward's host time
+        y, ht = chunk_parallel_fwd(*args, False, False, False, key)[:2]
     return y.to(in_dtype), (ht if output_final_state else None)

@@ -181,6 +181,18 @@ def test_A_and_b_are_kept_only_for_a_backward(monkeypatch):
     assert kept == [(True, True), (False, False), (False, False)]
 
 
+def test_inference_forward_equals_the_autograd_one():
+    """Without a gradient to take, the forward skips the autograd node: the same output and final state, bit for
+    bit, and no graph."""
+    o, g, i, lb, h0 = make_inputs(2, 70, 2, 16, 32, n_states=2)
+    kw = dict(scale=0.25, o_act="silu", i_act="sigmoid", initial_state=h0, output_final_state=True)
+    y, ht = hgrn2_chunk_parallel_triton(o, g, i.requires_grad_(), lb, **kw)
+    with torch.no_grad():
+        y_inf, ht_inf = hgrn2_chunk_parallel_triton(o, g, i, lb, **kw)
+    assert y.grad_fn is not None and y_inf.grad_fn is None and ht_inf.grad_fn is None
+    assert torch.equal(y.detach(), y_inf) and torch.equal(ht.detach(), ht_inf)
+
+
 @pytest.mark.parametrize("save_b", [False, pytest.param(True, marks=slow)])
 def test_saved_A_varlen_bf16(save_b):
     """save_a with packed sequences (padding chunks) and bf16 operands (A kept in bf16), b kept or not."""
