@@ -71,6 +71,24 @@ def time_ms(fn: Callable[[], object], *, device: torch.device | str | None = Non
 TIMING_ROUNDS = 3  # rounds of `interleaved` in the benchmarks that compare implementations
 
 
+def graph_ms(fn: Callable[[], object], timer: Callable[..., float], calls: int = 1) -> float:
+    """Milliseconds per call of `fn` replayed from one CUDA graph holding `calls` calls (`timer` on the replay,
+    divided by `calls`): the GPU's time alone, as a graph-replayed step or decode runs it, without the host's launch
+    time, which bounds an eager call when the kernels are short. fn runs under the caller's grad mode."""
+    grad = torch.is_grad_enabled()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.set_grad_enabled(grad):
+        for _ in range(3):  # warm-up off the capture: compilation, autotuning, allocator pools
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.set_grad_enabled(grad):
+        for _ in range(calls):
+            fn()
+    return timer(graph.replay) / calls
+
+
 def try_time(row, name, thunk):
     try:
         return thunk()

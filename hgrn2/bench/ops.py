@@ -5,7 +5,8 @@ Rows (bf16, H = 16, K = V = 128):
           ours  = hgrn2.ops.hgrn2(o, g, i, β, scale=K^-½, o_act="silu", backend="triton")
           fla   = the glue of fla's HGRN2Attention.forward + chunk_gla(state_v_first=True)
           sdpa  = causal scaled_dot_product_attention on the FlashAttention backend, same B, T, H, D
-  decode  one token from a state, B ∈ {1, 64}: ours vs fla's fused_recurrent_gla (with the same glue)
+  decode  one token from a state, B ∈ {1, 64}: ours (the public op; and the Triton kernel replayed from a CUDA graph,
+          as the CUDA-graph decode runs it) vs fla's fused_recurrent_gla (with the same glue)
   hgrn1   the element-wise HGRN1 scan at an MQAR shape vs fla's fused_recurrent_hgrn, forward+backward
   rmsnorm hgrn2.ops.norm.rms_norm vs fla's fused RMSNorm (16K rows of 2048), forward+backward; add+rmsnorm
           the residual step (fp32 stream + branch, then the norm) fused, vs fla's prenorm RMSNorm
@@ -17,9 +18,10 @@ Rows (bf16, H = 16, K = V = 128):
 Before timing, ours is checked against fla (relative error of outputs and input gradients). The floor of a row
 is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured at the start of the run. Times are
 medians of `hgrn2.bench.common.time_ms`; inputs rotate through several copies when one copy fits in L2.
-Columns that need CUDA (fla, SDPA's FlashAttention, the Triton decode kernel) are skipped on a CPU with one
-"skipped: needs CUDA" line; anything else that cannot run becomes a note in its row, never a crash. The result
-goes to `--out DIR`/ops.json (default benchmarks/results/<device>/), rewritten after every row.
+The forward rows also time ours replayed from a CUDA graph: the GPU's time alone, where an eager call of short
+kernels waits on the host's launches. Columns that need CUDA (fla, SDPA's FlashAttention, the graphs) are skipped
+on a CPU with one "skipped: needs CUDA" line; anything else that cannot run becomes a note in its row, never a
+crash. The result goes to `--out DIR`/ops.json (default benchmarks/results/<device>/), rewritten after every row.
 
     hgrn2 bench ops --skip hgrn1          # the GPU run (a few minutes; fla autotunes on its first calls)
     hgrn2 bench ops --quick               # tiny shapes, also on a CPU
@@ -42,6 +44,7 @@ from hgrn2.bench.common import (
     command_of,
     environment,
     fla_available,
+    graph_ms,
     interleaved,
     rel_err,
     time_ms,
@@ -221,6 +224,8 @@ def seq_rows(B, T, ctx) -> list[dict]:
         if mode == "fwd" and fla:
             compare(row, ours_fn, fla_fn, args, dy)
         thunks = {"ours": lambda m=mode: measure(timer, ours_fn, args, dy, m)}
+        if mode == "fwd" and ctx["cuda"]:
+            thunks["ours_graph"] = lambda: graph_ms(lambda: ours_fn(*args), timer)
         if fla:
             thunks["fla"] = lambda m=mode: measure(timer, fla_fn, args, dy, m)
         if ctx["cuda"]:
@@ -296,7 +301,8 @@ def decode_rows(B, ctx) -> list[dict]:
             y_ref, s_ref = fla_fn(*sets[0])
             y, s = kernel_fn(*sets[0])
             row["err_vs_fla_y"], row["err_vs_fla_state"] = rel_err(y, y_ref), rel_err(s, s_ref)
-        thunks = {"ours": lambda: timer(rotate(kernel_fn))} if ctx["cuda"] else {}
+        # the kernel as the CUDA-graph decode runs it (a graph of one call per copy); the op and fla's call eager
+        thunks = {"ours_graph": lambda: graph_ms(rotate(kernel_fn), timer, n)} if ctx["cuda"] else {}
         thunks["ours_api"] = lambda: timer(rotate(api_fn))
         if fla:
             thunks["fla"] = lambda: timer(rotate(fla_fn))
