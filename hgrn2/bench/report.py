@@ -358,7 +358,43 @@ def lra_table(rec: dict) -> str:
         return f"{table}\n\n{details}"
     changes = format_table([{"task": t, "variant": v, "note": n} for (t, v), n in notes.items()],
                            [("task", "task", ""), ("variant", "variant", ""), ("what it changes", "note", "")])
-    return f"{table}\n\n{details}\n\nEach variant is one change against the task's preset:\n\n{changes}"
+    parts = [table, details, f"Each variant is one change against the task's preset:\n\n{changes}"]
+    compared = _lra_controlled(rows)
+    if compared:
+        columns = [("task", "task", ""), ("change", "change", ""), ("epochs", "epochs", "d"),
+                   ("test acc %", "test", ".2f"), ("preset's %", "base", ".2f"), ("difference", "delta", "+.2f"),
+                   ("best val %", "val", ".2f"), ("preset's best val %", "base_val", ".2f")]
+        parts.append("Each change against the preset's run of the same seed, over the epochs both have trained: test "
+                     "accuracy at the best validation epoch among them, and the difference in points:\n\n"
+                     + format_table(compared, columns))
+    return "\n\n".join(parts)
+
+
+def _lra_controlled(rows: list[dict]) -> list[dict]:
+    """Each run that changes something against its task's preset (a variant, or another model's settings) beside
+    the preset's run of the same model and seed, both cut to the epochs both have (rows with per-epoch curves)."""
+    def own(r):
+        return r.get("settings", r["model"]) == r["model"] and not r.get("variant")
+
+    def at(curve, k):  # (test, val) at the first best validation epoch among epochs ≤ k
+        epoch, val, test = max((c for c in curve if c[0] <= k), key=lambda c: c[1])
+        return 100 * test, 100 * val
+
+    out = []
+    for r in rows:
+        base = next((b for b in rows if own(b) and b.get("curve") and (b["task"], b["model"], b.get("seed")) ==
+                     (r["task"], r["model"], r.get("seed"))), None)
+        if own(r) or not r.get("curve") or base is None:
+            continue
+        k = min(r["curve"][-1][0], base["curve"][-1][0])
+        (test, val), (base_test, base_val) = at(r["curve"], k), at(base["curve"], k)
+        settings = r.get("settings", r["model"])
+        change = r.get("variant") or f"{settings}'s settings"
+        if r.get("variant") and settings != r["model"]:
+            change = f"{settings}'s settings + {change}"
+        out.append({"task": r["task"], "change": change, "epochs": k, "test": test, "base": base_test,
+                    "delta": test - base_test, "val": val, "base_val": base_val})
+    return out
 
 
 def _lra_label(r: dict) -> str:

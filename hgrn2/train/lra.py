@@ -608,8 +608,9 @@ def run(args: argparse.Namespace) -> int:
 
 def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
     """`lra.json`: one row per run under --out (test accuracy at the best validation epoch, and at the last epoch and
-    the best over epochs, the LRA code's other readings; epochs done, time per epoch), the paper's numbers beside, the
-    curves as its figure; in the environment the runs recorded where they trained."""
+    the best over epochs, the LRA code's other readings; epochs done, time per epoch; the curve [epoch, val, test]
+    per epoch), the paper's numbers beside, the curves as its figure; in the environment the runs recorded where they
+    trained."""
     results = results_in(args.out)
     if not results:
         raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
@@ -620,7 +621,8 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
              "test_acc": r["test_acc_at_best_val"], "best_val_acc": r["best_val_acc"],
              "test_acc_last": r.get("test_acc_last"), "test_acc_max": r.get("test_acc_max"),
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],
-             "time_per_epoch_s": r["time_per_epoch_s"], "stopped": r["stopped"], "world_size": r["world_size"]}
+             "time_per_epoch_s": r["time_per_epoch_s"], "stopped": r["stopped"], "world_size": r["world_size"],
+             "curve": [[h["epoch"], round(h["val_acc"], 6), round(h["test_acc"], 6)] for h in r["history"]]}
             for r in sorted(results, key=lambda r: (order.get(r["task"], len(order)), r["model"],
                                                     r.get("seed", SEED_DEFAULTS["seed"])))]
     paper = {label: dict(zip(PAPER_ORDER, values)) for label, values in PAPER.items()}

@@ -87,6 +87,29 @@ def test_lra_table_beside_the_papers(tmp_path):
     assert "| listops | hgrn2 | 1 | 1,234 | 61.87 |" in text
 
 
+
+def test_lra_changes_against_the_preset_over_the_epochs_both_have(tmp_path):
+    """A variant and another model's settings beside the preset's run of the same seed, both cut to the epochs
+    both have trained; runs without curves (older records) and other seeds' presets stay out."""
+    def row(curve, **kw):
+        return {"task": "listops", "model": "hgrn2", "parameters": 1, "test_acc": curve[-1][2],
+                "best_val_acc": curve[-1][1], "epochs_done": curve[-1][0], "epochs": 50, "steps": 1,
+                "time_per_epoch_s": 1.0, "stopped": None, "world_size": 1, "seed": 2222, "curve": curve, **kw}
+
+    preset = row([[1, 0.30, 0.29], [2, 0.50, 0.47], [3, 0.45, 0.60], [4, 0.58, 0.57]])
+    wide = row([[1, 0.35, 0.33], [2, 0.50, 0.52]], variant="wide", variant_note="a wider model")
+    small = row([[1, 0.20, 0.19], [2, 0.40, 0.41], [3, 0.44, 0.43]], settings="hgrn1")
+    other_seed = row([[1, 0.9, 0.9], [2, 0.9, 0.9]], seed=1)
+    old = dict(row([[1, 0.1, 0.1]], variant="old", variant_note="before curves"))
+    del old["curve"]
+    paper = {"HGRN2 (paper)": {"listops": 60.52}}
+    text = render(tmp_path, {"lra": {"rows": [preset, wide, small, other_seed, old], "paper": paper}})
+    assert ("| task | change | epochs | test acc % | preset's % | difference | best val % | preset's best val % |\n"
+            "|---|---|---|---|---|---|---|---|\n"
+            "| listops | wide | 2 | 52.00 | 47.00 | +5.00 | 50.00 | 50.00 |\n"
+            "| listops | hgrn1's settings | 3 | 43.00 | 47.00 | -4.00 | 44.00 | 50.00 |\n") in text
+    assert "| listops | old |" not in text.split("preset's best val %")[1]
+
 def test_vision_throughput_and_the_fashion_mnist_run(tmp_path):
     bench = [{"model": "hgrn2", "parameters": 6_100_000, "images_per_s": 3000.0, "images_per_s_range": [2990, 3010],
               "ratio_to_deit": 0.75, "peak_gib": 9.5},
