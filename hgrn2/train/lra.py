@@ -3,6 +3,7 @@
     hgrn2 lra listops pathfinder --models hgrn2 hgrn1 --out runs/lra --max-minutes 60
     torchrun --nproc-per-node 4 -m hgrn2.cli lra pathx --out runs/lra
     hgrn2 lra listops --variants preset mask-padding layernorm --out runs/abl   # the preset's ablation variants
+    hgrn2 lra listops --seed 2222 1 2 --concurrent 3 --out runs/lra       # three runs side by side on one GPU
     hgrn2 lra --report --out runs/lra            # the paper-style table and the curves
     hgrn2 lra --report --out runs/lra --record   # also benchmarks/results/<device>/lra.json with the curves
 
@@ -20,8 +21,10 @@ nothing. A step whose loss or gradient norm is not finite stops the run before a
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -344,15 +347,20 @@ class LRATask(Task):
                   "value")
 
 
+def _load_options(task: str, args: argparse.Namespace, data_opts: dict) -> dict:
+    """The keyword arguments of `lra_tasks.load` for a run of `task`."""
+    examples = args.images if task in ("pathfinder", "pathx") else args.examples
+    return dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
+                level=args.level, workers=args.workers, grayscale=data_opts["grayscale"])
+
+
 def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Dist, run_dir: Path,
                variant: str | None) -> dict:
     cfg, tr, data_opts = build(task, mixer, args, variant)
     settings = settings_of(mixer, args)
     name = run_dir.name
     pixels = lra_tasks.TASKS[task].grey_norm if cfg.vocab_size is None else None  # a pixel task's grey (mean, std)
-    examples = args.images if task in ("pathfinder", "pathx") else args.examples
-    load = dict(data_root=args.data, data_dir=args.data_dir, seed=args.data_seed, examples=examples,
-                level=args.level, workers=args.workers, grayscale=data_opts["grayscale"])
+    load = _load_options(task, args, data_opts)
     if d.main:  # generated data sets are written once, by rank 0
         data = lra_tasks.load(task, **load)
     distributed.barrier(d)
@@ -386,7 +394,7 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
     engine = Engine(lra, opt, schedule, d=d, bf16=amp, clip=tr["grad_clip"], cuda_graph=args.cuda_graph,
                     checkpoint_dir=run_dir / "ckpt",
                     run_dir=run_dir, lock=False, keep_last=2, ckpt_every=args.ckpt_every, mid_epoch=True,
-                    log_every=args.log_every, progress=True, name=name)
+                    log_every=args.log_every, progress=getattr(args, "progress", True), name=name)
     engine.start()
     t_start, first_step, env = time.time(), engine.step, environment(d.device, d.world)
 
@@ -523,6 +531,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "std over seeds")
     p.add_argument("--data-seed", type=int, default=SEED_DEFAULTS["data_seed"], help="seed of the generated data sets")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--concurrent", type=int, default=1, metavar="N",
+                   help="train N of the runs (models, variants, seeds) at once in worker processes sharing the "
+                        "device, spread over the GPUs when there are several (default 1: one after the other)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay each training step as one CUDA graph (one GPU; the pixel tasks image, pathfinder, "
                         "pathx and fashion_mnist, whose batches all have one shape)")
@@ -539,8 +550,8 @@ def _check_at_least(flag: str, value, low: float | None) -> None:
 
 def _check_limits(args: argparse.Namespace) -> None:
     # the fewest examples (images) that leave each split one: ListOps holds out 2 %, Pathfinder 10 % twice
-    for flag, low in (("examples", 3), ("images", 10), ("workers", 1), ("max_minutes", None), ("max_steps", 1),
-                      ("ckpt_every", 0), ("log_every", 1), ("data_seed", 0)):
+    for flag, low in (("examples", 3), ("images", 10), ("workers", 1), ("concurrent", 1), ("max_minutes", None),
+                      ("max_steps", 1), ("ckpt_every", 0), ("log_every", 1), ("data_seed", 0)):
         _check_at_least(flag, getattr(args, flag), low)
     for seed in _seeds(args):
         _check_at_least("seed", seed, 0)
@@ -578,6 +589,13 @@ def run(args: argparse.Namespace) -> int:
     batches = sorted({tr["batch_size"] for _, tr, _ in built.values()})
     if args.cuda_graph:
         _check_graphable(built)
+    jobs = [(task, mixer, variant, seed) for task, variant, mixer in runs for seed in _seeds(args)]
+    if args.concurrent > 1 and len(jobs) > 1:
+        summary = _train_side_by_side(jobs, built, args)
+        _print_summary(summary)
+        if args.record is not None:
+            print(f"wrote record {record_results(args, plot(args.out))}")
+        return 1 if len(summary) < len(jobs) else 0
     d = distributed.init(args.device)
     if args.cuda_graph and (d.device.type != "cuda" or d.world > 1):
         raise ValueError(f"`--cuda-graph`: needs one CUDA device, got {d.world} process(es) on {d.device}")
@@ -586,24 +604,73 @@ def run(args: argparse.Namespace) -> int:
         for batch in batches:
             if batch % d.world:
                 raise ValueError(f"`--batch-size`: {batch} is not divisible by the {d.world} processes")
-        for task, variant, mixer in runs:
-            for seed in _seeds(args):
-                summary.append(train_run(task, mixer, argparse.Namespace(**{**vars(args), "seed": seed}), d, variant))
+        for task, mixer, variant, seed in jobs:
+            summary.append(train_run(task, mixer, argparse.Namespace(**{**vars(args), "seed": seed}), d, variant))
     finally:
         distributed.shutdown()
     if d.main:
-        print("| task | model | params | epochs | best val | test at best val | s/epoch | stopped |")
-        print("|---|---|---|---|---|---|---|---|")
-        for r in summary:
-            best = r["best_val_acc"]
-            fmt = (lambda v: "–" if v is None else f"{v:.4f}")  # noqa: E731
-            sec = r["time_per_epoch_s"]
-            label = lra_run_label(*_run_key(r), r.get("seed"))
-            print(f"| {r['task']} | {label} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
-                  f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
+        _print_summary(summary)
         if args.record is not None:
             print(f"wrote record {record_results(args, plot(args.out))}")
     return 0
+
+
+def _print_summary(summary: list[dict]) -> None:
+    print("| task | model | params | epochs | best val | test at best val | s/epoch | stopped |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in summary:
+        best = r["best_val_acc"]
+        fmt = (lambda v: "–" if v is None else f"{v:.4f}")  # noqa: E731
+        sec = r["time_per_epoch_s"]
+        label = lra_run_label(*_run_key(r), r.get("seed"))
+        print(f"| {r['task']} | {label} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
+              f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
+
+
+def _train_side_by_side(jobs: list[tuple], built: dict, args: argparse.Namespace) -> list[dict]:
+    """Each (task, mixer, variant, seed) run in one of `--concurrent` worker processes sharing the device (over
+    all GPUs when there are several): one small LRA model's step leaves a GPU mostly idle while the host launches
+    its kernels. The data sets are prepared here first, once; a failing run is named in one line and the others go
+    on. The results of the runs that returned, in the order of `jobs`."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("`--concurrent`: trains runs side by side in worker processes of one launch; under torchrun "
+                         "every process takes part in each run (use one or the other)")
+    for task, load in {(t, json.dumps(_load_options(t, args, built[(t, v, m)][2]), sort_keys=True))
+                       for t, m, v, _ in jobs}:
+        lra_tasks.load(task, **json.loads(load))  # generated (or checked) before the workers read it
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    gpus = torch.cuda.device_count() if cuda else 0
+    workers = min(args.concurrent, len(jobs))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    names = {job: run_name(job[0], job[1], settings_of(job[1], args), job[2], job[3]) for job in jobs}
+    print(f"{len(jobs)} runs, {workers} at a time on {f'{gpus} GPU(s)' if cuda else 'the CPU'}; results in {args.out}")
+    results = {}
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        futures = {pool.submit(_train_in_worker, task, mixer, variant,
+                               argparse.Namespace(**{**vars(args), "seed": seed, "progress": False}),
+                               k % gpus if gpus else None, threads): (task, mixer, variant, seed)
+                   for k, (task, mixer, variant, seed) in enumerate(jobs)}
+        for future in concurrent.futures.as_completed(futures):
+            job = futures[future]
+            try:
+                results[job] = r = future.result()
+            except Exception as e:  # noqa: BLE001 - one run's failure is reported, the others train on
+                print(f"{names[job]}: failed: {type(e).__name__}: {str(e).strip().splitlines()[-1]}")
+            else:
+                print(f"{names[job]}: {r['epochs_done']} of {r['train']['epochs']} epochs ({r['stopped'] or 'done'})")
+    return [results[job] for job in jobs if job in results]
+
+
+def _train_in_worker(task: str, mixer: str, variant: str | None, args: argparse.Namespace, gpu: int | None,
+                     threads: int) -> dict:
+    torch.set_num_threads(threads)
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
+        d = distributed.Dist(0, 1, gpu, torch.device("cuda", gpu))
+    else:
+        d = distributed.init(args.device)
+    return train_run(task, mixer, args, d, variant)
 
 
 def record_results(args: argparse.Namespace, figure: Path | None) -> Path:

@@ -608,3 +608,38 @@ def test_variants_train_apart_and_report_apart(tmp_path, capsys):
     with pytest.raises(ValueError, match="`--variants`: fashion_mnist.yaml has no variant 'narrow'"):
         _cli(tmp_path / "none", "--config", str(config), "--variants", "narrow")
     assert not (tmp_path / "none").exists()
+
+
+def _losses(run: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_concurrent_runs_train_as_they_do_one_after_the_other(tmp_path, capsys):
+    """--concurrent 2: the seeds' runs train side by side in worker processes, each as it trains alone (up to the
+    order of the CPU's float sums, which the workers' thread counts set), and the summary lists both."""
+    _cli(tmp_path / "apart", "--seed", "2222", "1", "--max-steps", "3")
+    capsys.readouterr()
+    _cli(tmp_path / "side", "--seed", "2222", "1", "--max-steps", "3", "--concurrent", "2")
+    out = capsys.readouterr().out
+    assert "2 runs, 2 at a time on the CPU" in out
+    assert "| fashion_mnist | hgrn2 seed 1 |" in out and "| fashion_mnist | hgrn2 |" in out
+    for name in ("fashion_mnist-hgrn2", "fashion_mnist-hgrn2-seed1"):
+        side, apart = _losses(tmp_path / "side" / name), _losses(tmp_path / "apart" / name)
+        assert len(side) == len(apart) > 0
+        np.testing.assert_allclose(side, apart, rtol=1e-5)
+        assert json.loads((tmp_path / "side" / name / "result.json").read_text())["steps"] == 3
+
+
+def test_concurrent_names_a_failing_run_and_trains_the_others(tmp_path, capsys):
+    _cli(tmp_path, "--seed", "1", "--max-steps", "2", "--lr", "1e-3")  # seed 1's folder holds other settings
+    capsys.readouterr()
+    args = ["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path), "--epochs", "2", "--batch-size",
+            "8", "--device", "cpu", "--ckpt-every", "0", "--max-steps", "2", "--seed", "2222", "1", "--concurrent", "2",
+            "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1, "dropout": 0.1}), "--lr", "3e-3"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "fashion_mnist-hgrn2-seed1: failed: ValueError: `--out`:" in out
+    assert "| fashion_mnist | hgrn2 |" in out and "| fashion_mnist | hgrn2 seed 1 |" not in out
+    assert json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())["steps"] == 2
+    with pytest.raises(ValueError, match="`--concurrent`: expected at least 1, got 0"):
+        main([*args[:-2], "--concurrent", "0"])
