@@ -68,7 +68,9 @@ SECTIONS = {
             "runs equally far along (the finished ones if any); * marks a cell of runs that have not finished their "
             "epochs, [k of n seeds] one that leaves the others out. \"hgrn2, hgrn1's settings\" is HGRN2 trained "
             "with HGRN1's presets, as the paper describes its LRA runs (`--settings-of hgrn1`); plain \"hgrn2\" "
-            "uses the presets of HGRN2's own launch script. The curves are validation accuracy per epoch."),
+            "uses the presets of HGRN2's own launch script. The curves are validation accuracy per epoch and against "
+            "GPU-minutes (each epoch's wall time times the run's GPUs; a GPU that several runs shared counts whole "
+            "for each)."),
     "vision": ("Image classification: training throughput against DeiT-Tiny",
                "`hgrn2 bench vision`: forward + backward + AdamW on random 224×224 images under bf16 autocast, the "
                "DeiT-Tiny-sized HGRN2 (`hgrn2.models.vision` preset `deit_tiny`, bidirectional scans on the Triton "

@@ -459,22 +459,35 @@ def report(out: str | Path) -> str:
     return "\n".join(rows)
 
 
+def gpu_minutes(result: dict) -> np.ndarray:
+    """GPU-minutes spent by the end of each epoch of a run's history: each epoch's wall time (training and
+    evaluation) times the run's GPUs, summed."""
+    return np.cumsum([h["epoch_time"] for h in result["history"]]) * result.get("world_size", 1) / 60
+
+
 def plot(out: str | Path) -> Path | None:
-    """Validation accuracy per epoch, one panel per task, one line per model; None without matplotlib or runs."""
+    """Validation accuracy per epoch (top) and against GPU-minutes (bottom: each epoch's wall time, training and
+    evaluation, times the run's GPUs), one column per task, one line per run; None without matplotlib or runs."""
     results = results_in(out)
     plt = pyplot() if results else None
     if plt is None:
         return None
     task_list = [t for t in (*PAPER_ORDER, "fashion_mnist") if any(r["task"] == t for r in results)]
-    fig, axes = plt.subplots(1, len(task_list), figsize=(4 * len(task_list), 3.2), squeeze=False)
-    for ax, task in zip(axes[0], task_list):
-        for r in results:
-            if r["task"] == task and r["history"]:
-                ax.plot([h["epoch"] for h in r["history"]], [h["val_acc"] for h in r["history"]],
-                        label=lra_run_label(*_run_key(r), r.get("seed")))
-        ax.set(title=task, xlabel="epoch", ylabel="val accuracy")
-        if ax.lines:  # no finished epoch yet: an empty panel
-            ax.legend()
+    fig, axes = plt.subplots(2, len(task_list), figsize=(5.5 * len(task_list), 7), squeeze=False)
+    colors = plt.get_cmap("tab20").colors  # more runs than tab10's ten colours
+    for col, task in enumerate(task_list):
+        by_epoch, by_minutes = axes[0][col], axes[1][col]
+        runs = [r for r in results if r["task"] == task and r["history"]]
+        for k, r in enumerate(runs):
+            style = dict(label=lra_run_label(*_run_key(r), r.get("seed")), color=colors[k % len(colors)])
+            val = [h["val_acc"] for h in r["history"]]
+            minutes = gpu_minutes(r)
+            by_epoch.plot([h["epoch"] for h in r["history"]], val, **style)
+            by_minutes.plot(minutes, val, **style)
+        by_epoch.set(title=task, xlabel="epoch", ylabel="val accuracy")
+        by_minutes.set(xlabel="GPU-minutes (a shared GPU counts whole)", ylabel="val accuracy")
+        if runs:  # no finished epoch yet: empty panels
+            by_minutes.legend(fontsize="x-small", loc="lower right")
     path = Path(out) / "curves.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -697,5 +710,5 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
     return write_result(args.record or None, "lra", env, rows, command_of(args), figure=figure, paper=paper)
 
 
-__all__ = ["train_run", "evaluate", "report", "plot", "record_results", "build", "build_lra_optimizer", "load_preset",
-           "add_arguments", "run"]
+__all__ = ["train_run", "evaluate", "report", "plot", "gpu_minutes", "record_results", "build", "build_lra_optimizer",
+           "load_preset", "add_arguments", "run"]

@@ -643,3 +643,11 @@ def test_concurrent_names_a_failing_run_and_trains_the_others(tmp_path, capsys):
     assert json.loads((tmp_path / "fashion_mnist-hgrn2" / "result.json").read_text())["steps"] == 2
     with pytest.raises(ValueError, match="`--concurrent`: expected at least 1, got 0"):
         main([*args[:-2], "--concurrent", "0"])
+
+
+def test_gpu_minutes_sum_each_epochs_wall_time_over_the_runs_gpus():
+    from hgrn2.train.lra import gpu_minutes
+
+    history = [{"epoch": 1, "epoch_time": 30.0}, {"epoch": 2, "epoch_time": 90.0}]
+    np.testing.assert_allclose(gpu_minutes({"history": history, "world_size": 4}), [2.0, 8.0])
+    np.testing.assert_allclose(gpu_minutes({"history": history}), [0.5, 2.0])  # records before world_size: one
