@@ -379,7 +379,7 @@ def _lra_controlled(rows: list[dict]) -> list[dict]:
         return r.get("settings", r["model"]) == r["model"] and not r.get("variant")
 
     def at(curve, k):  # (test, val) at the first best validation epoch among epochs ≤ k
-        epoch, val, test = max((c for c in curve if c[0] <= k), key=lambda c: c[1])
+        _, val, test = max((c for c in curve if c[0] <= k), key=lambda c: c[1])
         return 100 * test, 100 * val
 
     out = []

@@ -631,9 +631,11 @@ def run(args: argparse.Namespace) -> int:
 def _print_summary(summary: list[dict]) -> None:
     print("| task | model | params | epochs | best val | test at best val | s/epoch | stopped |")
     print("|---|---|---|---|---|---|---|---|")
+    def fmt(v):
+        return "–" if v is None else f"{v:.4f}"
+
     for r in summary:
         best = r["best_val_acc"]
-        fmt = (lambda v: "–" if v is None else f"{v:.4f}")  # noqa: E731
         sec = r["time_per_epoch_s"]
         label = lra_run_label(*_run_key(r), r.get("seed"))
         print(f"| {r['task']} | {label} | {r['parameters']} | {r['epochs_done']} | {fmt(best)} | "
@@ -648,9 +650,8 @@ def _train_side_by_side(jobs: list[tuple], built: dict, args: argparse.Namespace
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("`--concurrent`: trains runs side by side in worker processes of one launch; under torchrun "
                          "every process takes part in each run (use one or the other)")
-    for task, load in {(t, json.dumps(_load_options(t, args, built[(t, v, m)][2]), sort_keys=True))
-                       for t, m, v, _ in jobs}:
-        lra_tasks.load(task, **json.loads(load))  # generated (or checked) before the workers read it
+    for task, load in {(t, tuple(_load_options(t, args, built[(t, v, m)][2]).items())) for t, m, v, _ in jobs}:
+        lra_tasks.load(task, **dict(load))  # generated (or checked) once, before the workers read it
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     gpus = torch.cuda.device_count() if cuda else 0
     workers = min(args.concurrent, len(jobs))
