@@ -236,8 +236,12 @@ def _local_buffers(x: torch.Tensor, n: int, H: int, V: int, K: int) -> tuple[tor
 
 
 def _sum_dirs(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The per-direction buffer [dirs, ...] as one tensor in `dtype` (one direction was written in it already)."""
-    return buf[0] if buf.shape[0] == 1 else buf.sum(0).to(dtype)
+    """The per-direction buffer [dirs, ...] as one tensor in `dtype` (one direction was written in it already).
+    Two directions: one element-wise add that writes `dtype` (the fp32 sum rounded once), not a reduction over a
+    dimension of two and a cast, which move half again the bytes."""
+    if buf.shape[0] == 1:
+        return buf[0]
+    return torch.add(buf[0], buf[1], out=buf.new_empty(buf.shape[1:], dtype=dtype))
 
 
 @triton_op("hgrn2::small_heads_fwd")
