@@ -13,6 +13,8 @@ again (`--confirm-rounds` more rounds of both trees) and judged on all its round
              learnable
   small β    the same at B8 T2048 with β ~ U[0, 0.9) and some channels of every head at 0, 1e-6 and 2^-9
   fwd        the forward alone, without autograd, at the three shapes
+  fwd fast forgetting   the forward alone at B8 T2048 with small β inputs whose channels at β ≈ 0 forget by ~e^-75
+             per 32 tokens (as a head of layer 0, whose bound is 0, may learn)
   varlen     fwd+bwd of 16K tokens packed from sequences of random lengths (cu_seqlens)
   reverse    fwd+bwd at B8 T2048 with reverse=True
   layer      the HGRU2 layer with its projections (d 2048), fwd+bwd at B8 T2048, its bound learnable
@@ -123,16 +125,19 @@ def dims(quick: bool) -> tuple[int, int, list[tuple[int, int]]]:
     return 16, 128, [(8, 2048), (2, 8192), (1, 32768)]
 
 
-def op_inputs(B, T, H, K, device, dtype, small_beta=False, seed=0):
+def op_inputs(B, T, H, K, device, dtype, small_beta=False, fast_forget=False, seed=0):
     """o, g, i [B, T, H, K] (g ~ 2·N(0, 1), as `bench ops`) and a learnable β [H, K]: U[0.01, 0.9), or with
-    `small_beta` U[0, 0.9) with channels 0-2 of every head at 0, 1e-6 and 2^-9."""
+    `small_beta` U[0, 0.9) with channels 0-2 of every head at 0, 1e-6 and 2^-9; `fast_forget` (with small_beta):
+    those channels' g lowered by 2, so that they forget by ~e^-75 per 32 tokens (f ≈ 0.1)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     o, g, i = (torch.randn(B, T, H, K, generator=gen) for _ in range(3))
     g = 2 * g
     lb = torch.rand(H, K, generator=gen) * 0.89 + 0.01
-    if small_beta:
+    if small_beta or fast_forget:
         lb = torch.rand(H, K, generator=gen) * 0.9
         lb[:, :3] = torch.tensor([0.0, 1e-6, 2.0 ** -9])
+    if fast_forget:
+        g[..., :3] -= 2.0
     leaves = [x.to(device, dtype).requires_grad_() for x in (o, g, i)]
     return leaves + [lb.to(device).requires_grad_()]
 
@@ -201,6 +206,8 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
                              inputs=op_inputs(B0, T0, H, K, device, torch.float32, small_beta=small)))
     for B, T in shapes:
         spec.append(dict(name=f"fwd B{B} T{T}", grad=False, inputs=op_inputs(B, T, H, K, device, dtype)))
+    spec.append(dict(name=f"fwd fast forgetting B{B0} T{T0}", grad=False,
+                     inputs=op_inputs(B0, T0, H, K, device, dtype, fast_forget=True)))
     lens = packed_lengths(B0 * T0)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     spec.append(dict(name=f"varlen {len(lens)} seqs T{B0 * T0}", grad=True, kw=dict(cu_seqlens=cu),

@@ -56,7 +56,7 @@ def test_quick_run_against_the_same_tree(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((tmp_path / "gate.json").read_text())
     names = [r["row"] for r in rec["rows"]]
-    assert names == ["small β B2 T64", "fwd B2 T64", "fwd B1 T128", "fwd B1 T256"]
+    assert names == ["small β B2 T64", "fwd B2 T64", "fwd B1 T128", "fwd B1 T256", "fwd fast forgetting B2 T64"]
     assert all(r["max_rel_diff"] == 0 and r["passed"] for r in rec["rows"])
     assert "gate: passed" in proc.stdout
 

@@ -246,12 +246,13 @@ def exact_pair_grads(q, k, a, dA, rows):
 @triton.jit
 def decay_to_end(a, b, b_last, spread, MAX_SPREAD: tl.constexpr):
     """e^{b_last − b} [BT, K], the decay from each row to the sub-block's end, computed exactly as
-    `diag_block` does (its fast path reuses e^{−b}; the exact tier sums a = log f over the later rows): the state
+    `diag_block` does (its fast path reuses e^{m − b}; the exact tier sums a = log f over the later rows): the state
     updates of the forward and of both backward sweeps must round k ⊙ e^{b_last − b} to the same dot operand (see
     `diag_grads`)."""
     # one return after the branch: Triton 3.6 cannot lower returns inside a branch on a runtime value
-    if spread < MAX_SPREAD:
-        w = fast_exp(b_last)[None, :] * fast_exp(-b)
+    if spread < 2 * MAX_SPREAD:
+        m = 0.5 * b_last
+        w = fast_exp(-(b - m[None, :])) * fast_exp(m)[None, :]
     else:
         w = fast_exp(suffix_exponent(a, tl.arange(0, b.shape[0])))
     return w
@@ -280,21 +281,28 @@ def diag_block(q, k, a, b, b_last, spread, MAX_SPREAD: tl.constexpr, DT: tl.cons
     """The diagonal block and the sub-block's decay factors: returns (A, e^{b}, e^{b_last − b}).
 
     A[t, s] = Σ_k q[t,k]·k[s,k]·e^{b[t,k] − b[s,k]} for s ≤ t, else 0 ([BT, BT]). When the block's decay
-    spread (max over channels of b[0] − b[BT−1], here −b_last) is below MAX_SPREAD (60), A is one tensor-core
-    product (q e^{b})(k e^{−b})ᵀ — k e^{−b} ≤ e^{60} cannot overflow — and e^{b_last − b} = e^{b_last}·e^{−b}
-    reuses e^{−b} (two exponentials per element in all). Otherwise A is exact, one row at a time with the
-    exponent masked before exp (blocks that forget more than e^-60 within BT tokens), each exponent a sum of
+    spread (max over channels of b[0] − b[BT−1], here −b_last) is below 2·MAX_SPREAD (120), A is one
+    tensor-core product (q e^{b − m})(k e^{m − b})ᵀ about the reference m = b_last / 2 per channel: |b − m| ≤
+    spread / 2, so neither factor exceeds e^{60} (a reference at the block's start would allow a spread of 60 only,
+    and heads with small bounds would take the exact tier often); e^{b} = e^{b − m}·e^{m} and e^{b_last − b} =
+    e^{m − b}·e^{m} reuse them (two exponentials per element in all). Otherwise A is exact, one row at a time with
+    the exponent masked before exp (blocks that forget more than e^-120 within BT tokens), each exponent a sum of
     a = log f over the tokens it spans (`exact_A`).
     """
     BT: tl.constexpr = q.shape[0]
     rows = tl.arange(0, BT)
     causal = rows[:, None] >= rows[None, :]
-    eb = fast_exp(b)
-    if spread < MAX_SPREAD:
-        enb = fast_exp(-b)
-        w_end = fast_exp(b_last)[None, :] * enb
-        A = tl.dot((q * eb).to(DT), tl.trans((k * enb).to(DT)), input_precision=PREC)
+    if spread < 2 * MAX_SPREAD:
+        m = 0.5 * b_last
+        em = fast_exp(m)[None, :]
+        d = b - m[None, :]
+        e_q = fast_exp(d)
+        e_k = fast_exp(-d)
+        eb = e_q * em
+        w_end = e_k * em
+        A = tl.dot((q * e_q).to(DT), tl.trans((k * e_k).to(DT)), input_precision=PREC)
     else:
+        eb = fast_exp(b)
         A, e = exact_A(q, k, a, rows, tl.zeros([BT, BT], dtype=tl.float32))
         w_end = fast_exp(e)
     return tl.where(causal, A, 0.0), eb, w_end

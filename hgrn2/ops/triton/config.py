@@ -93,7 +93,9 @@ class FusedChunkConfig(_Config):
     # V is split while the programs fill less than this share of the SMs
     split_below_fwd: float = _knob(0.5, "share")
     split_below_bwd: float = _knob(0.5, "share")
-    max_spread: float = _knob(60.0, "spread")  # steps whose log-decay spread is below this take one product
+    # the largest exponent of a dot operand's decay factor: steps whose log-decay spread is below twice this take
+    # one product for A (below this for its gradients), the others the exact tier
+    max_spread: float = _knob(60.0, "spread")
     fp32_dot_precision: str = _knob("ieee", "precision")  # tl.dot precision for fp32 inputs
 
 
