@@ -12,9 +12,10 @@ again (`--confirm-rounds` more rounds of both trees) and judged on all its round
   fwd+bwd    hgrn2(o, g, i, β, o_act="silu", scale=K^-½) at B8 T2048, B2 T8192, B1 T32768, β ~ U[0.01, 0.9)
              learnable
   small β    the same at B8 T2048 with β ~ U[0, 0.9) and some channels of every head at 0, 1e-6 and 2^-9
-  fwd        the forward alone, without autograd, at the three shapes
-  fwd fast forgetting   the forward alone at B8 T2048 with small β inputs whose channels at β ≈ 0 forget by ~e^-75
-             per 32 tokens (as a head of layer 0, whose bound is 0, may learn)
+  fast forgetting
+             the small-β case with those channels' g lowered by 2: they forget by ~e^-75 per 32 tokens (as a head of
+             layer 0, whose bound is 0, may learn)
+  fwd        the forward alone, without autograd, at the three shapes, and on the fast-forgetting inputs
   varlen     fwd+bwd of 16K tokens packed from sequences of random lengths (cu_seqlens)
   reverse    fwd+bwd at B8 T2048 with reverse=True
   layer      the HGRU2 layer with its projections (d 2048), fwd+bwd at B8 T2048, its bound learnable
@@ -200,6 +201,8 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
     B0, T0 = shapes[0]
     spec.append(dict(name=f"small β B{B0} T{T0}", grad=True,
                      inputs=op_inputs(B0, T0, H, K, device, dtype, small_beta=True)))
+    spec.append(dict(name=f"fast forgetting B{B0} T{T0}", grad=True,
+                     inputs=op_inputs(B0, T0, H, K, device, dtype, fast_forget=True)))
     if dtype != torch.float32:  # fp32 takes its own blocks and dot precision: its two training rows, without fla,
         for small in (False, True):  # whose fp32 autotuning takes minutes and is not what the gate compares
             spec.append(dict(name=f"{'small β' if small else 'fwd+bwd'} fp32 B{B0} T{T0}", grad=True, fla=False,
