@@ -147,16 +147,21 @@ def test_extreme_gates(split_v, bwd):
     check(got, ref)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_product_tier_about_the_midpoint(dtype):
+@pytest.mark.parametrize("dtype,bwd_steps", [(torch.float32, None), (torch.bfloat16, None),
+                                             (torch.bfloat16, 32)])
+def test_one_product_tier_about_the_midpoint(dtype, bwd_steps):
     """A head with β = 0 and log f ≈ −3 per token: its 32-token forward steps decay by ~e^-96, between the 60 a
     reference at the step's start allows and the 120 of the midpoint reference, so `diag_block` forms A in one
-    product with factors up to e^{±48}; outputs, states and every gradient still match fp64."""
+    product with factors up to e^{±48}; outputs, states and every gradient still match fp64. bwd_steps 32: the
+    split backward in 32-token steps too, whose diagonal gradients take the exact tier there (`diag_grads`)
+    beside `diag_block`'s one product."""
     o, g, i, _, h0 = make_inputs(1, 70, 2, 16, 32, n_states=1, dtype=dtype)
     g = g.float()
     g[:, :, 0] = -2.95 + 0.3 * torch.randn_like(g[:, :, 0])  # σ(g) ≈ e^-3
     beta = torch.tensor([0.0, 0.5], device=o.device)[:, None].repeat(1, 16)
-    got, ref = run_both([o, g.to(dtype), i, beta, h0], scale=0.25, o_act="silu", output_final_state=True)
+    split = {} if bwd_steps is None else dict(bwd_split=True, block_t_bwd=bwd_steps, max_bv_bwd=16)
+    with override("fused_chunk", **split):
+        got, ref = run_both([o, g.to(dtype), i, beta, h0], scale=0.25, o_act="silu", output_final_state=True)
     check(got, ref)
 
 
