@@ -16,6 +16,9 @@ again (`--confirm-rounds` more rounds of both trees) and judged on all its round
              the small-β case with those channels' g lowered by 2: they forget by ~e^-75 per 32 tokens (as a head of
              layer 0, whose bound is 0, may learn)
   fwd        the forward alone, without autograd, at the three shapes, and on the fast-forgetting inputs
+  fused chunk
+             fwd+bwd at B8 T512 and B4 T512 (and the latter fast forgetting) with a bound that takes no gradient:
+             the fused-chunk kernels, which small training inputs take
   varlen     fwd+bwd of 16K tokens packed from sequences of random lengths (cu_seqlens)
   reverse    fwd+bwd at B8 T2048 with reverse=True
   layer      the HGRU2 layer with its projections (d 2048), fwd+bwd at B8 T2048, its bound learnable
@@ -126,10 +129,11 @@ def dims(quick: bool) -> tuple[int, int, list[tuple[int, int]]]:
     return 16, 128, [(8, 2048), (2, 8192), (1, 32768)]
 
 
-def op_inputs(B, T, H, K, device, dtype, small_beta=False, fast_forget=False, seed=0):
+def op_inputs(B, T, H, K, device, dtype, small_beta=False, fast_forget=False, seed=0, bound_grad=True):
     """o, g, i [B, T, H, K] (g ~ 2·N(0, 1), as `bench ops`) and a learnable β [H, K]: U[0.01, 0.9), or with
     `small_beta` U[0, 0.9) with channels 0-2 of every head at 0, 1e-6 and 2^-9; `fast_forget` (with small_beta):
-    those channels' g lowered by 2, so that they forget by ~e^-75 per 32 tokens (f ≈ 0.1)."""
+    those channels' g lowered by 2, so that they forget by ~e^-75 per 32 tokens (f ≈ 0.1). bound_grad=False: β
+    takes no gradient (as layer 0's bound, and the fused-chunk kernels' training case)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     o, g, i = (torch.randn(B, T, H, K, generator=gen) for _ in range(3))
     g = 2 * g
@@ -140,7 +144,7 @@ def op_inputs(B, T, H, K, device, dtype, small_beta=False, fast_forget=False, se
     if fast_forget:
         g[..., :3] -= 2.0
     leaves = [x.to(device, dtype).requires_grad_() for x in (o, g, i)]
-    return leaves + [lb.to(device).requires_grad_()]
+    return leaves + [lb.to(device).requires_grad_(bound_grad)]
 
 
 def packed_lengths(total: int, seed: int = 0) -> list[int]:
@@ -211,6 +215,12 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
         spec.append(dict(name=f"fwd B{B} T{T}", grad=False, inputs=op_inputs(B, T, H, K, device, dtype)))
     spec.append(dict(name=f"fwd fast forgetting B{B0} T{T0}", grad=False,
                      inputs=op_inputs(B0, T0, H, K, device, dtype, fast_forget=True)))
+    # the fused-chunk kernels' training case: small inputs (tokens × heads below the chunk-parallel threshold, not few
+    # long sequences) and a bound without a gradient; B/4 sequences split V (the split backward, 32-token steps)
+    Tf = T0 // 4
+    for Bf, fast in ((B0, False), (B0 // 2, False), (B0 // 2, True)):
+        spec.append(dict(name=f"fused chunk{' fast forgetting' if fast else ''} B{Bf} T{Tf}", grad=True,
+                         inputs=op_inputs(Bf, Tf, H, K, device, dtype, fast_forget=fast, bound_grad=False)))
     lens = packed_lengths(B0 * T0)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     spec.append(dict(name=f"varlen {len(lens)} seqs T{B0 * T0}", grad=True, kw=dict(cu_seqlens=cu),
@@ -340,11 +350,11 @@ def agreement(base_ops, tree_ops, inputs, dy, grad: bool, kw: dict) -> dict:
     """The largest relative difference between the two trees' output (and gradients, dβ included)."""
     outs = []
     for ops in (base_ops, tree_ops):
-        leaves = [x.detach().clone().requires_grad_(grad) for x in inputs]
+        leaves = [x.detach().clone().requires_grad_(grad and x.requires_grad) for x in inputs]
         with torch.set_grad_enabled(grad):
             y, _ = ops.hgrn2(*leaves, o_act="silu", scale=inputs[0].shape[-1] ** -0.5, **kw)
         got = [y.detach()]
         if grad:
-            got += list(torch.autograd.grad(y, leaves, dy))
+            got += list(torch.autograd.grad(y, [x for x in leaves if x.requires_grad], dy))
         outs.append(got)
     return {"max_rel_diff": max(rel_err(a, b) for a, b in zip(*outs))}

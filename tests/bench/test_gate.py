@@ -81,3 +81,21 @@ def test_half_precision_runs_add_the_fp32_training_rows():
     assert half["small β fp32 B2 T64"]["inputs"][3].min() == 0  # the small-β bounds
     assert [n for n, s in half.items() if s.get("fla", True) is False] == ["fwd+bwd fp32 B2 T64", "small β fp32 B2 T64"]
     assert not [s for s in rows_spec(True, cpu, torch.float32) if "fp32" in s["name"]]
+
+
+@pytest.mark.slow  # builds the full-size inputs of every row (tens of seconds on a CPU)
+def test_fused_chunk_rows_take_the_fused_chunk_kernels():
+    """The rows named "fused chunk" time the fused-chunk kernels at the gate's full size: their bound takes no
+    gradient and their inputs are below the chunk-parallel kernels' thresholds; every other training row's bound is
+    learnable (the chunk-parallel kernels)."""
+    from hgrn2.ops.triton import takes_chunk_parallel
+
+    rows = rows_spec(False, torch.device("cpu"), torch.bfloat16)
+    fused = [s for s in rows if s["name"].startswith("fused chunk")]
+    assert [s["name"] for s in fused] == ["fused chunk B8 T512", "fused chunk B4 T512",
+                                          "fused chunk fast forgetting B4 T512"]
+    for s in fused:
+        o, lb = s["inputs"][0], s["inputs"][3]
+        B, T, H = o.shape[:3]
+        assert not lb.requires_grad and not takes_chunk_parallel(B, H, B * T, True)
+    assert all(s["inputs"][3].requires_grad for s in rows if s["grad"] and "inputs" in s and s not in fused)
