@@ -136,7 +136,8 @@ SECTIONS = {
              "`hgrn2 bench gate`: the recurrence of the working tree and of a base tree (the landed main, exported "
              "with `git archive main hgrn2` into the folder `--base-dir` names) side by side in one process on one "
              "GPU, bf16 (a row named fp32: fp32 inputs), H 16, head 128, β learnable (U[0.01, 0.9); the small-β rows "
-             "U[0, 0.9) with channels at 0, 1e-6 and 2^-9); each time the median over interleaved rounds; max rel. "
+             "U[0, 0.9) with channels at 0, 1e-6 and 2^-9, which the fast-forgetting rows also give gates lowered "
+             "by 2; the fused-chunk rows' β takes no gradient); each time the median over interleaved rounds; max rel. "
              "diff: the trees' outputs and gradients against each other. A row more than the tolerance slower than "
              "the base fails the gate."),
     "tests": ("Tests on the GPU",
