@@ -651,3 +651,39 @@ def test_gpu_minutes_sum_each_epochs_wall_time_over_the_runs_gpus():
     history = [{"epoch": 1, "epoch_time": 30.0}, {"epoch": 2, "epoch_time": 90.0}]
     np.testing.assert_allclose(gpu_minutes({"history": history, "world_size": 4}), [2.0, 8.0])
     np.testing.assert_allclose(gpu_minutes({"history": history}), [0.5, 2.0])  # records before world_size: one
+
+
+def test_a_variant_that_adds_epochs_continues_a_copy_of_the_presets_run(tmp_path, capsys):
+    """A variant whose only change is more epochs (ListOps' schedule-to-end) is the preset's run up to the preset's
+    last epoch: a copy of the preset's folder under the variant's name resumes from its checkpoint and ends where a
+    run of the variant from scratch ends, to the bit."""
+    import shutil
+
+    config = tmp_path / "config"
+    config.mkdir()
+    preset = load_preset("fashion_mnist")
+    preset["train"]["epochs"] = 1
+    preset["variants"] = {"longer": {"note": "two epochs", "train": {"epochs": 2}}}
+    (config / "fashion_mnist.yaml").write_text(yaml.safe_dump(preset))
+
+    def cli(out: Path, *extra: str) -> None:
+        args = ["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(out), "--batch-size", "8",
+                "--warmup-steps", "2", "--schedule-steps", "10", "--lr", "3e-3", "--device", "cpu", "--ckpt-every",
+                "0", "--config", str(config), "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1}),
+                *extra]
+        assert main(args) == 0
+
+    cli(tmp_path / "scratch", "--variants", "longer")
+    cli(tmp_path / "cont")  # the preset: one epoch
+    run = tmp_path / "cont" / "fashion_mnist-hgrn2+longer"
+    shutil.copytree(tmp_path / "cont" / "fashion_mnist-hgrn2", run)
+    capsys.readouterr()
+    cli(tmp_path / "cont", "--variants", "longer")
+    assert "--epochs 1 -> 2: the run continues" in capsys.readouterr().out  # resumed, not started over
+    a, b = (sharded.read_latest(str(d / "fashion_mnist-hgrn2+longer" / "ckpt")) for d in (tmp_path / "scratch",
+                                                                                         tmp_path / "cont"))
+    assert a["step"] == b["step"] and a["epoch"] == b["epoch"] == 2
+    for name, value in a["model"].items():
+        assert torch.equal(value, b["model"][name]), name
+    result = json.loads((run / "result.json").read_text())
+    assert (result["variant"], result["epochs_done"], len(result["history"])) == ("longer", 2, 2)
