@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -657,8 +658,6 @@ def test_a_variant_that_adds_epochs_continues_a_copy_of_the_presets_run(tmp_path
     """A variant whose only change is more epochs (ListOps' schedule-to-end) is the preset's run up to the preset's
     last epoch: a copy of the preset's folder under the variant's name resumes from its checkpoint and ends where a
     run of the variant from scratch ends, to the bit."""
-    import shutil
-
     config = tmp_path / "config"
     config.mkdir()
     preset = load_preset("fashion_mnist")
