@@ -216,10 +216,11 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
     spec.append(dict(name=f"fwd fast forgetting B{B0} T{T0}", grad=False,
                      inputs=op_inputs(B0, T0, H, K, device, dtype, fast_forget=True)))
     # the fused-chunk kernels' training case: small inputs (tokens × heads below the chunk-parallel threshold, not few
-    # long sequences) and a bound without a gradient; B/4 sequences split V (the split backward, 32-token steps)
+    # long sequences) and a bound without a gradient; B/2 sequences split V (the split backward, 32-token steps). No
+    # fla column: its kernels would autotune again at these shapes (minutes)
     Tf = T0 // 4
     for Bf, fast in ((B0, False), (B0 // 2, False), (B0 // 2, True)):
-        spec.append(dict(name=f"fused chunk{' fast forgetting' if fast else ''} B{Bf} T{Tf}", grad=True,
+        spec.append(dict(name=f"fused chunk{' fast forgetting' if fast else ''} B{Bf} T{Tf}", grad=True, fla=False,
                          inputs=op_inputs(Bf, Tf, H, K, device, dtype, fast_forget=fast, bound_grad=False)))
     lens = packed_lengths(B0 * T0)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
