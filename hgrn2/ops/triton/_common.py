@@ -420,6 +420,47 @@ def ref_decay(bb, n, offk, mtk, ck, H: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
+def half_decay(bb, n, offk, mtk, ck, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr):
+    """Halves tier: from b (bb at the chunk's first row and head), a reference per half of the chunk, m₁ = b_mid / 2
+    on the first BT/2 rows and m₂ = (b_mid + b_last) / 2 on the others (b_mid: b at the first half's last row), so
+    that |b − m| stays within half a half's decay. Returns, per row and its half's m, e^{b − m} and e^{m − b}
+    [BT, BK] (rows past the chunk's end as its last row), e^{m} and e^{b_last − m} [BT, BK], the factor
+    e^{m₂ − m₁} = e^{b_last / 2} on the first half's rows (1 on the others) that takes k e^{m₁ − b} to k e^{m₂ − b}
+    for the pairs across the halves (every such factor ≤ 1), the first half's rows [BT, 1] and b_last [BK]."""
+    b_last = tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < K, other=0.0)
+    b_mid = tl.load(bb + (tl.minimum(n, BT // 2) - 1) * (H * K) + ck, mask=ck < K, other=0.0)
+    m1 = 0.5 * b_mid
+    m2 = 0.5 * (b_mid + b_last)
+    up = (tl.arange(0, BT) < BT // 2)[:, None]
+    d = tl.where(mtk, tl.load(bb + offk, mask=mtk, other=0.0), b_last[None, :]) - tl.where(up, m1[None, :],
+                                                                                          m2[None, :])
+    em = tl.where(up, fast_exp(m1)[None, :], fast_exp(m2)[None, :])
+    el = tl.where(up, fast_exp(b_last - m1)[None, :], fast_exp(b_last - m2)[None, :])
+    across = tl.where(up, fast_exp(0.5 * b_last)[None, :], 1.0)
+    return fast_exp(d), fast_exp(-d), em, el, across, up, b_last
+
+
+@triton.jit
+def tier_list(fb, NC, H: tl.constexpr, TIER: tl.constexpr):
+    """(length, first entry) of the chunk list that the launch of TIER walks: 1 the halves tier's, 2 the
+    fallback's (fb's layout: `chunk_parallel_decay_kernel`)."""
+    if TIER == 1:
+        return tl.load(fb + 1), fb + 2 + 2 * NC * H
+    else:
+        return tl.load(fb), fb + 2 + NC * H
+
+
+@triton.jit
+def listed(fb, c_h, TIER: tl.constexpr):
+    """Whether the launch of TIER takes list entry c_h: the halves tier leaves the chunks that another K-block of
+    `chunk_parallel_decay_kernel` sent to the fallback."""
+    if TIER == 1:
+        return tl.load(fb + 2 + c_h) < 2
+    else:
+        return c_h >= 0
+
+
+@triton.jit
 def intra_A(q, k, a, c, r, spread, BT: tl.constexpr, BK: tl.constexpr, MAX_SPREAD: tl.constexpr,
              DT: tl.constexpr, PREC: tl.constexpr):
     """The causal intra-chunk block A [BT, BT] and e^{c}, e^{−c} (the latter only meaningful on the fast path, and

@@ -135,18 +135,19 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     bb, fb, fz = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, flag_small)
     nv_seq = cdiv(V, bv_seq)
     chunk_parallel_fwd_h_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
-        g, i, lower_bound, bb, fb, initial_state, h, ht, cu_seqlens, offs, T, NT,
+        g, i, lower_bound, bb, initial_state, h, ht, cu_seqlens, offs, T, NT,
         H=H, K=K, V=V, BT=bt, BK=bk_seq, BV=bv_seq, NV=nv_seq, I_ACT=i_act, HAS_LB=lower_bound is not None,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, VARLEN=cu_seqlens is not None,
-        DT=dt, PREC=prec, num_warps=warps_seq, maxnreg=cfg.maxnreg_seq,
+        WALK_SPREAD=cfg.walk_max_spread if dt == tl.bfloat16 else cfg.chunk_max_spread, DT=dt, PREC=prec,
+        num_warps=warps_seq, maxnreg=cfg.maxnreg_seq,
     )
     a_saved = _empty_a(o, i, n_chunks, H, save_a, cfg)
-    for fallback in (False, True):  # the chunk tier everywhere, then the chunks that leave it
-        chunk_parallel_fwd_o_kernel[_parallel_grid(o, n_chunks, cdiv(V, bv), H, fallback)](
+    for tier in range(3):  # the chunk tier everywhere, then the chunks listed for the halves tier, the fallback's
+        chunk_parallel_fwd_o_kernel[_parallel_grid(o, n_chunks, cdiv(V, bv), H, tier)](
             o, g, i, lower_bound, h, y, a_saved, bb, fb, chunks, scale, T, NT, n_chunks,
             H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,
             VARLEN=cu_seqlens is not None, MAX_SPREAD=cfg.max_spread, DT=dt, PREC=prec,
-            STORE_A=a_saved.numel() > 0, FALLBACK=fallback, num_warps=warps,
+            STORE_A=a_saved.numel() > 0, TIER=tier, num_warps=warps,
         )
     if not save_b:
         bb, fb = bb.new_empty(0), fb.new_empty(0)
@@ -156,27 +157,32 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
 def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, flag_small=False):
     """(b [B, T, H, K] fp32, the within-chunk cumsum of log f, fb and fz) from `chunk_parallel_decay_kernel`, for
     the sequential and parallel kernels (the backward's too, unless the forward's was kept (save_b)). fb: int32
-    [1 + 2 · n_chunks · H] = [count | leaves | list], the chunks that leave the chunk tier (kernel's docstring); fz
+    [2 + 3 · n_chunks · H], the lists of the chunks that leave the chunk tier (kernel's docstring); fz
     (flag_small and a bound, else empty): the same for the chunks holding a gate below SMALL_F."""
     H, K = g.shape[-2], g.shape[-1]
     bb = torch.empty_like(g, dtype=torch.float32)
-    fb = torch.zeros(1 + 2 * n_chunks * H, device=g.device, dtype=torch.int32)
+    fb = torch.zeros(_fb_size(n_chunks, H), device=g.device, dtype=torch.int32)
     flag_small = flag_small and lower_bound is not None
     fz = torch.zeros(1 + 2 * n_chunks * H if flag_small else 0, device=g.device, dtype=torch.int32)
     bk = min(64, max(16, next_pow2(K)))
     chunk_parallel_decay_kernel[(n_chunks, H, cdiv(K, bk))](
         g, lower_bound, bb, fb, fz, chunks, T, NT, n_chunks, H=H, K=K, BT=bt, BK=bk,
         HAS_LB=lower_bound is not None, VARLEN=chunks is not None, CHUNK_SPREAD=cfg.chunk_max_spread,
-        FLAG_SMALL=flag_small, num_warps=4,
+        HALF_SPREAD=cfg.half_max_spread, FLAG_SMALL=flag_small, num_warps=4,
     )
     return bb, fb, fz
 
 
-def _parallel_grid(o, n_chunks, NV, H, fallback):
-    """Grid of a parallel launch: one program per (chunk, V-block, head) in the chunk tier; the fallback launch
-    walks fb's list (normally empty: B·T = 16K tokens of random gates at β ~ U(0, 0.9) decay by ~e^-52 per chunk at
-    most) on a few programs per SM, not one per chunk."""
-    if fallback:
+def _fb_size(n_chunks: int, H: int) -> int:
+    """Length of the chunk-tier verdicts fb: two counts, a flag per (chunk, head) and two lists."""
+    return 2 + 3 * n_chunks * H
+
+
+def _parallel_grid(o, n_chunks, NV, H, tier):
+    """Grid of a parallel launch: one program per (chunk, V-block, head) in the chunk tier (0); the launches of
+    the other tiers walk fb's lists (normally empty: B·T = 16K tokens of random gates at β ~ U(0, 0.9) decay by
+    ~e^-52 per chunk at most) on a few programs per SM, not one per chunk."""
+    if tier:
         return max(1, min(n_chunks * H, 2 * sm_count(o.device))), NV, 1
     return n_chunks, NV, H
 
@@ -197,7 +203,7 @@ def _(o, g, i, lower_bound, initial_state, cu_seqlens, scale, o_act, i_act, outp
     n_chunks = _num_chunks(o, cu_seqlens, cfg)
     h = o.new_empty(n_chunks, H, i.shape[-1], o.shape[-1], dtype=_state_dtype(o, cfg))
     b_saved = torch.empty_like(g, dtype=torch.float32) if save_b else o.new_empty(0, dtype=torch.float32)
-    fb = o.new_empty(1 + 2 * n_chunks * g.shape[-2] if save_b else 0, dtype=torch.int32)
+    fb = o.new_empty(_fb_size(n_chunks, g.shape[-2]) if save_b else 0, dtype=torch.int32)
     fz = o.new_empty(1 + 2 * n_chunks * g.shape[-2] if flag_small and lower_bound is not None else 0,
                      dtype=torch.int32)
     return (torch.empty_like(i), o.new_empty(shape, dtype=torch.float32), h, _empty_a(o, i, n_chunks, H, save_a, cfg),
@@ -249,9 +255,8 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
               DT=dt, PREC=prec, LOAD_A=a_saved.numel() > 0, num_warps=warps_bwd)
     split = cfg.bwd_split if cfg.bwd_split is not None else a_saved.numel() == 0
     for flags in ((dict(DV=True, DQK=False), dict(DV=False, DQK=True)) if split else (dict(DV=True, DQK=True),)):
-        for fallback in (False, True):  # as in the forward
-            grid = _parallel_grid(o, n_chunks, NV, H, fallback)
-            chunk_parallel_bwd_kernel[grid](*args, **kw, **flags, FALLBACK=fallback)
+        for tier in range(3):  # as in the forward
+            chunk_parallel_bwd_kernel[_parallel_grid(o, n_chunks, NV, H, tier)](*args, **kw, **flags, TIER=tier)
     if fz.numel():
         sprec = state_precision(dt, prec)
         # a K-block per program over all of V, several programs per SM and K-block: each listed chunk's work is

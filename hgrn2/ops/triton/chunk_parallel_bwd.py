@@ -37,7 +37,9 @@ from ._common import (
     fast_exp,
     fast_rcp,
     gates,
+    half_decay,
     intra_A,
+    listed,
     load_beta,
     load_gates,
     ref_decay,
@@ -45,6 +47,7 @@ from ._common import (
     sub_decay,
     suffix_exponent,
     take_row,
+    tier_list,
     walk_loads,
 )
 
@@ -100,29 +103,32 @@ def chunk_parallel_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
     MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr, FALLBACK: tl.constexpr,
+    DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr, TIER: tl.constexpr,
 ):
     """One program per (chunk, V-block, head), one loop over K-blocks of BK: dA = dy vᵀ comes first (it needs
     no gate), then per K-block the gates, the intra-chunk terms, dv's state share, dq, dk, d log f and the
     stores of do, dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
 
-    Two launches, as the forward's (`chunk_parallel_fwd_o_kernel`): the chunk tier everywhere (grid (NC, NV, H))
-    from the b that `chunk_parallel_decay_kernel` stored in bb, then (FALLBACK, a small grid (P, NV, 1)) the chunks
-    it listed in fb as leaving the chunk tier, in the sub-block or exact tier, over the first launch's output.
-    DV / DQK select the outputs: both (one fused launch, the default) or one each (two launches that recompute the
-    gates and re-read o, g, dy, dh but hold far fewer registers; `ChunkParallelConfig.bwd_split`). LOAD_A: A is the
-    forward's (`ChunkParallelConfig.save_a`), read once instead of rebuilt from every K-block."""
+    Three launches by TIER, as the forward's (`chunk_parallel_fwd_o_kernel`): the chunk tier everywhere (grid
+    (NC, NV, H)) from the b that `chunk_parallel_decay_kernel` stored in bb, then on a small grid (P, NV, 1) the
+    chunks it listed for the halves tier, and those it listed for the fallback (sub-block or exact tier), each over
+    the chunk-tier launch's output. DV / DQK select the outputs: both (one fused launch, the default) or one each
+    (two launches that recompute the gates and re-read o, g, dy, dh but hold far fewer registers;
+    `ChunkParallelConfig.bwd_split`). LOAD_A: A is the forward's (`ChunkParallelConfig.save_a`), read once instead
+    of rebuilt from every K-block."""
     i_v = tl.program_id(1)
-    if FALLBACK:
-        for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
-            c_h = tl.load(fb + 1 + NC * H + e)
-            _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
-                       c_h // H, i_v, c_h % H, H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT,
-                       PREC, DV, DQK, LOAD_A, FALLBACK)
-    else:
+    if TIER == 0:
         _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
-                   tl.program_id(0), i_v, tl.program_id(2), H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN,
-                   MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
+                tl.program_id(0), i_v, tl.program_id(2), H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN,
+                MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, TIER)
+    else:
+        count, entries = tier_list(fb, NC, H, TIER)
+        for e in range(tl.program_id(0), count, tl.num_programs(0)):
+            c_h = tl.load(entries + e)
+            if listed(fb, c_h, TIER):
+                _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
+                        c_h // H, i_v, c_h % H, H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT,
+                        PREC, DV, DQK, LOAD_A, TIER)
 
 
 @triton.jit
@@ -130,7 +136,7 @@ def _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BV: tl.constexpr, O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
                MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr,
-               LOAD_A: tl.constexpr, FALLBACK: tl.constexpr):
+               LOAD_A: tl.constexpr, TIER: tl.constexpr):
     """`chunk_parallel_bwd_kernel` on chunk i_c, V-block i_v, head i_h: the pointers moved to the chunk, then its
     work."""
     t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
@@ -147,7 +153,7 @@ def _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T,
         dlb += ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K  # this program's row of the β partial sums
     if n > 0:  # padding chunks: their β partial sums stay 0
         _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H, K, V, BT, BK,
-                      BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, FALLBACK)
+                      BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, TIER)
 
 
 @triton.jit
@@ -155,7 +161,7 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr,
                   DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr,
-                  FALLBACK: tl.constexpr):
+                  TIER: tl.constexpr):
     """`chunk_parallel_bwd_kernel`'s work on one chunk of n rows (every pointer at the chunk's first row and head)."""
     rows = tl.arange(0, BT)
     causal = rows[:, None] >= rows[None, :]
@@ -184,7 +190,7 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
         # intra-chunk terms of dq, dk and their share of d log f's sum, q ⊙ dq − k ⊙ dk: its pairs cancel (the
         # sum over the chunk is 0), so the share is formed from the rounded dot operands that carry each pair
         # into dq and dk — then it cancels to fp32 rounding, not to bf16's (see `_common.diag_grads`)
-        if FALLBACK:
+        if TIER == 2:
             a = tl.where(mtk, a, 0.0)
             c, r, b_last = chunk_decay(a, BT, BK)
             spread = -tl.min(tl.min(c, 1), 0)
@@ -203,6 +209,27 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
             if DQK:
                 dq_i, dk_i, db_i = _intra_dqk_sub(q, k, a, c, r, spread, ec, enc, dA, rows, BT, BK, MAX_SPREAD,
                                                   DT, PREC)
+        elif TIER == 1:
+            e_q, e_k, em, el, across, up, b_last = half_decay(bb, n, offk, mtk, ck, H, K, BT)
+            qt = (q * e_q).to(DT)
+            kt = (k * e_k).to(DT)
+            kx = (k * e_k * across).to(DT)  # the first half's sources as seen from the second half's rows
+            qt1 = tl.where(up, qt, 0.0)
+            qt2 = tl.where(up, 0.0, qt)
+            eb = e_q * em
+            w_end = e_k * el
+            if DV and not LOAD_A:
+                A_k = tl.dot(qt1, tl.trans(kt), input_precision=PREC) + tl.dot(qt2, tl.trans(kx), input_precision=PREC)
+                A += tl.where(causal, A_k, 0.0)
+            if DQK:
+                # each pair enters dq and dk through the operands of its half's product, and d log f's share
+                # through the same ones
+                dq_raw = tl.where(up, tl.dot(dA, kt, input_precision=PREC), tl.dot(dA, kx, input_precision=PREC))
+                dk_1 = tl.dot(tl.trans(dA), qt1, input_precision=PREC)
+                dk_2 = tl.dot(tl.trans(dA), qt2, input_precision=PREC)
+                db_i = qt.to(tl.float32) * dq_raw - kt.to(tl.float32) * dk_1 - kx.to(tl.float32) * dk_2
+                dq_i = e_q * dq_raw
+                dk_i = e_k * (dk_1 + across * dk_2)
         else:
             e_q, e_k, m = ref_decay(bb, n, offk, mtk, ck, H, K)
             b_last = 2.0 * m

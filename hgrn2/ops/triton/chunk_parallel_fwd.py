@@ -10,16 +10,19 @@ e^{−c} (bounded by the largest 16-token decay spread, checked against MAX_SPRE
    h_c [V, K] (STATE_DTYPE) and updates S ← S ⊙ e^{b_last} + vᵀ (k ⊙ e^{b_last − b}); final state in fp32.
    K may be split (the state's columns are independent).
 2. `chunk_parallel_fwd_o_kernel`, grid (NT_total, NV, H): y = (q ⊙ e^b) h_cᵀ + A v with the causal BT×BT block
-   A[t, s] = Σ_k q_t k_s e^{b_t − b_s}, in one of three tiers per K-block:
+   A[t, s] = Σ_k q_t k_s e^{b_t − b_s}, in one of four tiers:
    - chunk tier (the chunk's largest decay, max over channels of −b_last, below CHUNK_SPREAD = 120):
      A = (q e^{b − m})(k e^{m − b})ᵀ, one product, with the reference m = b_last / 2 per channel, so that every
      factor lies in [e^{−60}, e^{60}];
+   - halves tier (each half of the chunk decays by less than HALF_SPREAD = 120: heads that forget fast): one
+     product per half about the half's midpoint, which also takes the pairs across the halves through the second
+     half's reference (the sources' factors e^{m₂ − b} ≤ 1 there);
    - sub-block tier (the largest 16-token spread below MAX_SPREAD = 60): A = Σ_j (q e^{c} ⊙ E_j)(k e^{−c} on
      sub-block j)ᵀ with E_j[t] = e^{r_{i(t)} − r_j} (i(t) ≥ j, else 0): every factor bounded;
    - otherwise an exact column loop with the exponent masked before exp.
-   The chunk tier reads b from `chunk_parallel_decay_kernel` and holds no code of the other two; a second launch
-   (FALLBACK) redoes the chunks that leave it (listed by `chunk_parallel_decay_kernel`), in the sub-block or exact
-   tier per K-block, over the first launch's output.
+   The chunk tier reads b from `chunk_parallel_decay_kernel` and holds no code of the others; a second launch
+   redoes the chunks that kernel listed for the halves tier, a third those it listed for the fallback, in the
+   sub-block or exact tier per K-block, each over the first launch's output.
 """
 
 import triton
@@ -37,27 +40,31 @@ from ._common import (
     expand_rows,
     fast_exp,
     gates,
+    half_decay,
     intra_A,
+    listed,
     load_beta,
     load_gates,
     ref_decay,
     seq_bounds,
     take_row,
+    tier_list,
     walk_loads,
 )
 
 
 @triton.jit
 def chunk_parallel_fwd_h_kernel(
-    g, i, lb, bb, fb, h0, h, ht, cu_seqlens, chunk_offsets, T, NT,
+    g, i, lb, bb, h0, h, ht, cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     NV: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    VARLEN: tl.constexpr, WALK_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Walks one sequence's chunks for a [BV, BK] block of the state. b (the within-chunk cumsum of log f) comes
     from `chunk_parallel_decay_kernel`, so a step holds no log and no row scan: its latency is what the walk costs.
-    The chunks that decay past the chunk tier (fb's flags) form e^{b_last − b} as a sum of log f over the later rows
-    instead: there b is large, and b_last − b would keep its rounding."""
+    The K-blocks of a chunk that decays by WALK_SPREAD or more form e^{b_last − b} as a sum of log f over the later
+    rows instead: there b is large, and b_last − b would keep its rounding (below it, under a tenth of the dot
+    operand's: `ChunkParallelConfig.walk_max_spread`)."""
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
     i_k, i_v = i_kv // NV, i_kv % NV
     i_n, i_h = i_nh // H, i_nh % H
@@ -76,7 +83,6 @@ def chunk_parallel_fwd_h_kernel(
     g, bb, i = g + (bos * H + i_h) * K, bb + (bos * H + i_h) * K, i + (bos * H + i_h) * V
     first = chunk_offset(chunk_offsets, i_n, NT, VARLEN) * H + i_h
     h += first * V * K
-    leaves = fb + 1 + first  # fb's flag of this sequence's first chunk at this head
     left = (eos - bos).to(tl.int32)  # rows from the current chunk's start to the sequence's end
     g_nx, b_nx, bl_nx, i_nx = walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
     for _ in range(0, tl.cdiv(left, BT)):
@@ -86,12 +92,10 @@ def chunk_parallel_fwd_h_kernel(
         g, bb, i, left = g + BT * H * K, bb + BT * H * K, i + BT * H * V, left - BT
         g_nx, b_nx, bl_nx, i_nx = walk_loads(g, bb, i, left, ck, cv, H, K, V, BK, BV, BT)
 
-        leave = tl.load(leaves)
-        leaves += H
         tl.store(h + s_pos, S.to(h.dtype.element_ty), mask=s_mask)
         h += H * V * K
         _, k, _, _, _ = gates(g_t.to(tl.float32), beta, HAS_LB)
-        if leave == 0:
+        if tl.min(bl_t, 0) > -WALK_SPREAD:
             w = fast_exp(bl_t[None, :] - b_t)
         else:
             w = fast_exp(_suffix_log_f(g_t, beta, left + BT, HAS_LB))
@@ -125,15 +129,17 @@ def _bit_or(a, b):
 @triton.jit
 def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.constexpr, K: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-                    CHUNK_SPREAD: tl.constexpr, FLAG_SMALL: tl.constexpr):
+                    CHUNK_SPREAD: tl.constexpr, HALF_SPREAD: tl.constexpr, FLAG_SMALL: tl.constexpr):
     """b, the within-chunk cumsum of log f, into bb [B·T, H, K] fp32, and the chunk tier's verdict into fb: one
     program per (chunk, head, K-block). The parallel kernels' chunk tier reads b (a log and a scan per element
     fewer there), and so do the sequential walks (their steps are latency-bound).
 
-    fb (int32, zeroed by the caller) = [count | leaves [NC·H] | list [NC·H]]: leaves[c·H + h] = 1 where some
-    channel of the chunk decays by e^{-CHUNK_SPREAD} or more (it leaves the chunk tier), and the program that sets
-    it first appends c·H + h to the list (count: the list's length), which the fallback launches walk instead of
-    a grid over every chunk (the chunk-tier launches read no verdict: they take every chunk).
+    fb (int32, zeroed by the caller) = [fallback count, halves count | leaves [NC·H] | fallback list [NC·H] |
+    halves list [NC·H]]. A chunk where some channel decays by e^{-CHUNK_SPREAD} or more leaves the chunk tier: for
+    the halves tier if each of its halves decays by less than e^{-HALF_SPREAD} in every channel (leaves[c·H + h]
+    bit 1), else for the fallback (bit 2). The K-block that first sets a bit appends c·H + h to that bit's list,
+    which the later launches walk instead of a grid over every chunk (the chunk-tier launches read no verdict: they
+    take every chunk); the halves launch skips the chunks that another K-block sent to the fallback.
 
     FLAG_SMALL: fz, laid out as fb, lists the chunks (and heads) holding a forget gate below SMALL_F, whose dβ
     `chunk_parallel_bwd_small_kernel` sums exactly; its leaves entry is a bit mask of the SMALL_GROUP-channel groups
@@ -164,8 +170,14 @@ def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.cons
     tl.debug_barrier()
     b_end = tl.load(bb + (n - 1) * (H * K) + ck, mask=ck < tl.where(n > 0, K, 0), other=0.0)
     if -tl.min(b_end, 0) >= CHUNK_SPREAD:
-        if tl.atomic_or(fb + 1 + i_c * H + i_h, 1) == 0:  # the first K-block to find it appends the chunk
-            tl.store(fb + 1 + NC * H + tl.atomic_add(fb, 1), i_c * H + i_h)
+        b_mid = tl.load(bb + (tl.minimum(n, BT // 2) - 1) * (H * K) + ck, mask=ck < K, other=0.0)
+        halves = tl.maximum(-tl.min(b_mid, 0), tl.max(b_mid - b_end, 0))
+        leaves = fb + 2 + i_c * H + i_h
+        if halves < HALF_SPREAD:
+            if tl.atomic_or(leaves, 1) == 0:  # the first K-block to find it appends the chunk
+                tl.store(fb + 2 + 2 * NC * H + tl.atomic_add(fb + 1, 1), i_c * H + i_h)
+        elif (tl.atomic_or(leaves, 2) & 2) == 0:
+            tl.store(fb + 2 + NC * H + tl.atomic_add(fb, 1), i_c * H + i_h)
 
 
 @triton.jit
@@ -173,26 +185,28 @@ def chunk_parallel_fwd_o_kernel(
     o, g, i, lb, h, y, a_out, bb, fb, chunks, scale, T, NT, NC,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
-    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr, FALLBACK: tl.constexpr,
+    MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr, TIER: tl.constexpr,
 ):
     """One program per (chunk, V-block, head); loops over K-blocks of BK (A and y accumulate over them).
 
-    Two launches: the first (FALLBACK off, grid (NC, NV, H)) takes the chunk tier everywhere, from the within-chunk
-    cumsum b that `chunk_parallel_decay_kernel` stored in bb (no log, no scan here); the second (FALLBACK on, a small
-    grid (P, NV, 1)) walks the chunks that `chunk_parallel_decay_kernel` listed in fb as leaving the chunk tier, in
-    the sub-block or exact tier per K-block, and rewrites every output of theirs (the first launch wrote them too,
-    possibly non-finite: it reads no verdict, whose load would stall every program before its first tile). STORE_A: the
-    first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's dtype) for the backward's
+    Three launches by TIER: 0, the chunk tier everywhere (grid (NC, NV, H)), from the within-chunk cumsum b that
+    `chunk_parallel_decay_kernel` stored in bb (no log, no scan here); then on a small grid (P, NV, 1) that walks a
+    list of that kernel's, 1 the halves tier on the chunks listed for it and 2 the sub-block or exact tier (per
+    K-block) on the fallback's. Each rewrites every output of its chunks (the chunk-tier launch wrote them too,
+    possibly non-finite: it reads no verdict, whose load would stall every program before its first tile). STORE_A:
+    the first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's dtype) for the backward's
     dv."""
     i_v = tl.program_id(1)
-    if FALLBACK:
-        for e in range(tl.program_id(0), tl.load(fb), tl.num_programs(0)):
-            c_h = tl.load(fb + 1 + NC * H + e)
-            _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, c_h // H, i_v, c_h % H, H, K, V, BT,
-                         BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, FALLBACK)
-    else:
+    if TIER == 0:
         _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, tl.program_id(0), i_v, tl.program_id(2), H,
-                     K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, FALLBACK)
+                     K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, TIER)
+    else:
+        count, entries = tier_list(fb, NC, H, TIER)
+        for e in range(tl.program_id(0), count, tl.num_programs(0)):
+            c_h = tl.load(entries + e)
+            if listed(fb, c_h, TIER):
+                _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, c_h // H, i_v, c_h % H, H, K, V,
+                             BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, TIER)
 
 
 @triton.jit
@@ -200,7 +214,7 @@ def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, i_c, i_v, i
                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
                  MAX_SPREAD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, STORE_A: tl.constexpr,
-                 FALLBACK: tl.constexpr):
+                 TIER: tl.constexpr):
     """`chunk_parallel_fwd_o_kernel`'s work on chunk i_c, V-block i_v, head i_h."""
     t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
@@ -219,12 +233,20 @@ def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, i_c, i_v, i
             ck = kb * BK + tl.arange(0, BK)
             offk, mtk, beta, q, a, k = load_gates(o, g, lb, n, ck, i_h, scale, H, K, BK, BT, O_ACT, HAS_LB)
             h_t = tl.load(h + (cv[:, None] * K + ck[None, :]), mask=(cv < V)[:, None] & (ck < K)[None, :], other=0.0)
-            if FALLBACK:
+            if TIER == 2:
                 a = tl.where(mtk, a, 0.0)
                 c, r, b_last = chunk_decay(a, BT, BK)
                 A_k, ec, enc = intra_A(q, k, a, c, r, -tl.min(tl.min(c, 1), 0), BT, BK, MAX_SPREAD, DT, PREC)
                 A += A_k
                 eb = ec * expand_rows(fast_exp(r), BT, BK)
+            elif TIER == 1:
+                e_q, e_k, em, _, across, up, _ = half_decay(bb, n, offk, mtk, ck, H, K, BT)
+                qe = q * e_q
+                ke = k * e_k
+                A_k = tl.dot(tl.where(up, qe, 0.0).to(DT), tl.trans(ke.to(DT)), input_precision=PREC)
+                A_k += tl.dot(tl.where(up, 0.0, qe).to(DT), tl.trans((ke * across).to(DT)), input_precision=PREC)
+                A += tl.where(rows[:, None] >= rows[None, :], A_k, 0.0)
+                eb = e_q * em
             else:
                 e_q, e_k, m = ref_decay(bb, n, offk, mtk, ck, H, K)
                 A_k = tl.dot((q * e_q).to(DT), tl.trans((k * e_k).to(DT)), input_precision=PREC)

@@ -129,6 +129,13 @@ class ChunkParallelConfig(_Config):
     block_k_small: int | None = _knob(16, "block?")
     sub_block_v_small: int = _knob(32, "block")
     chunk_max_spread: float = _knob(120.0, "spread")  # chunks whose log-decay is below this: one product
+    # chunks past chunk_max_spread whose two halves each decay by less than this: one product per half (heads
+    # that forget fast); the others take the sub-block or exact tier
+    half_max_spread: float = _knob(120.0, "spread")
+    # the forward walk takes e^{b_last − b} from b's difference below this chunk decay where the dot operands are
+    # bf16 (b's rounding, ~1e-6·|b|, stays under a tenth of bf16's), from sums over the later rows above it; fp32
+    # operands use chunk_max_spread
+    walk_max_spread: float = _knob(256.0, "spread")
     max_spread: float = _knob(60.0, "spread")  # 16-token sub-blocks whose spread is below this: one product each
     fp32_dot_precision: str = _knob("ieee", "precision")  # tl.dot precision for fp32 inputs
 

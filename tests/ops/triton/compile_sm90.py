@@ -152,14 +152,14 @@ def fused_chunk_variants():
 def chunk_parallel_variants():
     """Every chunk-parallel kernel, bf16 (K = V = 64, 128, 256; BT = 64) and fp32 (K = V = 128; BT = 32, ieee
     dots), typical flags: the sequential kernels and the parallel ones at the (BK, BV, warps) listed, the
-    parallel ones in both launches (the chunk tier, then the fallback)."""
+    parallel ones in their three launches (the chunk tier, the halves tier, the fallback)."""
     for name, kernel, types, consts, *w in _chunk_parallel_variants():
         types = {**types, "bb": "*fp32", "fb": "*i32", "NC": "i32"}
-        if "FALLBACK" not in kernel.arg_names:
+        if "TIER" not in kernel.arg_names:
             yield (name, kernel, types, consts, *w)
             continue
-        for fallback in (False, True):
-            yield (name + " fallback" * fallback, kernel, types, {**consts, "FALLBACK": fallback}, *w)
+        for tier, sfx in enumerate(("", " halves", " fallback")):
+            yield (name + sfx, kernel, types, {**consts, "TIER": tier}, *w)
 
 
 def _chunk_parallel_variants():
@@ -177,6 +177,8 @@ def _chunk_parallel_variants():
                 256: [(32, 128, 4), (64, 128, 8), (32, 128, 8)]}
     for dt, prec in (("bf16", "tf32"), ("fp32", os.environ.get("FP32_PREC", "ieee"))):
         DT = tl.bfloat16 if dt == "bf16" else tl.float32
+        cfg = ChunkParallelConfig()
+        walk = cfg.walk_max_spread if dt == "bf16" else cfg.chunk_max_spread
         for KV in ((64, 128, 256) if dt == "bf16" else (128,)):
             common = dict(H=16, K=KV, V=KV, BT=64 if dt == "bf16" else 32, DT=DT, PREC=prec)
             for BK, BV, warps in seq_cfgs[KV] if dt == "bf16" else [(32, 64, 4)]:
@@ -185,7 +187,7 @@ def _chunk_parallel_variants():
                        dict(g=f"*{dt}", i=f"*{dt}", lb="*fp32", h0="*fp32", h=f"*{dt}", ht="*fp32", bb="*fp32", T="i32",
                             NT="i32"),
                        dict(common, BK=BK, BV=BV, NV=KV // BV, I_ACT=0, HAS_LB=True, HAS_H0=True, STORE_HT=True,
-                            VARLEN=False), warps)
+                            VARLEN=False, WALK_SPREAD=walk), warps)
                 yield (f"bwd_dh {sfx}", b.chunk_parallel_bwd_dh_kernel,
                        dict(o=f"*{dt}", dy=f"*{dt}", dht="*fp32", dh=f"*{dt}", dh0="*fp32", scale="fp32", T="i32",
                             NT="i32"),
@@ -246,7 +248,7 @@ def _chunk_parallel_variants():
             yield (f"decay {dt} varlen={varlen}", f.chunk_parallel_decay_kernel,
                    dict(g=f"*{dt}", lb="*fp32", fz="*i32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
                    dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen, CHUNK_SPREAD=120.0,
-                        FLAG_SMALL=not varlen), 4)
+                        HALF_SPREAD=120.0, FLAG_SMALL=not varlen), 4)
         # dβ at small gates: the default blocks (BK 16, all of V in sub-blocks of 32), fp16 inputs (fp32 dot
         # operands, bf16's SPREC) beside fp32's
         for sdt in (dt, "fp16") if dt == "fp32" else (dt,):
@@ -259,7 +261,8 @@ def _chunk_parallel_variants():
         yield (f"fwd_h varlen {dt}", f.chunk_parallel_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),
-               dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True),
+               dict(common, BK=64, BV=64, NV=2, I_ACT=1, HAS_LB=False, HAS_H0=False, STORE_HT=False, VARLEN=True,
+                    WALK_SPREAD=walk),
                8 if dt == "bf16" else 4)
         yield (f"fwd_o varlen {dt}", f.chunk_parallel_fwd_o_kernel,
                dict(o=f"*{dt}", g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", y=f"*{dt}", chunks="*i32", scale="fp32",
@@ -318,8 +321,10 @@ def chunk_parallel_default_variants():
             "fwd_o bf16 K=V=128 BK=64 BV=128 w=8", "bwd bf16 K=V=128 BK=32 BV=128 w=8",
             "bwd split dv bf16 K=V=128 BK=32 BV=128 w=8", "bwd split dqk bf16 K=V=128 BK=32 BV=128 w=8",
             f"fwd_o storing A bf16 K=V=128 BK={FWD_O_DEFAULT[0]} BV=128 w={FWD_O_DEFAULT[1]}",
+            f"fwd_o storing A bf16 K=V=128 BK={FWD_O_DEFAULT[0]} BV=128 w={FWD_O_DEFAULT[1]} halves",
             f"fwd_o storing A bf16 K=V=128 BK={FWD_O_DEFAULT[0]} BV=128 w={FWD_O_DEFAULT[1]} fallback",
-            "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 fallback",
+            "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8", "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 halves",
+            "bwd fused from A bf16 K=V=128 BK=32 BV=128 w=8 fallback",
             "bwd small gates bf16 K=V=128 BK=16 BVS=32 w=4")
     return (v for v in chunk_parallel_variants() if v[0] in keep)
 

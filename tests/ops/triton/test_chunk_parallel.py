@@ -102,19 +102,21 @@ def test_float64_inputs_and_initial_state_without_final():
     check(got, ref)
 
 
-# the intra-chunk tiers (chunk_parallel_fwd.py), forced by the thresholds (chunk_max_spread, max_spread)
-TIERS = {"chunk": (120.0, 60.0), "sub-block": (-1.0, 60.0), "exact": (-1.0, -1.0)}
+# the intra-chunk tiers (chunk_parallel_fwd.py), forced by the thresholds (chunk_max_spread, half_max_spread,
+# max_spread)
+TIERS = {"chunk": (120.0, 120.0, 60.0), "halves": (-1.0, 120.0, 60.0), "sub-block": (-1.0, -1.0, 60.0),
+         "exact": (-1.0, -1.0, -1.0)}
 
 
 def tier(name: str, **fields):
     """The config override that sends every chunk to the tier `name`."""
-    chunk, sub = TIERS[name]
-    return override("chunk_parallel", chunk_max_spread=chunk, max_spread=sub, **fields)
+    chunk, half, sub = TIERS[name]
+    return override("chunk_parallel", chunk_max_spread=chunk, half_max_spread=half, max_spread=sub, **fields)
 
 
-@pytest.mark.parametrize("name", ["sub-block", pytest.param("exact", marks=slow)])
+@pytest.mark.parametrize("name", ["halves", "sub-block", pytest.param("exact", marks=slow)])
 def test_fallback_tiers_everywhere(name):
-    """The second launch's tiers, normally only for chunks that decay by more than e^-120, on ordinary inputs."""
+    """The later launches' tiers, normally only for chunks that decay by more than e^-120, on ordinary inputs."""
     with tier(name):
         inputs = make_inputs(1, 70, 1, 16, 16, n_states=1)
         check(*run_both(inputs, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True))
@@ -135,7 +137,48 @@ def test_fallback_takes_exactly_the_chunks_past_the_chunk_tier():
     assert torch.equal(y[:, :64], y_ref[:, :64]) and torch.equal(y[:, 128:], y_ref[:, 128:])
 
 
-@pytest.mark.parametrize("name", ["exact", pytest.param("chunk", marks=slow), pytest.param("sub-block", marks=slow)])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy overflows, on purpose
+def test_each_chunk_takes_the_tier_its_decay_allows():
+    """Chunk 1 decays by ~e^-195 (g = −3 at β = 0: ~e^-98 per half): the halves tier; chunk 2 by e^-1920 (g = −30):
+    the fallback; in head 1 one channel of chunk 1 in each K-block of the decay kernel decides, and channel 100's
+    g = −30 sends the chunk to the fallback although channel 0 listed it for the halves tier first. Every tier agrees
+    with the reference, and forcing the chunk tier on all chunks overflows those two chunks only (the last chunk
+    differs by rounding: the forward walk then takes the decay over chunks 1 and 2 from b's difference too)."""
+    o, g, i, beta, h0 = make_inputs(1, 250, 2, 128, 16, n_states=1)
+    beta = torch.zeros_like(beta)
+    g[:, 64:128, 0, :8] = -3.0
+    g[:, 128:192, 0, 0] = -30.0
+    g[:, 64:128, 1, 0] = -3.0
+    g[:, 64:128, 1, 100] = -30.0
+    _, fb, _ = parallel_mod._decay(g, beta, None, 4, 250, 4, 64, ChunkParallelConfig())
+    n_chunks, H = 4, 2
+    fallback, halves = fb[2 + n_chunks * H:2 + n_chunks * H + fb[0]], fb[2 + 2 * n_chunks * H:][:fb[1]]
+    assert sorted(fallback.tolist()) == [1 * H + 1, 2 * H + 0]  # (chunk 1, head 1) and (chunk 2, head 0)
+    assert sorted(halves.tolist()) == [1 * H + 0, 1 * H + 1]  # head 1 was listed first, then skipped
+    kw = dict(scale=0.125, o_act="silu", output_final_state=True)
+    check(*run_both([o, g, i, beta, h0], **kw))
+    y_ref, _ = hgrn2_chunk_parallel_triton(o, g, i, beta, initial_state=h0, **kw)
+    with override("chunk_parallel", chunk_max_spread=1e9):
+        y, _ = hgrn2_chunk_parallel_triton(o, g, i, beta, initial_state=h0, **kw)
+    assert not torch.isfinite(y[:, 64:192]).all()
+    assert torch.equal(y[:, :64], y_ref[:, :64]) and rel_err(y[:, 192:], y_ref[:, 192:]) <= 1e-6
+
+
+@pytest.mark.parametrize("walk", [256.0, -1.0])
+def test_bf16_fast_forgetting(walk):
+    """Heads that forget by ~e^-150 per chunk in bf16 (β = 0, g lowered by 2, as a first layer may learn): the
+    halves tier, and the forward walk's decay from b's difference (walk_max_spread 256) or, forced, from sums
+    over the later rows."""
+    o, g, i, beta, h0 = make_inputs(1, 200, 2, 32, 32, n_states=1)
+    beta[:, :4] = 0.0
+    g[..., :4] -= 2.0
+    inputs = [x.to(torch.bfloat16) for x in (o, g, i)] + [beta, h0]
+    with override("chunk_parallel", walk_max_spread=walk):
+        check(*run_both(inputs, scale=32 ** -0.5, o_act="silu", output_final_state=True))
+
+
+@pytest.mark.parametrize("name", ["exact", pytest.param("chunk", marks=slow), pytest.param("sub-block", marks=slow),
+                                  pytest.param("halves", marks=slow)])
 def test_split_backward(small_blocks, name):
     """A rebuilt in the backward (save_a off), which then takes two launches (dv; dq/dk/dg), and b computed there
     again (save_b off); split K and V blocks (one of each in the exact tier, whose column loop is the
