@@ -141,7 +141,7 @@ def test_fallback_takes_exactly_the_chunks_past_the_chunk_tier():
 def test_each_chunk_takes_the_tier_its_decay_allows():
     """Chunk 1 decays by ~e^-195 (g = −3 at β = 0: ~e^-98 per half): the halves tier; chunk 2 by e^-1920 (g = −30):
     the fallback; in head 1 one channel of chunk 1 in each K-block of the decay kernel decides, and channel 100's
-    g = −30 sends the chunk to the fallback although channel 0 listed it for the halves tier first. Every tier agrees
+    g = −30 sends the chunk to the fallback although channel 0 may list it for the halves tier. Every tier agrees
     with the reference, and forcing the chunk tier on all chunks overflows those two chunks only (the last chunk
     differs by rounding: the forward walk then takes the decay over chunks 1 and 2 from b's difference too)."""
     o, g, i, beta, h0 = make_inputs(1, 250, 2, 128, 16, n_states=1)
@@ -154,7 +154,8 @@ def test_each_chunk_takes_the_tier_its_decay_allows():
     n_chunks, H = 4, 2
     fallback, halves = fb[2 + n_chunks * H:2 + n_chunks * H + fb[0]], fb[2 + 2 * n_chunks * H:][:fb[1]]
     assert sorted(fallback.tolist()) == [1 * H + 1, 2 * H + 0]  # (chunk 1, head 1) and (chunk 2, head 0)
-    assert sorted(halves.tolist()) == [1 * H + 0, 1 * H + 1]  # head 1 was listed first, then skipped
+    # head 1 is listed there too where channel 0's K-block ran first (the halves launch then skips it)
+    assert 1 * H + 0 in halves.tolist() and set(halves.tolist()) <= {1 * H + 0, 1 * H + 1}
     kw = dict(scale=0.125, o_act="silu", output_final_state=True)
     check(*run_both([o, g, i, beta, h0], **kw))
     y_ref, _ = hgrn2_chunk_parallel_triton(o, g, i, beta, initial_state=h0, **kw)
