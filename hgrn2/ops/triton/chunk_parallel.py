@@ -132,7 +132,7 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     h = o.new_empty(n_chunks, H, V, K, dtype=_state_dtype(o, cfg))
     y = torch.empty_like(i)
     ht = o.new_empty(N, H, V, K, dtype=torch.float32) if output_final_state else o.new_empty(0, dtype=torch.float32)
-    bb, fb, fz = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, flag_small)
+    bb, fb, fz = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, dt, flag_small)
     nv_seq = cdiv(V, bv_seq)
     chunk_parallel_fwd_h_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
         g, i, lower_bound, bb, initial_state, h, ht, cu_seqlens, offs, T, NT,
@@ -154,11 +154,12 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     return y, ht, h, a_saved, bb, fb, fz
 
 
-def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, flag_small=False):
+def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, dt, flag_small=False):
     """(b [B, T, H, K] fp32, the within-chunk cumsum of log f, fb and fz) from `chunk_parallel_decay_kernel`, for
     the sequential and parallel kernels (the backward's too, unless the forward's was kept (save_b)). fb: int32
     [2 + 3 · n_chunks · H], the lists of the chunks that leave the chunk tier (kernel's docstring); fz
-    (flag_small and a bound, else empty): the same for the chunks holding a gate below SMALL_F."""
+    (flag_small and a bound, else empty): the same for the chunks holding a gate below SMALL_F. dt: the dot
+    operands' dtype, which picks the halves tier's bound."""
     H, K = g.shape[-2], g.shape[-1]
     bb = torch.empty_like(g, dtype=torch.float32)
     fb = torch.zeros(_fb_size(n_chunks, H), device=g.device, dtype=torch.int32)
@@ -168,7 +169,8 @@ def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, flag_small=False):
     chunk_parallel_decay_kernel[(n_chunks, H, cdiv(K, bk))](
         g, lower_bound, bb, fb, fz, chunks, T, NT, n_chunks, H=H, K=K, BT=bt, BK=bk,
         HAS_LB=lower_bound is not None, VARLEN=chunks is not None, CHUNK_SPREAD=cfg.chunk_max_spread,
-        HALF_SPREAD=cfg.half_max_spread, FLAG_SMALL=flag_small, num_warps=4,
+        HALF_SPREAD=cfg.half_max_spread if dt == tl.bfloat16 else cfg.half_max_spread_fp32, FLAG_SMALL=flag_small,
+        num_warps=4,
     )
     return bb, fb, fz
 
@@ -241,7 +243,10 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     dlb = o.new_empty(0)
     if lower_bound is not None:  # every real chunk writes its row: only varlen's padding chunks need the zeros
         dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(NV, n_chunks, H, K, dtype=torch.float32)
-    bb, fb = (b_saved, fb_saved) if b_saved.numel() else _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg)[:2]
+    if b_saved.numel():
+        bb, fb = b_saved, fb_saved
+    else:
+        bb, fb, _ = _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, dt)
     nv_seq = cdiv(V, bv_seq)
     chunk_parallel_bwd_dh_kernel[(cdiv(K, bk_seq) * nv_seq, N * H)](
         o, bb, dy, dht, dh, dh0, cu_seqlens, offs, scale, T, NT,

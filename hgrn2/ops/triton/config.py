@@ -130,8 +130,10 @@ class ChunkParallelConfig(_Config):
     sub_block_v_small: int = _knob(32, "block")
     chunk_max_spread: float = _knob(120.0, "spread")  # chunks whose log-decay is below this: one product
     # chunks past chunk_max_spread whose two halves each decay by less than this: one product per half (heads
-    # that forget fast); the others take the sub-block or exact tier
+    # that forget fast), for bf16 dot operands; the others take the sub-block or exact tier. fp32 dot operands
+    # (fp32, fp16 inputs): off, as the halves tier's exponents keep the rounding of b (~1e-6·|b|), which they show
     half_max_spread: float = _knob(120.0, "spread")
+    half_max_spread_fp32: float = _knob(-1.0, "spread")
     # the forward walk takes e^{b_last − b} from b's difference below this chunk decay where the dot operands are
     # bf16 (b's rounding, ~1e-6·|b|, stays under a tenth of bf16's), from sums over the later rows above it; fp32
     # operands use chunk_max_spread

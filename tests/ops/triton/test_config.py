@@ -31,9 +31,10 @@ def test_defaults_are_the_tuned_settings():
     p = ChunkParallelConfig()
     assert (p.block_t, p.block_t_fp32, p.block_k, p.block_k_bwd, p.block_v, p.block_k_seq, p.block_v_seq,
             p.seq_split_below, p.num_warps, p.num_warps_bwd, p.num_warps_seq, p.maxnreg_seq, p.state_dtype,
-            p.save_a, p.save_b, p.bwd_split, p.chunk_max_spread, p.walk_max_spread, p.half_max_spread, p.max_spread,
-            p.fp32_dot_precision) == (64, 32, 32, 32, None, 64, None, 0.5, 4, None, None, None, None, True, True,
-                                      None, 120.0, 256.0, 120.0, 60.0, "ieee")
+            p.save_a, p.save_b, p.bwd_split, p.chunk_max_spread, p.walk_max_spread, p.half_max_spread,
+            p.half_max_spread_fp32, p.max_spread, p.fp32_dot_precision) == (
+        64, 32, 32, 32, None, 64, None, 0.5, 4, None, None, None, None, True, True, None, 120.0, 256.0, 120.0, -1.0,
+        60.0, "ieee")
     d = DispatchConfig()
     assert (d.decode_max_t, d.parallel_max_programs, d.parallel_min_t, d.parallel_train_min_work) == (
         16, 64, 1024, 131072)
