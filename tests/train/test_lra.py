@@ -48,16 +48,18 @@ def _preset_args(**overrides):
 
 
 def test_presets_follow_the_authors_launch_script():
-    # ListOps: HGRN2 from its own launch script (OpenNLPLab/HGRN2 run_lra.py), HGRN1 from HGRN1's (script_lra.py)
+    # ListOps: HGRN2 from its own launch script (OpenNLPLab/HGRN2 run_lra.py), HGRN1 from HGRN1's (script_lra.py);
+    # the one departure, 67 epochs (the launch's cosine to its end), is the variant launch-epochs' 50 away
     cfg, train, _ = build("listops", "hgrn2", _preset_args())
     assert (cfg.hidden_size, cfg.num_layers, cfg.expand_ratio) == (64, 5, 4)
     assert train == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.0, "warmup_steps": 5000,
-                     "schedule_steps": 50000, "epochs": 50, "precision": "bf16", "grad_clip": 0.0}
+                     "schedule_steps": 50000, "epochs": 67, "precision": "bf16", "grad_clip": 0.0}
+    assert build("listops", "hgrn2", _preset_args(), "launch-epochs")[1] == {**train, "epochs": 50}
     for mixer in ("hgrn1", "attention"):
         cfg, train, _ = build("listops", mixer, _preset_args())
         assert (cfg.hidden_size, cfg.num_layers) == (32, 6)
         assert train == {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
-                         "schedule_steps": 50000, "epochs": 50, "precision": "fp32", "grad_clip": 0.0}
+                         "schedule_steps": 50000, "epochs": 67, "precision": "fp32", "grad_clip": 0.0}
     assert build("listops", "hgrn2", _preset_args(weight_decay=0.1))[1]["weight_decay"] == 0.1
     # the LRA code's mixers never see the lengths; HGRN1's Lightning trainer ran in 32-bit
     for task in ("listops", "text", "retrieval"):
@@ -396,9 +398,10 @@ def test_record_in_the_environment_of_the_runs(tmp_path):
 
 def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
     # "using HGRN1's configuration": HGRN2's mixer with HGRN1's preset settings; these are the settings the recorded
-    # ListOps and Pathfinder runs wrote into their result.json (ListOps' without grad_clip, which then meant none),
-    # but for Pathfinder's pooling: the recorded run pooled the last position, before HGRN1's launch script was read
-    # to override its yaml file's decoder with mean pooling
+    # ListOps and Pathfinder runs wrote into their result.json (ListOps' without grad_clip, which then meant none,
+    # and with 50 epochs, which its resume raises to the preset's 67), but for Pathfinder's pooling: the recorded run
+    # pooled the last position, before HGRN1's launch script was read to override its yaml file's decoder with mean
+    # pooling
     common = {"mixer": "hgrn2", "in_channels": 1, "glu_expand": 1, "norm": "batch", "dropout": 0.0, "dual": False,
               "use_lower_bound": True, "num_heads": 8, "bn_group": None, "pad_group": None}
     recorded = {
@@ -406,7 +409,7 @@ def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
                      "expand_ratio": 2, "directions": "bi", "embed_dropout": 0.1, "pooling": "mean",
                      "positional": True, "max_len": 2048, "mask_padding": False},
                     {"batch_size": 128, "lr": 5e-4, "weight_decay": 0.01, "warmup_steps": 5000,
-                     "schedule_steps": 50000, "epochs": 50, "precision": "fp32", "grad_clip": 0.0}),
+                     "schedule_steps": 50000, "epochs": 67, "precision": "fp32", "grad_clip": 0.0}),
         "pathfinder": ({**common, "num_classes": 2, "vocab_size": None, "hidden_size": 128, "num_layers": 6,
                         "expand_ratio": 2, "directions": "2d", "embed_dropout": 0.0, "pooling": "mean",
                         "positional": False, "max_len": 1024, "mask_padding": True},
@@ -528,7 +531,7 @@ def test_variants_change_one_setting_on_top_of_each_models_own():
         assert cfg.to_dict() == {**base.to_dict(), "mask_padding": True} and train == base_train
         assert cfg.hidden_size == width
         cfg, train, _ = build("listops", mixer, _preset_args(), "cosine-to-zero")
-        assert cfg == base and train == {**base_train, "schedule_steps": 37500}
+        assert cfg == base and train == {**base_train, "schedule_steps": 37500, "epochs": 50}
     # the ones from the authors' launches and their LRA code, each one setting (or two) on HGRN2's preset
     base, base_train, _ = build("listops", "hgrn2", _preset_args())
     for variant, model, train in (("per-gpu-padding", {"pad_group": 16}, {}), ("causal", {"directions": "causal"}, {}),
