@@ -139,6 +139,17 @@ def test_fallback_takes_exactly_the_chunks_past_the_chunk_tier():
     assert torch.equal(y[:, :64], y_ref[:, :64]) and torch.equal(y[:, 128:], y_ref[:, 128:])
 
 
+@pytest.mark.parametrize("name", ["halves", pytest.param("sub-block", marks=slow)])
+def test_later_tiers_with_packed_sequences(name):
+    """Packed sequences in the listed launches' tiers: chunks cut short by a sequence's end (5 and 6 tokens, within
+    the first half; 40 tokens, into the second) and padding chunks."""
+    lens = [5, 70, 40]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
+    with tier(name):
+        inputs = make_inputs(1, sum(lens), 2, 16, 16, n_states=len(lens))
+        check(*run_both(inputs, cu_seqlens=cu, scale=0.5, o_act="silu", i_act="sigmoid", output_final_state=True))
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy overflows, on purpose
 def test_each_chunk_takes_the_tier_its_decay_allows():
     """bf16 inputs: chunk 1 decays by ~e^-195 (g = −3 at β = 0: ~e^-98 per half): the halves tier; chunk 2 by
