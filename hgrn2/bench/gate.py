@@ -14,7 +14,8 @@ again (`--confirm-rounds` more rounds of both trees) and judged on all its round
   small β    the same at B8 T2048 with β ~ U[0, 0.9) and some channels of every head at 0, 1e-6 and 2^-9
   fast forgetting
              the small-β case with those channels' g lowered by 2: they forget by ~e^-75 per 32 tokens (as a head of
-             layer 0, whose bound is 0, may learn)
+             layer 0, whose bound is 0, may learn); once with the bound learnable, once (fixed bound) without a
+             gradient, as layer 0's
   fwd        the forward alone, without autograd, at the three shapes, and on the fast-forgetting inputs
   fused chunk
              fwd+bwd at B8 T512 and B4 T512 (and the latter fast forgetting) with a bound that takes no gradient:
@@ -207,6 +208,8 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
                      inputs=op_inputs(B0, T0, H, K, device, dtype, small_beta=True)))
     spec.append(dict(name=f"fast forgetting B{B0} T{T0}", grad=True,
                      inputs=op_inputs(B0, T0, H, K, device, dtype, fast_forget=True)))
+    spec.append(dict(name=f"fast forgetting fixed bound B{B0} T{T0}", grad=True,
+                     inputs=op_inputs(B0, T0, H, K, device, dtype, fast_forget=True, bound_grad=False)))
     if dtype != torch.float32:  # fp32 takes its own blocks and dot precision: its two training rows, without fla,
         for small in (False, True):  # whose fp32 autotuning takes minutes and is not what the gate compares
             spec.append(dict(name=f"{'small β' if small else 'fwd+bwd'} fp32 B{B0} T{T0}", grad=True, fla=False,
