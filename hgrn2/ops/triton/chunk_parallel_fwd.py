@@ -141,9 +141,9 @@ def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.cons
     which the later launches walk instead of a grid over every chunk (the chunk-tier launches read no verdict: they
     take every chunk); the halves launch skips the chunks that another K-block sent to the fallback.
 
-    FLAG_SMALL: fz, laid out as fb, lists the chunks (and heads) holding a forget gate below SMALL_F, whose dβ
-    `chunk_parallel_bwd_small_kernel` sums exactly; its leaves entry is a bit mask of the SMALL_GROUP-channel groups
-    holding one."""
+    FLAG_SMALL: fz (int32, zeroed) = [count | flags [NC·H] | list [NC·H]] lists the chunks (and heads) holding a
+    forget gate below SMALL_F, whose dβ `chunk_parallel_bwd_small_kernel` sums exactly; its flag is a bit mask of
+    the SMALL_GROUP-channel groups holding one."""
     i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (2^31)
     t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
     n = (t1 - t0).to(tl.int32)
