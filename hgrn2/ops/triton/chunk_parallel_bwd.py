@@ -111,16 +111,17 @@ def chunk_parallel_bwd_kernel(
 
     Three launches by TIER, as the forward's (`chunk_parallel_fwd_o_kernel`): the chunk tier everywhere (grid
     (NC, NV, H)) from the b that `chunk_parallel_decay_kernel` stored in bb, then on a small grid (P, NV, 1) the
-    chunks it listed for the halves tier, and those it listed for the fallback (sub-block or exact tier), each over
-    the chunk-tier launch's output. DV / DQK select the outputs: both (one fused launch, the default) or one each
+    chunks it listed for the halves tier, and those it listed for the fallback (sub-block or exact tier), which the
+    chunk-tier launch leaves to them. DV / DQK select the outputs: both (one fused launch, the default) or one each
     (two launches that recompute the gates and re-read o, g, dy, dh but hold far fewer registers;
     `ChunkParallelConfig.bwd_split`). LOAD_A: A is the forward's (`ChunkParallelConfig.save_a`), read once instead
     of rebuilt from every K-block."""
     i_v = tl.program_id(1)
     if TIER == 0:
-        _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
-                tl.program_id(0), i_v, tl.program_id(2), H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN,
-                MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, TIER)
+        if tl.load(fb + 2 + tl.program_id(0) * H + tl.program_id(2)) == 0:  # a listed chunk is a later launch's
+            _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T, NT, NC, NTOK,
+                    tl.program_id(0), i_v, tl.program_id(2), H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN,
+                    MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, TIER)
     else:
         count, entries = tier_list(fb, NC, H, TIER)
         for e in range(tl.program_id(0), count, tl.num_programs(0)):

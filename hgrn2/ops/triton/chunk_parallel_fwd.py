@@ -21,8 +21,8 @@ e^{−c} (bounded by the largest 16-token decay spread, checked against MAX_SPRE
      sub-block j)ᵀ with E_j[t] = e^{r_{i(t)} − r_j} (i(t) ≥ j, else 0): every factor bounded;
    - otherwise an exact column loop with the exponent masked before exp.
    The chunk tier reads b from `chunk_parallel_decay_kernel` and holds no code of the others; a second launch
-   redoes the chunks that kernel listed for the halves tier, a third those it listed for the fallback, in the
-   sub-block or exact tier per K-block, each over the first launch's output.
+   takes the chunks that kernel listed for the halves tier, a third those it listed for the fallback, in the
+   sub-block or exact tier per K-block; the first launch leaves the listed chunks to them.
 """
 
 import triton
@@ -192,14 +192,15 @@ def chunk_parallel_fwd_o_kernel(
     Three launches by TIER: 0, the chunk tier everywhere (grid (NC, NV, H)), from the within-chunk cumsum b that
     `chunk_parallel_decay_kernel` stored in bb (no log, no scan here); then on a small grid (P, NV, 1) that walks a
     list of that kernel's, 1 the halves tier on the chunks listed for it and 2 the sub-block or exact tier (per
-    K-block) on the fallback's. Each rewrites every output of its chunks (the chunk-tier launch wrote them too,
-    possibly non-finite: it reads no verdict, whose load would stall every program before its first tile). STORE_A:
+    K-block) on the fallback's; the chunk-tier launch leaves the listed chunks to them (a flag read per program).
+    STORE_A:
     the first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's dtype) for the backward's
     dv."""
     i_v = tl.program_id(1)
     if TIER == 0:
-        _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, tl.program_id(0), i_v, tl.program_id(2), H,
-                     K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, TIER)
+        if tl.load(fb + 2 + tl.program_id(0) * H + tl.program_id(2)) == 0:  # a listed chunk is a later launch's
+            _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, tl.program_id(0), i_v, tl.program_id(2),
+                         H, K, V, BT, BK, BV, O_ACT, I_ACT, HAS_LB, VARLEN, MAX_SPREAD, DT, PREC, STORE_A, TIER)
     else:
         count, entries = tier_list(fb, NC, H, TIER)
         for e in range(tl.program_id(0), count, tl.num_programs(0)):
