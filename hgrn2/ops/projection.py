@@ -139,6 +139,15 @@ def linears(x: torch.Tensor, weights: Iterable[torch.Tensor],
     return _Linears.apply(x, len(weights), *weights, *biases)
 
 
+def _bias_grad(dy2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The sum of dy2 [N, C] over its rows, accumulated in fp32, as `dtype`. On CUDA a half-precision dy2 is summed
+    by one matmul with a row of ones (fp32 output): a column reduction of a narrow dy2 (LRA's C = 64) reads it far
+    below the copy rate."""
+    if dy2.is_cuda and dy2.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(dy2.new_ones(1, dy2.shape[0]), dy2, out_dtype=torch.float32)[0].to(dtype)
+    return dy2.sum(0, dtype=torch.promote_types(dy2.dtype, torch.float32)).to(dtype)
+
+
 class _Linears(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, n, *params):
@@ -177,7 +186,7 @@ class _Linears(torch.autograd.Function):
             if need[2 + j]:
                 torch.mm(dy2.t(), x2, out=dwj)
             if ctx.has_bias[j] and need[2 + n + j]:
-                dbs[j] = dy2.sum(0, dtype=torch.promote_types(dy2.dtype, torch.float32)).to(ctx.dtypes[2 + n + j])
+                dbs[j] = _bias_grad(dy2, ctx.dtypes[2 + n + j])
         dws = [None] * n
         if dw is not None:
             dw = dw.to(ctx.dtypes[2])  # the weights share a dtype (they were concatenated)

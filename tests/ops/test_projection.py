@@ -78,3 +78,18 @@ def test_bad_shapes_are_clear_errors():
         linears(x, [torch.randn(4, 8)], [torch.randn(5)])
     with pytest.raises(ValueError, match="as many biases"):
         linears(x, [torch.randn(4, 8)], [None, None])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bias_gradient_on_cuda_is_the_fp32_sum(dtype):
+    """On CUDA a half-precision bias gradient is one matmul with a row of ones: the rows' sum accumulated in fp32,
+    as the fp64 sum to fp32 rounding, at LRA's narrow shape and a wide one."""
+    from hgrn2.ops.projection import _bias_grad
+
+    for n, c in ((128 * 1990, 64), (4099, 2048)):
+        dy = torch.randn(n, c, device="cuda").to(dtype)
+        ref = dy.double().sum(0)
+        got = _bias_grad(dy, torch.float32)
+        assert got.dtype == torch.float32 and got.shape == (c,)
+        assert (got.double() - ref).abs().max() <= 1e-5 * dy.double().abs().sum(0).max()
