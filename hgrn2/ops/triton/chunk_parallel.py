@@ -142,7 +142,7 @@ def chunk_parallel_fwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         num_warps=warps_seq, maxnreg=cfg.maxnreg_seq,
     )
     a_saved = _empty_a(o, i, n_chunks, H, save_a, cfg)
-    for tier in range(3):  # the chunk tier everywhere, then the chunks listed for the halves tier, the fallback's
+    for tier in range(3):  # the unlisted chunks, then those listed for the halves tier, then the fallback's
         chunk_parallel_fwd_o_kernel[_parallel_grid(o, n_chunks, cdiv(V, bv), H, tier)](
             o, g, i, lower_bound, h, y, a_saved, bb, fb, chunks, scale, T, NT, n_chunks,
             H=H, K=K, V=V, BT=bt, BK=bk, BV=bv, O_ACT=o_act, I_ACT=i_act, HAS_LB=lower_bound is not None,

@@ -193,9 +193,8 @@ def chunk_parallel_fwd_o_kernel(
     `chunk_parallel_decay_kernel` stored in bb (no log, no scan here); then on a small grid (P, NV, 1) that walks a
     list of that kernel's, 1 the halves tier on the chunks listed for it and 2 the sub-block or exact tier (per
     K-block) on the fallback's; the chunk-tier launch leaves the listed chunks to them (a flag read per program).
-    STORE_A:
-    the first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's dtype) for the backward's
-    dv."""
+    STORE_A: the first V-block also stores the causal A [BT, BT] of its chunk and head (in a_out's dtype) for the
+    backward's dv."""
     i_v = tl.program_id(1)
     if TIER == 0:
         if tl.load(fb + 2 + tl.program_id(0) * H + tl.program_id(2)) == 0:  # a listed chunk is a later launch's
@@ -223,7 +222,7 @@ def _fwd_o_chunk(o, g, i, lb, h, y, a_out, bb, chunks, scale, T, NT, i_c, i_v, i
     o, g, bb = o + (t0 * H + i_h) * K, g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
     i, y = i + (t0 * H + i_h) * V, y + (t0 * H + i_h) * V
     h += (i_c.to(tl.int64) * H + i_h) * V * K
-    if n > 0:  # padding chunks: nothing (the chunk tier also takes fb's chunks; see `chunk_parallel_fwd_o_kernel`)
+    if n > 0:  # padding chunks: nothing
         cv = i_v * BV + tl.arange(0, BV)
         rows = tl.arange(0, BT)
         offv, mtv = chunk_tile(n, cv, H, V, BV, BT)

@@ -27,8 +27,8 @@ def run_both(inputs, fn=hgrn2_chunk_parallel_triton, **kw):
     return _run_both(inputs, fn, **kw)
 
 
-# the chunk-tier launch also runs the chunks past its bound (their e^{m − b} overflow: the interpreter's numpy warns),
-# and the fallback launch then rewrites every output of theirs
+# in chunks that decay by nearly the chunk tier's bound, its A = (q e^{b_t − m})(k e^{m − b_s})ᵀ overflows above the
+# diagonal (pairs t < s, where e^{b_t − b_s} > 1; masked out): the interpreter's numpy warns
 PAST_TIER = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
                                        "ignore:invalid value encountered:RuntimeWarning")
 
