@@ -31,6 +31,8 @@ from .guard import RunError
 
 STEP_DIR = re.compile(r"step_(\d{8})$")
 MANIFEST, TRAIN_STATE = "manifest.json", "train_state.pt"
+# how this process's optimiser steps, not its state: a checkpoint's parameter groups do not override them
+IMPLEMENTATION = ("foreach", "fused")
 
 
 def list_checkpoints(directory: str) -> list[tuple[int, str]]:
@@ -209,6 +211,18 @@ def _newest(directory: str, d: D.Dist, read) -> dict | None:
 
 
 def _load(path: str, model, optimizer, d: D.Dist) -> dict:
+    kept = [{k: g[k] for k in IMPLEMENTATION if k in g} for g in optimizer.param_groups]
+    state = _load_into(path, model, optimizer, d)
+    for group, flags in zip(optimizer.param_groups, kept):
+        group.update(flags)
+        if group.get("fused"):  # a fused step reads its step counts on the parameters' device
+            for p in group["params"]:
+                if torch.is_tensor(step := optimizer.state.get(p, {}).get("step")):
+                    optimizer.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)
+    return state
+
+
+def _load_into(path: str, model, optimizer, d: D.Dist) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     if not os.path.isdir(path):  # an old single-file checkpoint: full state dicts

@@ -158,3 +158,24 @@ def test_an_lra_run_folder_of_the_earlier_loop_resumes_to_the_same_run(tmp_path)
 def test_a_vision_run_folder_of_the_earlier_loop_resumes_to_the_same_run(tmp_path):
     images = make_fashion_fixture(tmp_path / "images")
     check_resume_trains_the_same_weights(images, tmp_path, between=lambda ckpts: _to_old_layout(ckpts, OLD_VISION))
+
+
+@pytest.mark.parametrize("saved, resumed", [(None, True), (True, None)])
+def test_a_resume_keeps_the_optimisers_own_step_kind(tmp_path, saved, resumed):
+    """`fused` says how this process steps, not what it learned: a checkpoint of the other kind resumes into the
+    optimiser as built, to the weights of a run that never stopped (CPU's fused AdamW rounds a little otherwise)."""
+    def build(fused):
+        return lambda model: torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+
+    def run(task, directory, fused, **kw):
+        e = Engine(task, build(fused), lambda step, epoch: cosine(1e-2, step, 40), checkpoint_dir=directory,
+                   mid_epoch=True, clip=1.0)
+        return e, e.fit(3, **kw)
+
+    whole = Regression()
+    run(whole, tmp_path / "whole", resumed)
+    run(Regression(), tmp_path / "parts", saved, max_steps=7)
+    task = Regression()
+    e, fit = run(task, tmp_path / "parts", resumed)
+    assert fit.step == 18 and [g["fused"] for g in e.optimizer.param_groups] == [resumed]
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(weights(task), weights(whole)))
