@@ -363,7 +363,7 @@ def lra_table(rec: dict) -> str:
                             ("last test %", "last", ".2f"), ("best test %", "best", ".2f"),
                             ("epochs", "epochs_str", ""), ("steps", "steps", "d"),
                             ("s / epoch", "time_per_epoch_s", ".1f"), ("GPUs", "world_size", "d")])
-    notes = {(r["task"], r["variant"]): r.get("variant_note") for r in rows if r.get("variant")}
+    notes = {(r["task"], r["variant"]): _variant_note(r) for r in rows if r.get("variant")}
     if not notes:
         return f"{table}\n\n{details}"
     changes = format_table([{"task": t, "variant": v, "note": n} for (t, v), n in notes.items()],
@@ -371,11 +371,12 @@ def lra_table(rec: dict) -> str:
     parts = [table, details, f"Each variant is one change against the task's preset:\n\n{changes}"]
     compared = _lra_controlled(rows)
     if compared:
-        columns = [("task", "task", ""), ("change", "change", ""), ("epochs", "epochs", "d"),
+        columns = [("task", "task", ""), ("model", "model", ""), ("change", "change", ""), ("epochs", "epochs", ""),
                    ("test acc %", "test", ".2f"), ("preset's %", "base", ".2f"), ("difference", "delta", "+.2f"),
                    ("best val %", "val", ".2f"), ("preset's best val %", "base_val", ".2f")]
-        parts.append("Each change against the preset's run of the same seed, over the epochs both have trained: test "
-                     "accuracy at the best validation epoch among them, and the difference in points:\n\n"
+        parts.append("Each change against the preset's run of the same seed, over the epochs both have trained (a "
+                     "change of the epochs alone: each over its own): test accuracy at the best validation epoch "
+                     "among them, and the difference in points:\n\n"
                      + format_table(compared, columns))
     return "\n\n".join(parts)
 
@@ -398,13 +399,22 @@ def _lra_controlled(rows: list[dict]) -> list[dict]:
             continue
         k = min(r["curve"][-1][0], base["curve"][-1][0])
         (test, val), (base_test, base_val) = at(r["curve"], k), at(base["curve"], k)
+        if r.get("read_from_preset"):  # fewer epochs is the change: the preset's reading at its own end
+            (base_test, base_val), k = at(base["curve"], base["curve"][-1][0]), f"{k} vs {base['curve'][-1][0]}"
         settings = r.get("settings", r["model"])
         change = r.get("variant") or f"{settings}'s settings"
         if r.get("variant") and settings != r["model"]:
             change = f"{settings}'s settings + {change}"
-        out.append({"task": r["task"], "change": change, "epochs": k, "test": test, "base": base_test,
-                    "delta": test - base_test, "val": val, "base_val": base_val})
+        out.append({"task": r["task"], "model": r["model"], "change": change, "epochs": k, "test": test,
+                    "base": base_test, "delta": test - base_test, "val": val, "base_val": base_val})
     return out
+
+
+def _variant_note(r: dict) -> str | None:
+    if not r.get("read_from_preset"):
+        return r.get("variant_note")
+    return (f"{r.get('variant_note') or ''} (its row: the preset's run read at epoch {r['epochs_done']} of the "
+            f"{r['read_from_preset']} it trained)").strip()
 
 
 def _pct(x: float | None) -> float | None:

@@ -206,12 +206,16 @@ def run_name(task: str, mixer: str, settings: str, variant: str | None = None, s
 
 
 def _variant(preset: dict, task: str, variant: str | None) -> dict:
-    """The preset's `variants` entry `variant` ({} for None): {"note": str, "model": {...}, "train": {...}}."""
+    """The preset's `variants` entry `variant` ({} for None): {"note": str, "model": {...}, "train": {...}}, and
+    `prefix: true` where the variant only stops earlier (a run of it is the preset's run up to its epochs)."""
     variants = preset.get("variants") or {}
     for name, entry in variants.items():
-        if name == PRESET or not isinstance(entry, dict) or set(entry) - {"note", "model", "train"}:
+        if name == PRESET or not isinstance(entry, dict) or set(entry) - {"note", "model", "train", "prefix"}:
             raise ValueError(f"`--config`: {task}.yaml variants.{name}: expected a name other than {PRESET!r} "
-                             f"holding 'note', 'model' and/or 'train', got {entry!r}")
+                             f"holding 'note', 'model', 'train' and/or 'prefix', got {entry!r}")
+        if entry.get("prefix") and (entry.get("model") or set(entry.get("train") or {}) != {"epochs"}):
+            raise ValueError(f"`--config`: {task}.yaml variants.{name}: a prefix variant changes the epochs only, "
+                             f"got {entry!r}")
     if variant is None:
         return {}
     if variant not in variants:
@@ -704,11 +708,35 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],
              "time_per_epoch_s": r["time_per_epoch_s"], "stopped": r["stopped"], "world_size": r["world_size"],
              "curve": [[h["epoch"], round(h["val_acc"], 6), round(h["test_acc"], 6)] for h in r["history"]]}
-            for r in sorted(results, key=lambda r: (order.get(r["task"], len(order)), r["model"],
-                                                    r.get("seed", SEED_DEFAULTS["seed"])))]
+            for r in results]
+    rows = sorted(rows + _prefix_rows(rows, args.config),
+                  key=lambda r: (order.get(r["task"], len(order)), r["model"], r["seed"]))
     paper = {label: dict(zip(PAPER_ORDER, values)) for label, values in PAPER.items()}
     env = runs_environment([r.get("environment") for r in results], args.out)
     return write_result(args.record or None, "lra", env, rows, command_of(args), figure=figure, paper=paper)
+
+
+def _prefix_rows(rows: list[dict], config_dir: str | Path) -> list[dict]:
+    """A row for each prefix variant (`_variant`) without a run of its own, read from the preset's run of the same
+    model and seed where that has trained past the variant's epochs: its curve up to them, the test accuracy at the
+    first best validation epoch there (`read_from_preset`: the epochs the preset's run had)."""
+    out = []
+    for r in rows:
+        if r["variant"] or r["settings"] != r["model"]:
+            continue
+        for name, entry in (load_preset(r["task"], config_dir).get("variants") or {}).items():
+            n = entry["train"]["epochs"] if entry.get("prefix") else None
+            own = any((o["task"], o["model"], o["settings"], o["variant"], o["seed"]) ==
+                      (r["task"], r["model"], r["model"], name, r["seed"]) for o in rows)
+            curve = [c for c in r["curve"] if c[0] <= (n or 0)]
+            if own or not n or len(curve) < n:
+                continue
+            _, val, test = max(curve, key=lambda c: c[1])
+            out.append({**r, "variant": name, "variant_note": entry.get("note"), "test_acc": test,
+                        "best_val_acc": val, "test_acc_last": curve[-1][2], "test_acc_max": max(c[2] for c in curve),
+                        "epochs_done": n, "epochs": n, "steps": r["steps"] * n // r["epochs_done"],
+                        "stopped": None, "curve": curve, "read_from_preset": r["epochs_done"]})
+    return out
 
 
 __all__ = ["train_run", "evaluate", "report", "plot", "gpu_minutes", "record_results", "build", "build_lra_optimizer",

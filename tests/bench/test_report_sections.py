@@ -106,12 +106,16 @@ def test_lra_changes_against_the_preset_over_the_epochs_both_have(tmp_path):
     old = dict(row([[1, 0.1, 0.1]], variant="old", variant_note="before curves"))
     del old["curve"]
     paper = {"HGRN2 (paper)": {"listops": 60.52}}
-    text = render(tmp_path, {"lra": {"rows": [preset, wide, small, other_seed, old], "paper": paper}})
-    assert ("| task | change | epochs | test acc % | preset's % | difference | best val % | preset's best val % |\n"
-            "|---|---|---|---|---|---|---|---|\n"
-            "| listops | wide | 2 | 52.00 | 47.00 | +5.00 | 50.00 | 50.00 |\n"
-            "| listops | hgrn1's settings | 3 | 43.00 | 47.00 | -4.00 | 44.00 | 50.00 |\n") in text
+    # fewer epochs as the change (read from the preset's own run): each over its own epochs, the preset's all four
+    short = row(preset["curve"][:2], variant="short", variant_note="two epochs", read_from_preset=4)
+    text = render(tmp_path, {"lra": {"rows": [preset, wide, small, other_seed, old, short], "paper": paper}})
+    assert ("| task | model | change | epochs | test acc % | preset's % | difference | best val % | preset's best val "
+            "% |\n|---|---|---|---|---|---|---|---|---|\n"
+            "| listops | hgrn2 | wide | 2 | 52.00 | 47.00 | +5.00 | 50.00 | 50.00 |\n"
+            "| listops | hgrn2 | hgrn1's settings | 3 | 43.00 | 47.00 | -4.00 | 44.00 | 50.00 |\n"
+            "| listops | hgrn2 | short | 2 vs 4 | 47.00 | 57.00 | -10.00 | 50.00 | 58.00 |\n") in text
     assert "| listops | old |" not in text.split("preset's best val %")[1]
+    assert "| listops | short | two epochs (its row: the preset's run read at epoch 2 of the 4 it trained) |" in text
 
 def test_vision_throughput_and_the_fashion_mnist_run(tmp_path):
     bench = [{"model": "hgrn2", "parameters": 6_100_000, "images_per_s": 3000.0, "images_per_s_range": [2990, 3010],

@@ -689,3 +689,42 @@ def test_a_variant_that_adds_epochs_continues_a_copy_of_the_presets_run(tmp_path
         assert torch.equal(value, b["model"][name]), name
     result = json.loads((run / "result.json").read_text())
     assert (result["variant"], result["epochs_done"], len(result["history"])) == ("longer", 2, 2)
+
+
+def test_a_prefix_variant_is_read_from_the_presets_run(tmp_path):
+    """A variant that only stops earlier (`prefix: true`) gets its record row from the preset's run of the same model
+    and seed once that has trained past its epochs, unless it has a run of its own; one that changes more than the
+    epochs cannot be a prefix."""
+    config = tmp_path / "config"
+    config.mkdir()
+    preset = load_preset("fashion_mnist")
+    preset["train"]["epochs"] = 3
+    preset["variants"] = {"shorter": {"note": "two epochs", "train": {"epochs": 2}, "prefix": True}}
+    (config / "fashion_mnist.yaml").write_text(yaml.safe_dump(preset))
+    out, rec = tmp_path / "out", tmp_path / "rec"
+
+    def cli(*extra: str) -> None:
+        args = ["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(out), "--batch-size", "8",
+                "--warmup-steps", "2", "--schedule-steps", "10", "--lr", "3e-3", "--device", "cpu", "--ckpt-every",
+                "0", "--config", str(config), "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1}),
+                *extra]
+        assert main(args) == 0
+
+    def rows() -> list[dict]:
+        assert main(["lra", "--report", "--out", str(out), "--record", str(rec), "--config", str(config)]) == 0
+        return json.loads((rec / "lra.json").read_text())["rows"]
+
+    cli("--epochs", "1")
+    assert [r["variant"] for r in rows()] == [None]  # the preset's run has not reached epoch 2
+    cli()
+    own, short = rows()
+    assert (short["variant"], short["read_from_preset"], short["epochs_done"]) == ("shorter", 3, 2)
+    assert short["curve"] == own["curve"][:2] and short["steps"] * 3 == own["steps"] * 2
+    best = max(own["curve"][:2], key=lambda c: c[1])
+    assert (short["test_acc"], short["best_val_acc"]) == (best[2], best[1])
+    cli("--variants", "shorter")  # a run of its own replaces the reading
+    assert [(r["variant"], r.get("read_from_preset")) for r in rows()] == [(None, None), ("shorter", None)]
+    preset["variants"]["shorter"]["model"] = {"hidden_size": 12}
+    (config / "fashion_mnist.yaml").write_text(yaml.safe_dump(preset))
+    with pytest.raises(ValueError, match="variants.shorter: a prefix variant changes the epochs only"):
+        cli("--variants", "shorter")
