@@ -1,3 +1,6 @@
+import random
+
+import numpy as np
 import pytest
 
 from hgrn2.data.lra import listops as lo
@@ -46,3 +49,51 @@ def test_write_and_read_splits(tmp_path):
     (tmp_path / "bad.tsv").write_text("a\tb\n")
     with pytest.raises(ValueError, match="Source"):
         lo.read_split(tmp_path / "bad.tsv")
+
+
+# LRA's generator as google-research/long-range-arena lra_benchmarks/data/listops.py writes it (its tree of pairs,
+# string and recursive evaluator), the reference the fast `grow` must reproduce draw for draw
+def lra_generate_tree(rng, depth=1):
+    r = rng.random() if depth < lo.MAX_DEPTH else 1.0
+    if r > lo.VALUE_P:
+        return rng.choice(range(10)), 1
+    length, values = 2, []
+    for _ in range(rng.randint(2, lo.MAX_ARGS)):
+        sub, sub_len = lra_generate_tree(rng, depth + 1)
+        values.append(sub)
+        length += sub_len
+    tree = (rng.choice(lo.OPERATORS), values[0])
+    for v in values[1:]:
+        tree = (tree, v)
+    return (tree, lo.END), length
+
+
+def lra_to_string(tree):
+    if isinstance(tree, (str, int)):
+        return str(tree)
+    return "( " + lra_to_string(tree[0]) + " " + lra_to_string(tree[1]) + " )"
+
+
+def lra_to_value(tree):
+    if not isinstance(tree, tuple):
+        return tree
+    left, right = lra_to_value(tree[0]), lra_to_value(tree[1])
+    if left in lo.OPERATORS:
+        return left, [right]
+    if right == lo.END:
+        op, args = left
+        return {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)),
+                "[SM": lambda a: sum(a) % 10}[op](args)
+    return left[0], left[1] + [right]
+
+
+@pytest.mark.parametrize("seed, index, count, lengths", [(0, 0, 4, (lo.MIN_LENGTH, lo.MAX_LENGTH)),
+                                                         (3, 7, 300, (5, 120)), (1, 2, 300, (0, 10))])
+def test_chunks_are_lras_expressions_draw_for_draw(seed, index, count, lengths):
+    rng = random.Random(f"listops-{seed}-{index}")
+    expected = []
+    while len(expected) < count:
+        tree, length = lra_generate_tree(rng)
+        if lengths[0] < length < lengths[1]:
+            expected.append((lra_to_string(tree), lra_to_value(tree)))
+    assert lo._chunk((seed, index, count, *lengths)) == expected

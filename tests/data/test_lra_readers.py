@@ -100,3 +100,35 @@ def test_image_reads_the_binary_cifar_release(tmp_path):
     for split in ("train", "val", "test"):
         assert np.array_equal(binary[split].inputs, python[split].inputs)
         assert np.array_equal(binary[split].labels, python[split].labels)
+
+
+def test_generated_listops_tokens_are_cached_beside_their_tsv(tmp_path, monkeypatch):
+    """The first load tokenizes and keeps the tokens beside each TSV; later loads read them (no tokenizing); a TSV
+    written again (another size or time) is tokenized afresh; a cache that cannot be written warns and loads."""
+    from hgrn2.data.lra import listops
+
+    first = tasks.load("listops", data_dir=tmp_path, examples=200, workers=1)
+    base = next(tmp_path.glob("listops-seed0-*"))
+    assert sorted(p.name for p in base.glob("*.tokens.npz")) == [f"basic_{s}.tokens.npz" for s in ("test", "train",
+                                                                                                    "val")]
+    real = listops.tokenize
+    monkeypatch.setattr(listops, "tokenize", lambda s: pytest.fail("tokenized again"))
+    again = tasks.load("listops", data_dir=tmp_path, examples=200, workers=1)
+    for split in first:
+        a, b = first[split], again[split]
+        assert b.inputs.dtype == np.int64 and np.array_equal(a.inputs, b.inputs)
+        assert np.array_equal(a.lengths, b.lengths) and np.array_equal(a.labels, b.labels)
+    tsv = base / "basic_val.tsv"
+    rows = tsv.read_text().splitlines()
+    tsv.write_text("\n".join([rows[0], *rows[2:]]) + "\n")  # one expression fewer
+    monkeypatch.setattr(listops, "tokenize", real)
+    assert len(tasks.load("listops", data_dir=tmp_path, examples=200, workers=1)["val"].labels) == len(rows) - 2
+    tsv.write_text("\n".join(rows) + "\n")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.warns(UserWarning, match="not written"):
+        d = tasks.load("listops", data_dir=tmp_path, examples=200, workers=1)
+    assert np.array_equal(d["val"].inputs, first["val"].inputs) and not list(base.glob("*.tmp"))

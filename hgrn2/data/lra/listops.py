@@ -29,53 +29,42 @@ MAX_DEPTH, MAX_ARGS, MIN_LENGTH, MAX_LENGTH = 10, 10, 500, 2000
 SPLITS = {"train": 96_000, "val": 2_000, "test": 2_000}
 CHUNK = 500
 # token ids: 0 padding, 1 end of sequence, then the operators, the closing bracket and the digits
-VOCAB = ("<pad>", "<eos>", *OPERATORS, END, *(str(v) for v in range(10)))
+DIGITS = tuple(str(v) for v in range(10))
+VOCAB = ("<pad>", "<eos>", *OPERATORS, END, *DIGITS)
 TOKEN_ID = {t: i for i, t in enumerate(VOCAB)}
 
 
-def generate_tree(rng: random.Random, depth: int = 1):
-    """(tree, length) as LRA builds it: a digit, or ((((op, a1), a2), ...), END) nested pairs."""
-    r = rng.random() if depth < MAX_DEPTH else 1.0
-    if r > VALUE_P:
-        return rng.choice(range(10)), 1
-    length, values = 2, []
-    for _ in range(rng.randint(2, MAX_ARGS)):
-        sub, sub_len = generate_tree(rng, depth + 1)
-        values.append(sub)
-        length += sub_len
-    tree = (rng.choice(OPERATORS), values[0])
-    for v in values[1:]:
-        tree = (tree, v)
-    return (tree, END), length
-
-
-def to_string(tree) -> str:
-    if isinstance(tree, str):
-        return tree
-    if isinstance(tree, int):
-        return str(tree)
-    return "( " + to_string(tree[0]) + " " + to_string(tree[1]) + " )"
-
-
-def to_value(tree):
-    """The tree's value (LRA's recursive evaluator; MED is int(np.median), SM the sum mod 10)."""
-    if not isinstance(tree, tuple):
-        return tree
-    left, right = to_value(tree[0]), to_value(tree[1])
-    if left in OPERATORS:
-        return left, [right]
-    if right == END:
-        return apply(*left)
-    return left[0], left[1] + [right]
+def grow(rng: random.Random, parts: list[str], depth: int = 1) -> int:
+    """One expression as LRA's `generate_tree` draws it (the same draws in the same order: the node kind, a digit or
+    the argument count, the arguments, then the operator), written into `parts` as the string LRA's `to_string`
+    makes of its tree of pairs, e.g. "( ( ( [MAX 2 ) 9 ) ] )"; returns LRA's length (digits, operators, closing
+    brackets). Most expressions fall outside the length limits: no tree and no value is built for them."""
+    if depth == MAX_DEPTH or rng.random() > VALUE_P:
+        parts.append(rng.choice(DIGITS))
+        return 1
+    n = rng.randint(2, MAX_ARGS)
+    head = len(parts)
+    parts.append("")  # "( " per pair and the operator, which is drawn after the arguments
+    length = 2
+    for k in range(n):
+        if k:
+            parts.append(" ")
+        length += grow(rng, parts, depth + 1)
+        parts.append(" )")
+    parts.append(" ] )")
+    parts[head] = "( " * (n + 1) + rng.choice(OPERATORS) + " "
+    return length
 
 
 def apply(op: str, args: list[int]) -> int:
+    """LRA's operators; MED is its int(np.median(args)): the middle value, or the floor of the middle two's mean."""
     if op == "[MIN":
         return min(args)
     if op == "[MAX":
         return max(args)
     if op == "[MED":
-        return int(np.median(args))
+        s, m = sorted(args), len(args) // 2
+        return s[m] if len(s) % 2 else (s[m - 1] + s[m]) // 2
     return sum(args) % 10
 
 
@@ -110,9 +99,10 @@ def _chunk(args: tuple[int, int, int, int, int]) -> list[tuple[str, int]]:
     rng = random.Random(f"listops-{seed}-{index}")
     out = []
     while len(out) < count:
-        tree, length = generate_tree(rng)
-        if min_length < length < max_length:
-            out.append((to_string(tree), int(to_value(tree))))
+        parts: list[str] = []
+        if min_length < grow(rng, parts) < max_length:
+            source = "".join(parts)
+            out.append((source, evaluate(source)))
     return out
 
 

@@ -8,6 +8,7 @@ pixel tasks are uint8 sequences.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,18 +94,38 @@ def _listops(root, data_dir: Path, seed: int, examples: int | None, workers) -> 
         base = data_dir / f"listops-seed{seed}-{'-'.join(str(v) for v in sizes.values())}"
         if not (base / "basic_test.tsv").is_file():
             listops.write_splits(base, seed, sizes, workers)
-    out = {}
-    for split in ("train", "val", "test"):
-        sources, labels = listops.read_split(base / f"basic_{split}.tsv")
-        tokens = [listops.tokenize(s) for s in sources]
-        lengths = np.array([len(t) for t in tokens], np.int64)
-        if lengths.max(initial=0) > TASKS["listops"].max_len:
-            raise ValueError(f"{base}/basic_{split}.tsv: an expression has {lengths.max()} tokens, more than 2048")
-        x = np.zeros((len(tokens), max(lengths.max(initial=1), 1)), np.int64)
-        for k, t in enumerate(tokens):
-            x[k, : len(t)] = t
-        out[split] = Split(x, lengths, labels)
-    return out
+    return {split: _listops_split(base / f"basic_{split}.tsv", cache=root is None)
+            for split in ("train", "val", "test")}
+
+
+def _listops_split(tsv: Path, cache: bool) -> Split:
+    """One split's tokens. With `cache`, kept beside the TSV in `basic_{split}.tokens.npz` (uint8, stamped with the
+    TSV's size and modification time), which later loads read instead of tokenizing every expression again."""
+    info = tsv.stat()
+    stamp = np.array([info.st_size, info.st_mtime_ns], np.int64)
+    npz = tsv.with_suffix(".tokens.npz")
+    if cache and npz.is_file():
+        with np.load(npz) as z:
+            if np.array_equal(z["stamp"], stamp):
+                return Split(z["inputs"].astype(np.int64), z["lengths"], z["labels"])
+    sources, labels = listops.read_split(tsv)
+    tokens = [listops.tokenize(s) for s in sources]
+    lengths = np.array([len(t) for t in tokens], np.int64)
+    if lengths.max(initial=0) > TASKS["listops"].max_len:
+        raise ValueError(f"{tsv}: an expression has {lengths.max()} tokens, more than 2048")
+    x = np.zeros((len(tokens), max(lengths.max(initial=1), 1)), np.uint8)
+    for k, t in enumerate(tokens):
+        x[k, : len(t)] = t
+    if cache:
+        tmp = npz.with_name(npz.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, inputs=x, lengths=lengths, labels=labels, stamp=stamp)
+            os.replace(tmp, npz)
+        except OSError as e:  # a full disk: the tokens serve this run all the same
+            tmp.unlink(missing_ok=True)
+            warnings.warn(f"{npz}: not written ({e}); the next run tokenizes {tsv.name} again", stacklevel=2)
+    return Split(x.astype(np.int64), lengths, labels)
 
 
 def _pathfinder(task: str, data_dir: Path, seed: int, examples: int | None, level: str, workers) -> dict[str, Split]:
