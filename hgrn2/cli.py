@@ -27,6 +27,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "gate"): ("hgrn2.bench.gate", "the working tree's recurrence against main's, side by side: a speed gate"),
     ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
     ("bench", "prepare"): ("hgrn2.bench.prepare", "`data prepare` tokens/s against its number of worker processes"),
+    ("bench", "lra-share"): ("hgrn2.bench.lra_share", "LRA training steps/s of runs sharing one GPU (and MPS)"),
     ("bench", "train-parity"): ("hgrn2.bench.parity", "training loss curves of ours and fla's from the same weights"),
     ("data", "prepare"): ("hgrn2.data.prepare", "tokenise a corpus into token shards (parallel, resumable)"),
     ("data", "merge"): ("hgrn2.data.merge", "join the parts of `data prepare --part I/N` into one dataset"),

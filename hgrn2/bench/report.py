@@ -105,6 +105,11 @@ SECTIONS = {
                         "(reordered copies of CPython's help topics) with a trained byte-level BPE, at each number of "
                         "worker processes; speed-up over one worker, efficiency = speed-up / workers. Every run "
                         "writes the same index, byte for byte."),
+    "lra_share": ("LRA: training runs sharing one GPU",
+                  "`hgrn2 bench lra-share`: the preset's training step (forward, backward, AdamW) on random inputs of "
+                  "the task's shape, in one process alone, in several started together (as `hgrn2 lra --concurrent` "
+                  "trains them), and in as many under NVIDIA MPS; steps/s of each process over the steps all of "
+                  "them time at once, their sum, and that sum against the process alone."),
     "accuracy": ("Accuracy against the fp64 reference",
                  "Relative L2 error of the output, the final state and every gradient against the fp64 step-by-step "
                  "reference, random cotangents."),
@@ -494,6 +499,8 @@ def _order(records: dict) -> list[str]:
     return names + sorted(set(records) - set(names))
 
 
+LRA_SHARE_COLUMNS = [("phase", "phase", ""), ("processes", "processes", "d"), ("steps/s each", "each", ""),
+                     ("steps/s in all", "total", ".2f"), ("÷ alone", "vs_alone", ".2f")]
 PREPARE_COLUMNS = [("workers", "workers", ""), ("seconds", "seconds", ".1f"), ("tokens", "tokens", ","),
                    ("tokens/s", "tokens_per_s", ",.0f"), ("speed-up", "speedup", ".2f"),
                    ("efficiency", "efficiency", ".2f")]
@@ -559,6 +566,7 @@ TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format
     ("layer", "layer", ""), ("shape", "shape", ""), ("fwd+bwd ms", "ms", ".4f"), ("÷ fla", "vs_fla", ".3f")]),
     "train": train_table, "mqar": mqar_table, "accuracy": accuracy_table, "ddp": ddp_table, "fsdp_variants": fsdp_table,
     "prepare_scaling": lambda rec: format_table(rec["rows"], PREPARE_COLUMNS),
+    "lra_share": lambda rec: format_table(rec["rows"], LRA_SHARE_COLUMNS),
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
     "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table,
     "gate": gate_table, "small_heads": lambda rec: format_table(rec["rows"], [
