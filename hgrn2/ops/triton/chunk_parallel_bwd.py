@@ -109,7 +109,7 @@ def chunk_parallel_bwd_kernel(
     no gate), then per K-block the gates, the intra-chunk terms, dv's state share, dq, dk, d log f and the
     stores of do, dg and the β partial sums; dv = Aᵀ dy + its state share at the end.
 
-    Three launches by TIER, as the forward's (`chunk_parallel_fwd_o_kernel`): the chunk tier everywhere (grid
+    Three launches by TIER, as the forward's (`chunk_parallel_fwd_o_kernel`): the chunk tier (grid
     (NC, NV, H)) from the b that `chunk_parallel_decay_kernel` stored in bb, then on a small grid (P, NV, 1) the
     chunks it listed for the halves tier, and those it listed for the fallback (sub-block or exact tier), which the
     chunk-tier launch leaves to them. DV / DQK select the outputs: both (one fused launch, the default) or one each

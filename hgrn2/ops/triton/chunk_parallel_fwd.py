@@ -138,8 +138,8 @@ def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.cons
     halves list [NC·H]]. A chunk where some channel decays by e^{-CHUNK_SPREAD} or more leaves the chunk tier: for
     the halves tier if each of its halves decays by less than e^{-HALF_SPREAD} in every channel (leaves[c·H + h]
     bit 1), else for the fallback (bit 2). The K-block that first sets a bit appends c·H + h to that bit's list,
-    which the later launches walk instead of a grid over every chunk (the chunk-tier launches read no verdict: they
-    take every chunk); the halves launch skips the chunks that another K-block sent to the fallback.
+    which the later launches walk instead of a grid over every chunk (the chunk-tier launches skip the chunks whose
+    leaves are set); the halves launch skips the chunks that another K-block sent to the fallback.
 
     FLAG_SMALL: fz (int32, zeroed) = [count | flags [NC·H] | list [NC·H]] lists the chunks (and heads) holding a
     forget gate below SMALL_F, whose dβ `chunk_parallel_bwd_small_kernel` sums exactly; its flag is a bit mask of
@@ -189,7 +189,7 @@ def chunk_parallel_fwd_o_kernel(
 ):
     """One program per (chunk, V-block, head); loops over K-blocks of BK (A and y accumulate over them).
 
-    Three launches by TIER: 0, the chunk tier everywhere (grid (NC, NV, H)), from the within-chunk cumsum b that
+    Three launches by TIER: 0, the chunk tier (grid (NC, NV, H)), from the within-chunk cumsum b that
     `chunk_parallel_decay_kernel` stored in bb (no log, no scan here); then on a small grid (P, NV, 1) that walks a
     list of that kernel's, 1 the halves tier on the chunks listed for it and 2 the sub-block or exact tier (per
     K-block) on the fallback's; the chunk-tier launch leaves the listed chunks to them (a flag read per program).
