@@ -13,8 +13,8 @@ kernels run side by side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from hgrn2.data.lra import tasks as lra_tasks
 from hgrn2.train.lra import MIXERS
+from hgrn2.train.mps import CONTROL, mps_daemon
 
 from .common import add_output_argument, command_of, environment, format_table, write_result
 from .report import LRA_SHARE_COLUMNS
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"hgrn2 bench lra-share: error: --{name}: expected at least 1, got {getattr(args, name)}",
                   file=sys.stderr)
             return 2
-    if args.mps and (torch.device(args.device).type != "cuda" or shutil.which("nvidia-cuda-mps-control") is None):
+    if args.mps and (torch.device(args.device).type != "cuda" or shutil.which(CONTROL) is None):
         print("hgrn2 bench lra-share: error: --mps: needs a CUDA device and nvidia-cuda-mps-control on the PATH",
               file=sys.stderr)
         return 2
@@ -81,21 +82,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _phase(args: argparse.Namespace, n: int, mps: bool) -> list[float]:
     """Steps/s of each of `n` worker processes (`python -m hgrn2.bench.lra_share`), under MPS when `mps`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ)
-        if mps:
-            env |= {"CUDA_MPS_PIPE_DIRECTORY": f"{tmp}/pipe", "CUDA_MPS_LOG_DIRECTORY": f"{tmp}/log"}
-            os.makedirs(f"{tmp}/pipe"), os.makedirs(f"{tmp}/log")
-            subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True)
-        try:
-            spec = json.dumps({"task": args.task, "model": args.model, "device": args.device, "steps": args.steps,
-                               "quick": args.quick, "world": n, "barrier": tmp})
-            procs = [subprocess.Popen([sys.executable, "-m", "hgrn2.bench.lra_share", spec, str(rank)], env=env,
-                                      stdout=subprocess.PIPE, text=True) for rank in range(n)]
-            outs = [p.communicate()[0] for p in procs]
-        finally:
-            if mps:
-                subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env=env, check=False)
+    with tempfile.TemporaryDirectory() as tmp, mps_daemon() if mps else contextlib.nullcontext():
+        spec = json.dumps({"task": args.task, "model": args.model, "device": args.device, "steps": args.steps,
+                           "quick": args.quick, "world": n, "barrier": tmp})
+        procs = [subprocess.Popen([sys.executable, "-m", "hgrn2.bench.lra_share", spec, str(rank)],
+                                  stdout=subprocess.PIPE, text=True) for rank in range(n)]
+        outs = [p.communicate()[0] for p in procs]
     failed = [rank for rank, p in enumerate(procs) if p.returncode != 0]
     if failed:
         raise RuntimeError(f"lra-share worker(s) {failed} failed (their errors are above)")

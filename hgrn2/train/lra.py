@@ -3,7 +3,7 @@
     hgrn2 lra listops pathfinder --models hgrn2 hgrn1 --out runs/lra --max-minutes 60
     torchrun --nproc-per-node 4 -m hgrn2.cli lra pathx --out runs/lra
     hgrn2 lra listops --variants preset mask-padding layernorm --out runs/abl   # the preset's ablation variants
-    hgrn2 lra listops --seed 2222 1 2 --concurrent 3 --out runs/lra       # three runs side by side on one GPU
+    hgrn2 lra listops --seed 2222 1 2 --concurrent 3 --mps --out runs/lra # three runs side by side on one GPU
     hgrn2 lra --report --out runs/lra            # the paper-style table and the curves
     hgrn2 lra --report --out runs/lra --record   # also benchmarks/results/<device>/lra.json with the curves
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -52,6 +53,7 @@ from ..data.lra.readers import Split
 from ..models.lra import MIXERS, LRAClassifier, LRAModelConfig, num_parameters
 from . import distributed, guard
 from .engine import Engine, EpochEnd, Task
+from .mps import mps_daemon
 from .optim import lr_at
 from .plot import pyplot
 
@@ -551,6 +553,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrent", type=int, default=1, metavar="N",
                    help="train N of the runs (models, variants, seeds) at once in worker processes sharing the "
                         "device, spread over the GPUs when there are several (default 1: one after the other)")
+    p.add_argument("--mps", action="store_true",
+                   help="with --concurrent on a GPU: run the workers under an NVIDIA MPS daemon that the command "
+                        "starts and stops, so that their kernels share the GPU instead of taking turns on it")
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay each training step as one CUDA graph (one GPU; the pixel tasks image, pathfinder, "
                         "pathx and fashion_mnist, whose batches all have one shape)")
@@ -607,6 +612,10 @@ def run(args: argparse.Namespace) -> int:
     if args.cuda_graph:
         _check_graphable(built)
     jobs = [(task, mixer, variant, seed) for task, variant, mixer in runs for seed in _seeds(args)]
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if getattr(args, "mps", False) and not (args.concurrent > 1 and len(jobs) > 1 and cuda):
+        raise ValueError("`--mps`: shares a GPU between the worker processes of --concurrent N (N > 1, several runs, "
+                         "a CUDA device)")
     if args.concurrent > 1 and len(jobs) > 1:
         summary = _train_side_by_side(jobs, built, args)
         _print_summary(summary)
@@ -664,7 +673,8 @@ def _train_side_by_side(jobs: list[tuple], built: dict, args: argparse.Namespace
     print(f"{len(jobs)} runs, {workers} at a time on {f'{gpus} GPU(s)' if cuda else 'the CPU'}; results in {args.out}")
     results = {}
     ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+    with mps_daemon() if getattr(args, "mps", False) else contextlib.nullcontext(), \
+            concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         futures = {pool.submit(_train_in_worker, task, mixer, variant,
                                argparse.Namespace(**{**vars(args), "seed": seed, "progress": False}),
                                k % gpus if gpus else None, threads): (task, mixer, variant, seed)
