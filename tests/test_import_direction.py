@@ -11,8 +11,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hgrn2"
 RANK = {"ops": 0, "layers": 1, "models": 2, "data": 3, "train": 4, "eval": 4, "bench": 4}
 TOP = max(RANK.values()) + 1  # modules directly in hgrn2/ (the CLI and its commands)
 # the sideways imports: evaluation and training results are written as benchmark records, in the format
-# bench/common.py owns; the training benchmark times the trainer's CUDA-graph step itself
-SHARED = {"hgrn2.bench.common": {"eval", "train"}, "hgrn2.train.graphed": {"bench"}}
+# bench/common.py owns; the training benchmark times the trainer's CUDA-graph step itself, and the LRA sharing
+# benchmark the LRA trainer's preset step under its MPS daemon
+SHARED = {"hgrn2.bench.common": {"eval", "train"}, "hgrn2.train.graphed": {"bench"}, "hgrn2.train.lra": {"bench"},
+          "hgrn2.train.mps": {"bench"}}
 
 
 def _module_name(path: Path, package: Path = PACKAGE) -> str:

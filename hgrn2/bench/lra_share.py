@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from hgrn2.data.lra import tasks as lra_tasks
-from hgrn2.train.lra import MIXERS
+from hgrn2.models.lra import MIXERS
 from hgrn2.train.mps import CONTROL, mps_daemon
 
 from .common import add_output_argument, command_of, environment, format_table, write_result
@@ -96,8 +96,8 @@ def _phase(args: argparse.Namespace, n: int, mps: bool) -> list[float]:
 
 def _worker(spec: dict, rank: int) -> None:
     """Build the preset's model and optimiser, warm up, wait for every process at the barrier, time the steps."""
+    import hgrn2.train.lra as lra
     from hgrn2.models.lra import LRAClassifier
-    from hgrn2.train import lra
 
     parser = argparse.ArgumentParser()
     lra.add_arguments(parser)
