@@ -658,9 +658,9 @@ def test_gpu_minutes_sum_each_epochs_wall_time_over_the_runs_gpus():
 
 
 def test_a_variant_that_adds_epochs_continues_a_copy_of_the_presets_run(tmp_path, capsys):
-    """A variant whose only change is more epochs (ListOps' schedule-to-end) is the preset's run up to the preset's
-    last epoch: a copy of the preset's folder under the variant's name resumes from its checkpoint and ends where a
-    run of the variant from scratch ends, to the bit."""
+    """A variant whose only change is more epochs (as ListOps' preset is to its launch-epochs variant) is the
+    preset's run up to the preset's last epoch: a copy of the preset's folder under the variant's name resumes from
+    its checkpoint and ends where a run of the variant from scratch ends, to the bit."""
     config = tmp_path / "config"
     config.mkdir()
     preset = load_preset("fashion_mnist")
