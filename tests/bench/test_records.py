@@ -56,7 +56,7 @@ def test_report_rejects_a_record_without_its_keys(tmp_path):
     (["bench", "profile", "--quick", "--target", "layer"], "profile_layer"),
     (["bench", "profile", "--quick", "--target", "train", "--models", "hgrn2"], "profile_train"),
     (["bench", "memory", "--device", "cpu", "--hidden", "128", "--seq", "16"], "memory"),
-    (["bench", "lra-share", "--quick", "--device", "cpu"], "lra_share"),
+    pytest.param(["bench", "lra-share", "--quick", "--device", "cpu"], "lra_share", marks=pytest.mark.slow),
 ])
 def test_bench_commands_write_their_record(tmp_path, capsys, argv, stem):
     assert main([*argv, "--out", str(tmp_path)]) == 0
