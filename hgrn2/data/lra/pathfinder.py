@@ -13,6 +13,7 @@ positives. (The snakes generator draws dashed contours; `gap` leaves that many p
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -50,9 +51,25 @@ class Spec:
 
 def _disc(center: np.ndarray, radius: float) -> np.ndarray:
     """Pixels [n, 2] within `radius` of the pixel nearest to `center`."""
+    return np.rint(center).astype(np.int64) + _disc_offsets(radius)
+
+
+@functools.lru_cache(maxsize=8)
+def _disc_offsets(radius: float) -> np.ndarray:
+    """The offsets [n, 2] within `radius` of a pixel (one array per radius: every image draws the same discs)."""
     r = int(math.ceil(radius))
     d = np.stack(np.meshgrid(np.arange(-r, r + 1), np.arange(-r, r + 1), indexing="ij"), -1).reshape(-1, 2)
-    return np.rint(center).astype(np.int64) + d[(d ** 2).sum(1) <= radius ** 2]
+    d = d[(d ** 2).sum(1) <= radius ** 2]
+    d.flags.writeable = False
+    return d
+
+
+@functools.lru_cache(maxsize=8)
+def _fractions(per: int) -> np.ndarray:
+    """[per] points of a segment, 0 to 1 (excluded): `np.linspace(0, 1, per, endpoint=False)`, made once."""
+    t = np.linspace(0, 1, per, endpoint=False)
+    t.flags.writeable = False
+    return t
 
 
 def _contour(rng: np.random.Generator, spec: Spec) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -62,7 +79,8 @@ def _contour(rng: np.random.Generator, spec: Spec) -> tuple[np.ndarray, np.ndarr
     turns = np.concatenate([[rng.uniform(0, 2 * math.pi)], rng.uniform(-spec.max_turn, spec.max_turn, n - 1)])
     theta = np.cumsum(turns)
     steps = spec.segment_length * np.stack([np.sin(theta), np.cos(theta)], 1)
-    joints = np.concatenate([np.zeros((1, 2)), np.cumsum(steps, 0)])
+    joints = np.zeros((n + 1, 2))
+    np.cumsum(steps, 0, out=joints[1:])
     joints -= joints.min(0)
     room = S - 1 - 2 * margin - joints.max(0)
     if (room < 0).any():
@@ -70,13 +88,15 @@ def _contour(rng: np.random.Generator, spec: Spec) -> tuple[np.ndarray, np.ndarr
     # a uniformly random placement among those that keep the contour inside the margins
     joints += margin + rng.uniform(0, 1, size=2) * room
     per = max(2, int(math.ceil(spec.segment_length * 2)))
-    t = np.linspace(0, 1, per, endpoint=False)
+    t = _fractions(per)
     pts = joints[:-1, None, :] + t[None, :, None] * steps[:, None, :]
     if spec.gap:
         pts[1:, : spec.gap * 2] = np.nan
     pts = np.concatenate([pts.reshape(-1, 2), joints[-1:]])
+    if spec.gap:
+        pts = pts[~np.isnan(pts[:, 0])]
     # repeated pixels are harmless (drawing and the collision test are idempotent), so they are not removed
-    return np.rint(pts[~np.isnan(pts[:, 0])]).astype(np.int64), joints[0], joints[-1]
+    return np.rint(pts).astype(np.int64), joints[0], joints[-1]
 
 
 def _fits(pixels: np.ndarray, occupied: np.ndarray) -> bool:
