@@ -246,17 +246,24 @@ def _started_with(run_dir: Path, state: dict) -> dict | None:
         if not path.is_file():
             return None
         saved = json.loads(path.read_text())
-    return _resume_settings(saved["config"], saved["train"], saved.get("data", {}), saved.get("run"))
+    return _resume_settings(saved["config"], saved["train"], saved.get("data", {}), saved.get("run"),
+                            saved.get("fingerprint"))
 
 
-def _resume_settings(config: dict, train: dict, data: dict, run: dict | None = None) -> dict:
+def _resume_settings(config: dict, train: dict, data: dict, run: dict | None = None,
+                     fingerprint: dict | None = None) -> dict:
     """What a resumed run must share with its start: every setting but the epochs, absent keys at their defaults;
-    `run`: the seeds and the data set drawn (None where a checkpoint from before they were kept says nothing)."""
+    `run`: the seeds and the data set drawn, `fingerprint`: {"data": `lra_tasks.fingerprint` of the data loaded}
+    (each None where a checkpoint from before they were kept says nothing)."""
     defaults = {f.name: f.default for f in dataclasses.fields(LRAModelConfig) if f.default is not dataclasses.MISSING}
     out = {"config": {**defaults, **config},
            "train": {"grad_clip": 0.0, **{k: v for k, v in train.items() if k != "epochs"}},
            "data": {**DATA_DEFAULTS, **data}}
-    return out if run is None else {**out, "run": run}
+    if run is not None:
+        out["run"] = run
+    if fingerprint is not None:
+        out["fingerprint"] = fingerprint
+    return out
 
 
 def _run_settings(args: argparse.Namespace, task: str) -> dict:
@@ -273,6 +280,10 @@ def _check_same_settings(run_dir: Path, saved: dict | None, now: dict) -> None:
         return
     changed = {f"{part}.{k}": (saved[part].get(k), v) for part in now if part in saved for k, v in now[part].items()
                if saved[part].get(k) != v}
+    if list(changed) == ["fingerprint.data"]:
+        raise ValueError(f"`--data-dir` / `--data`: the data loaded now (fingerprint {changed['fingerprint.data'][1]}) "
+                         f"are not those {run_dir} started on ({changed['fingerprint.data'][0]}): give it those files "
+                         "(generated data: copy the data folder of the first machine), or start over")
     if changed:
         raise ValueError(f"`--out`: {run_dir} holds a run with other settings {changed} (saved, now); pass its "
                          f"settings to continue it, give another --out, or delete {run_dir} to start over")
@@ -388,7 +399,8 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     opt = build_lra_optimizer(model, tr["lr"], tr["weight_decay"])
     amp = d.device.type == "cuda" and tr["precision"] == "bf16"
-    settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task))
+    settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task),
+                                    {"data": lra_tasks.fingerprint(data)})
     lra = LRATask(model, data, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"], amp,
                   run_dir)
 

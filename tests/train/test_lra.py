@@ -728,3 +728,22 @@ def test_a_prefix_variant_is_read_from_the_presets_run(tmp_path):
     (config / "fashion_mnist.yaml").write_text(yaml.safe_dump(preset))
     with pytest.raises(ValueError, match="variants.shorter: a prefix variant changes the epochs only"):
         cli("--variants", "shorter")
+
+
+def test_a_run_resumes_only_on_the_data_it_started_on(tmp_path):
+    """Generated data are made again on each machine: a run checks their fingerprint when it resumes, and refuses
+    other data in one line (here a label of the saved split changed by hand)."""
+    def cli(*extra):
+        return main(["lra", "listops", "--examples", "60", "--workers", "1", "--data-dir", str(tmp_path / "data"),
+                     "--out", str(tmp_path / "out"), "--batch-size", "4", "--device", "cpu", "--ckpt-every", "1",
+                     "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1}), *extra])
+
+    assert cli("--max-steps", "2") == 0
+    assert cli("--max-steps", "3") == 0  # the same data: it continues
+    tsv = next((tmp_path / "data").glob("listops-*/basic_train.tsv"))
+    header, first, *rest = tsv.read_text().splitlines()
+    source, label = first.split("\t")
+    tsv.write_text("\n".join([header, f"{source}\t{(int(label) + 1) % 10}", *rest]) + "\n")
+    with pytest.raises(ValueError, match=r"^`--data-dir` / `--data`: the data loaded now \(fingerprint [0-9a-f]{8}\) "
+                                         r"are not those .* started on \([0-9a-f]{8}\)"):
+        cli("--max-steps", "4")
