@@ -571,6 +571,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay each training step as one CUDA graph (one GPU; the pixel tasks image, pathfinder, "
                         "pathx and fashion_mnist, whose batches all have one shape)")
+    p.add_argument("--prepare-data", action="store_true",
+                   help="generate (or check) the tasks' data sets, ListOps' token caches included, and stop: to "
+                        "prepare them on a CPU machine, or once before runs start")
     p.add_argument("--report", action="store_true", help="print the table over the runs in --out and plot curves")
     add_record_argument(p)
 
@@ -624,6 +627,12 @@ def run(args: argparse.Namespace) -> int:
     if args.cuda_graph:
         _check_graphable(built)
     jobs = [(task, mixer, variant, seed) for task, variant, mixer in runs for seed in _seeds(args)]
+    if getattr(args, "prepare_data", False):
+        for task, load in _data_sets(jobs, built, args):
+            data = lra_tasks.load(task, **load)
+            sizes = " / ".join(f"{len(data[s].labels):,}" for s in ("train", "val", "test"))
+            print(f"{task}: {sizes} examples (train / val / test), fingerprint {lra_tasks.fingerprint(data)}")
+        return 0
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if getattr(args, "mps", False) and not (args.concurrent > 1 and len(jobs) > 1 and cuda):
         raise ValueError("`--mps`: shares a GPU between the worker processes of --concurrent N (N > 1, several runs, "
@@ -667,6 +676,12 @@ def _print_summary(summary: list[dict]) -> None:
               f"{fmt(r['test_acc_at_best_val'])} | {'–' if sec is None else f'{sec:.1f}'} | {r['stopped']} |")
 
 
+def _data_sets(jobs: list[tuple], built: dict, args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """(task, `lra_tasks.load` options) of each data set the runs read, once each."""
+    found = {(t, tuple(_load_options(t, args, built[(t, v, m)][2]).items())) for t, m, v, _ in jobs}
+    return [(task, dict(load)) for task, load in sorted(found, key=str)]
+
+
 def _train_side_by_side(jobs: list[tuple], built: dict, args: argparse.Namespace) -> list[dict]:
     """Each (task, mixer, variant, seed) run in one of `--concurrent` worker processes sharing the device (over
     all GPUs when there are several): one small LRA model's step leaves a GPU mostly idle while the host launches
@@ -675,8 +690,8 @@ def _train_side_by_side(jobs: list[tuple], built: dict, args: argparse.Namespace
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("`--concurrent`: trains runs side by side in worker processes of one launch; under torchrun "
                          "every process takes part in each run (use one or the other)")
-    for task, load in {(t, tuple(_load_options(t, args, built[(t, v, m)][2]).items())) for t, m, v, _ in jobs}:
-        lra_tasks.load(task, **dict(load))  # generated (or checked) once, before the workers read it
+    for task, load in _data_sets(jobs, built, args):
+        lra_tasks.load(task, **load)  # generated (or checked) once, before the workers read it
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     gpus = torch.cuda.device_count() if cuda else 0
     workers = min(args.concurrent, len(jobs))

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -747,3 +748,13 @@ def test_a_run_resumes_only_on_the_data_it_started_on(tmp_path):
     with pytest.raises(ValueError, match=r"^`--data-dir` / `--data`: the data loaded now \(fingerprint [0-9a-f]{8}\) "
                                          r"are not those .* started on \([0-9a-f]{8}\)"):
         cli("--max-steps", "4")
+
+
+def test_prepare_data_makes_the_data_sets_and_trains_nothing(tmp_path, capsys):
+    assert main(["lra", "listops", "--examples", "60", "--workers", "1", "--data-dir", str(tmp_path / "data"),
+                 "--out", str(tmp_path / "out"), "--prepare-data"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"listops: 58 / 1 / 1 examples \(train / val / test\), fingerprint [0-9a-f]{8}", line)
+    assert sorted(p.name for p in next((tmp_path / "data").glob("listops-*")).iterdir()) == [
+        f"basic_{s}.{e}" for s in ("test", "train", "val") for e in ("tokens.npz", "tsv")]
+    assert not (tmp_path / "out").exists()
