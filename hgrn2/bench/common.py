@@ -246,6 +246,13 @@ SEEDS_NOTE = ("*: not finished; – : no run; a ± b (n): mean and sample standa
               "far along, the finished ones if any; [k of n seeds]: the others are not as far along")
 
 
+def best_val_reading(curve: list[list[float]], last_epoch: int) -> tuple[float, float]:
+    """(validation, test) accuracy at the first best validation epoch among a curve's [epoch, val, test] rows up to
+    `last_epoch`: LRA's reading of a run."""
+    _, val, test = max((c for c in curve if c[0] <= last_epoch), key=lambda c: c[1])
+    return val, test
+
+
 def seeds_cell(runs: list[tuple[float | None, int, int]]) -> str | None:
     """An accuracy (a share) in %, from each seed's run as (accuracy, epochs done, epochs planned): one run's, or the
     mean ± sample standard deviation with the count, e.g. "58.10 ± 0.40 (3)". Only runs equally far along are

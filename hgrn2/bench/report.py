@@ -18,6 +18,7 @@ from hgrn2.bench.common import (
     REQUIRED_KEYS,
     RESULTS_DIR,
     VISION_CURVE_COLUMNS,
+    best_val_reading,
     format_table,
     lra_run_label,
     seeds_cell,
@@ -392,8 +393,8 @@ def _lra_controlled(rows: list[dict]) -> list[dict]:
     def own(r):
         return r.get("settings", r["model"]) == r["model"] and not r.get("variant")
 
-    def at(curve, k):  # (test, val) at the first best validation epoch among epochs ≤ k
-        _, val, test = max((c for c in curve if c[0] <= k), key=lambda c: c[1])
+    def at(curve, k):  # (test, val) in %
+        val, test = best_val_reading(curve, k)
         return 100 * test, 100 * val
 
     out = []

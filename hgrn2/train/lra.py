@@ -39,6 +39,7 @@ from ..bench.common import (
     LRA_SEED,
     SEEDS_NOTE,
     add_record_argument,
+    best_val_reading,
     command_of,
     environment,
     lra_run_label,
@@ -638,7 +639,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("`--mps`: shares a GPU between the worker processes of --concurrent N (N > 1, several runs, "
                          "a CUDA device)")
     if args.concurrent > 1 and len(jobs) > 1:
-        summary = _train_side_by_side(jobs, built, args)
+        summary = _train_side_by_side(jobs, built, args, cuda)
         _print_summary(summary)
         if args.record is not None:
             print(f"wrote record {record_results(args, plot(args.out))}")
@@ -682,7 +683,7 @@ def _data_sets(jobs: list[tuple], built: dict, args: argparse.Namespace) -> list
     return [(task, dict(load)) for task, load in sorted(found, key=str)]
 
 
-def _train_side_by_side(jobs: list[tuple], built: dict, args: argparse.Namespace) -> list[dict]:
+def _train_side_by_side(jobs: list[tuple], built: dict, args: argparse.Namespace, cuda: bool) -> list[dict]:
     """Each (task, mixer, variant, seed) run in one of `--concurrent` worker processes sharing the device (over
     all GPUs when there are several): one small LRA model's step leaves a GPU mostly idle while the host launches
     its kernels. The data sets are prepared here first, once; a failing run is named in one line and the others go
@@ -692,7 +693,6 @@ def _train_side_by_side(jobs: list[tuple], built: dict, args: argparse.Namespace
                          "every process takes part in each run (use one or the other)")
     for task, load in _data_sets(jobs, built, args):
         lra_tasks.load(task, **load)  # generated (or checked) once, before the workers read it
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     gpus = torch.cuda.device_count() if cuda else 0
     workers = min(args.concurrent, len(jobs))
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -762,13 +762,13 @@ def _prefix_rows(rows: list[dict], config_dir: str | Path) -> list[dict]:
         if r["variant"] or r["settings"] != r["model"]:
             continue
         for name, entry in (load_preset(r["task"], config_dir).get("variants") or {}).items():
-            n = entry["train"]["epochs"] if entry.get("prefix") else None
+            n = entry["train"]["epochs"] if entry.get("prefix") else 0
+            curve = [c for c in r["curve"] if c[0] <= n]
             own = any((o["task"], o["model"], o["settings"], o["variant"], o["seed"]) ==
                       (r["task"], r["model"], r["model"], name, r["seed"]) for o in rows)
-            curve = [c for c in r["curve"] if c[0] <= (n or 0)]
-            if own or not n or len(curve) < n:
+            if not n or len(curve) < n or own:
                 continue
-            _, val, test = max(curve, key=lambda c: c[1])
+            val, test = best_val_reading(curve, n)
             out.append({**r, "variant": name, "variant_note": entry.get("note"), "test_acc": test,
                         "best_val_acc": val, "test_acc_last": curve[-1][2], "test_acc_max": max(c[2] for c in curve),
                         "epochs_done": n, "epochs": n, "steps": r["steps"] * n // r["epochs_done"],
