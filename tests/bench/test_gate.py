@@ -102,3 +102,14 @@ def test_fused_chunk_rows_take_the_fused_chunk_kernels():
         assert s["fla"] is False  # fla would autotune again at these shapes
     fixed = [s["name"] for s in rows if s["grad"] and "inputs" in s and not s["inputs"][3].requires_grad]
     assert fixed == ["fast forgetting fixed bound B8 T2048"] + [s["name"] for s in fused]
+
+
+def test_closed_gates_row_puts_most_gates_of_a_quarter_of_the_heads_below_small_f():
+    """The small-gates kernel's worst case: a learnable bound at 0 across the first quarter of the heads, most of
+    whose gates lie below SMALL_F; the other heads hold the fast-forgetting channels only."""
+    rows = {s["name"]: s for s in rows_spec(True, torch.device("cpu"), torch.float32)}
+    o, g, i, lb = rows["closed gates B2 T64"]["inputs"]
+    assert lb.requires_grad and bool((lb[:1] == 0).all())
+    f = lb + (1 - lb) * torch.sigmoid(g.float())  # H 2 in the quick run: head 0 is the closed quarter
+    assert (f[:, :, 0] < 2.0 ** -8).float().mean() > 0.5
+    assert (f[:, :, 1, 3:] < 2.0 ** -8).float().mean() < 0.01

@@ -269,11 +269,12 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         # rows of dlb, which the parallel launches above have written.
         per_sm = max(1, cfg.small_programs_per_sm)
         grid = (max(1, min(n_chunks * H, per_sm * sm_count(o.device))), cdiv(K, bk_small))
-        chunk_parallel_bwd_small_kernel[grid](
-            o, g, i, lower_bound, h, dh, dy, dlb, fz, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
-            BK=bk_small, BVS=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec,
-            num_warps=cfg.num_warps_small,
-        )
+        for form in range(2):  # the row walk, then the channel form (each takes the pairs it does in fewer steps)
+            chunk_parallel_bwd_small_kernel[grid](
+                o, g, i, lower_bound, h, dh, dy, dlb, fz, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
+                BK=bk_small, BVS=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec,
+                FORM=form, num_warps=cfg.num_warps_small,
+            )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:

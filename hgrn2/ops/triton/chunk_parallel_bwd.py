@@ -338,7 +338,7 @@ def _sum_keep_later(s1, z1, k1, s2, z2, k2):
 def chunk_parallel_bwd_small_kernel(
     o, g, i, lb, h, dh, dy, dlb, fz, chunks, scale, T, NT, NC,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
-    O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr,
+    O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr, FORM: tl.constexpr,
 ):
     """dβ's share of the forget gates below SMALL_F, exactly, added to V-block 0's β partial sums of the chunks that
     `chunk_parallel_decay_kernel` listed in fz (grid (P, NK): a K-block each over all of V, walking the list as the
@@ -348,7 +348,12 @@ def chunk_parallel_bwd_small_kernel(
     would be divided by the small f): at each row holding such a gate, the state h_{t−1} from the chunk-start state
     h_c, and the state's gradient dH_t = e^{b_last − b_t} dh_c + Σ_{u ≥ t} e^{b_u − b_t} q_u dy_uᵀ through one
     product dy (h_{t−1} − v_t) [BT, BK], every exponent a sum of log f over the rows it spans (each ≤ 0: nothing
-    divides by f)."""
+    divides by f).
+
+    Two forms of the same sum, launched one after the other (FORM 0, 1), each taking the (chunk, K-block) pairs
+    that it does in fewer steps: the row walk (`_small_rows`, a step per row holding a small gate) or the channel
+    form (`_small_channels`, one [BT, BT] product per channel holding one). Each launch is compiled on its own, so
+    neither form's registers limit the other's occupancy."""
     i_k = tl.program_id(1)
     ck = i_k * BK + tl.arange(0, BK)
     # this K-block's bits of the chunks' channel-group masks (int64: a block may reach bit 31)
@@ -359,13 +364,14 @@ def chunk_parallel_bwd_small_kernel(
         c_h = tl.load(fz + 1 + NC * H + e)
         if (tl.load(fz + 1 + c_h).to(tl.int64) & mine) != 0:
             _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, ck, scale, T, NT, NC, H, K, V, BT, BK, BVS,
-                         O_ACT, I_ACT, VARLEN, SPREC)
+                         O_ACT, I_ACT, VARLEN, SPREC, FORM)
 
 
 @triton.jit
 def _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, ck, scale, T, NT, NC, H: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
-                 O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr):
+                 O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr,
+                 FORM: tl.constexpr):
     """`chunk_parallel_bwd_small_kernel` on the listed (chunk, head) c_h: the pointers moved there, then its work."""
     i_c, i_h = c_h // H, c_h % H
     t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
@@ -374,63 +380,145 @@ def _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, ck, scale, T, NT, NC,
     state = (i_c.to(tl.int64) * H + i_h) * V * K
     row = dlb + (i_c.to(tl.int64) * H + i_h) * K  # V-block 0's row: the main kernel has written it
     _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n, i_h, ck,
-                      scale, H, K, V, BT, BK, BVS, O_ACT, I_ACT, SPREC)
+                      scale, H, K, V, BT, BK, BVS, O_ACT, I_ACT, SPREC, FORM)
 
 
 @triton.jit
 def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, O_ACT: tl.constexpr,
-                      I_ACT: tl.constexpr, SPREC: tl.constexpr):
+                      I_ACT: tl.constexpr, SPREC: tl.constexpr, FORM: tl.constexpr):
     """`chunk_parallel_bwd_small_kernel` on one K-block of one chunk (pointers at its first row and head; h, dh at
-    its state). A K-block without a small gate costs one tile of logits; each row with one, two products per V
-    sub-block:
-
-        h_{t−1} = e^{b_{t−1}} ⊙ h_c + Σ_{s<t} v_s ⊗ (k_s e^{Σ_{s<τ<t} log f_τ}),   then dy (h_{t−1} − v_t).
-
-    The row's V-independent factors come first, then V in sub-blocks of BVS, v, dy, h_c and dh_c reloaded (from
-    cache) for each row: tiles of all of V held across the rows spilled."""
+    its state): a K-block without a small gate costs one tile of logits; the others go to the form of this launch
+    when it takes fewer steps there. A channel's product costs about two rows' walks over V."""
     rows = tl.arange(0, BT)
+    cols = tl.arange(0, BK)
     beta = load_beta(lb, i_h, K, ck, True)
     offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
     a, k, _, s_neg, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, True)
-    small = mtk & (f < SMALL_F)
-    # bit t: row t holds a small gate (one reduction; the row loop below then tests scalars)
-    flagged = tl.sum(tl.where(tl.max(tl.where(small, 1, 0), 1) > 0, tl.full([BT], 1, tl.int64) << rows, 0), 0)
-    if flagged != 0:
-        a = tl.where(mtk, a, 0.0)
-        k = tl.where(mtk, k, 0.0)
-        w = tl.where(small, s_neg, 0.0)  # ∂f/∂β = σ(−g) where the gate is small
-        q = tl.where(mtk, act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale, 0.0)
-        # log f one row down (a_next[s] = a[s + 1]), so that the exponents below are sums over the rows they span
-        offn, mtn = chunk_tile(n - 1, ck, H, K, BK, BT)
-        a_next = tl.where(mtn, gates(tl.load(g + H * K + offn, mask=mtn, other=0.0).to(tl.float32), beta, True)[0],
-                          0.0)
-        acc = tl.zeros([BK], dtype=tl.float32)
-        for t in range(0, n):
-            if (flagged >> t) & 1:
-                decay = tl.cumsum(tl.where(rows[:, None] + 1 < t, a_next, 0.0), 0, reverse=True)  # Σ_{s<τ<t}
-                W = tl.where(rows[:, None] < t, k * fast_exp(decay), 0.0)
-                e_prev = fast_exp(tl.sum(tl.where(rows[:, None] < t, a, 0.0), 0))  # e^{b_{t−1}}
-                D = tl.zeros([BT, BK], dtype=tl.float32)  # dy_u · (h_{t−1} − v_t), summed over the sub-blocks
-                dSX = tl.zeros([BVS, BK], dtype=tl.float32)  # dh_c ⊙ (h_{t−1} − v_t), reduced over V after them
-                for j in range(0, tl.cdiv(V, BVS)):
-                    cv = j * BVS + tl.arange(0, BVS)
-                    offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
-                    v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
-                    # v_t loaded as row t (the same activation of the same element as in v)
-                    v_t = tl.where(cv < V, act(tl.load(i + t * (H * V) + cv, mask=cv < V, other=0.0).to(tl.float32),
-                                               I_ACT), 0.0)
-                    s_off = cv[:, None] * K + ck[None, :]
-                    s_mask = (cv < V)[:, None] & (ck < K)[None, :]
-                    S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
-                    X = (S * e_prev[None, :] + tl.dot(tl.trans(v), W, input_precision=SPREC)
-                         - v_t[:, None])  # h_{t−1} − v_t [BVS, BK]
-                    dy_t = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
-                    D = tl.dot(dy_t, X, D, input_precision=SPREC)
-                    dSX += tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32) * X
-                later = tl.where(rows[:, None] > t, a, 0.0)
-                span = tl.cumsum(later, 0)  # Σ_{t<τ≤u} log f_τ on the rows u ≥ t
-                wq = tl.where(rows[:, None] >= t, q * fast_exp(span), 0.0)
-                d_f = fast_exp(tl.sum(later, 0)) * tl.sum(dSX, 0) + tl.sum(wq * D, 0)
-                acc += take_row(w, rows, t) * d_f
-        tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)
+    small = tl.where(mtk & (f < SMALL_F), 1, 0)
+    row_any = tl.max(small, 1)
+    chan_any = tl.max(small, 0)
+    channels_form = tl.sum(row_any, 0) > 2 * tl.sum(chan_any, 0) + 1
+    if (FORM == 0 and not channels_form) or (FORM == 1 and channels_form):
+        # bit t (j): row t (channel j) holds a small gate; the loops test scalars
+        flagged = tl.sum(tl.where(row_any > 0, tl.full([BT], 1, tl.int64) << rows, 0), 0)
+        chans = tl.sum(tl.where(chan_any > 0, tl.full([BK], 1, tl.int64) << cols, 0), 0)
+        if flagged != 0:
+            a = tl.where(mtk, a, 0.0)
+            k = tl.where(mtk, k, 0.0)
+            w = tl.where(small > 0, s_neg, 0.0)  # ∂f/∂β = σ(−g) where the gate is small
+            q = tl.where(mtk, act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale, 0.0)
+            # log f one row down (a_next[s] = a[s + 1]), so that the exponents are sums over the rows they span
+            offn, mtn = chunk_tile(n - 1, ck, H, K, BK, BT)
+            a_next = tl.where(mtn, gates(tl.load(g + H * K + offn, mask=mtn, other=0.0).to(tl.float32), beta,
+                                         True)[0], 0.0)
+            if FORM == 0:
+                acc = _small_rows(i, dy, h, dh, n, ck, a, k, w, q, a_next, flagged, rows, H, K, V, BT, BK, BVS,
+                                  I_ACT, SPREC)
+            else:
+                acc = _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, H, K, V, BT, BK,
+                                      BVS, I_ACT, SPREC)
+            tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)
+
+
+@triton.jit
+def _small_rows(i, dy, h, dh, n, ck, a, k, w, q, a_next, flagged, rows, H: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, I_ACT: tl.constexpr,
+                SPREC: tl.constexpr):
+    """The row walk: at each row t holding a small gate, two products per V sub-block,
+
+        h_{t−1} = e^{b_{t−1}} ⊙ h_c + Σ_{s<t} v_s ⊗ (k_s e^{Σ_{s<τ<t} log f_τ}),   then dy (h_{t−1} − v_t),
+
+    the row's V-independent factors first, then V in sub-blocks of BVS, v, dy, h_c and dh_c reloaded (from
+    cache) for each row: tiles of all of V held across the rows spilled. Returns the block's dβ share [BK]."""
+    acc = tl.zeros([BK], dtype=tl.float32)
+    for t in range(0, n):
+        if (flagged >> t) & 1:
+            decay = tl.cumsum(tl.where(rows[:, None] + 1 < t, a_next, 0.0), 0, reverse=True)  # Σ_{s<τ<t}
+            W = tl.where(rows[:, None] < t, k * fast_exp(decay), 0.0)
+            e_prev = fast_exp(tl.sum(tl.where(rows[:, None] < t, a, 0.0), 0))  # e^{b_{t−1}}
+            D = tl.zeros([BT, BK], dtype=tl.float32)  # dy_u · (h_{t−1} − v_t), summed over the sub-blocks
+            dSX = tl.zeros([BVS, BK], dtype=tl.float32)  # dh_c ⊙ (h_{t−1} − v_t), reduced over V after them
+            for j in range(0, tl.cdiv(V, BVS)):
+                cv = j * BVS + tl.arange(0, BVS)
+                offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
+                v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
+                # v_t loaded as row t (the same activation of the same element as in v)
+                v_t = tl.where(cv < V, act(tl.load(i + t * (H * V) + cv, mask=cv < V, other=0.0).to(tl.float32),
+                                           I_ACT), 0.0)
+                s_off = cv[:, None] * K + ck[None, :]
+                s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+                S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
+                X = (S * e_prev[None, :] + tl.dot(tl.trans(v), W, input_precision=SPREC)
+                     - v_t[:, None])  # h_{t−1} − v_t [BVS, BK]
+                dy_t = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
+                D = tl.dot(dy_t, X, D, input_precision=SPREC)
+                dSX += tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32) * X
+            later = tl.where(rows[:, None] > t, a, 0.0)
+            span = tl.cumsum(later, 0)  # Σ_{t<τ≤u} log f_τ on the rows u ≥ t
+            wq = tl.where(rows[:, None] >= t, q * fast_exp(span), 0.0)
+            d_f = fast_exp(tl.sum(later, 0)) * tl.sum(dSX, 0) + tl.sum(wq * D, 0)
+            acc += take_row(w, rows, t) * d_f
+    return acc
+
+
+@triton.jit
+def _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, H: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, I_ACT: tl.constexpr,
+                    SPREC: tl.constexpr):
+    """The channel form. With h_c and dh_c the chunk's start state and its end state's gradient, per channel (its
+    index dropped):
+
+        h_{t−1} = α_t h_c + Σ_{s<t} N[t, s] v_s           N[t, s] = k_s e^{Σ_{s<τ<t} log f_τ},  α_t = e^{b_{t−1}}
+        dH_t = γ_t dh_c + Σ_{u≥t} M[t, u] dy_u            M[t, u] = q_u e^{Σ_{t<τ≤u} log f_τ},  γ_t = e^{b_last − b_t}
+
+    so that dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is, with Ñ = N − I and G = dy vᵀ, Vd = v dh_c, Yh = dy h_c (the
+    products over V, shared by the block's channels),
+
+        γ_t (α_t Σ_v dh_c ⊙ h_c + (Ñ Vd)_t) + α_t (M Yh)_t + Σ_s (M G)[t, s] Ñ[t, s],
+
+    one [BT, BT] product per channel that holds a small gate. Each exponent of M and N is a scan over the rows it
+    spans, as in the row walk. Returns the block's dβ share [BK]."""
+    G = tl.zeros([BT, BT], dtype=tl.float32)
+    Vd = tl.zeros([BT, BK], dtype=tl.float32)
+    Yh = tl.zeros([BT, BK], dtype=tl.float32)
+    hd = tl.zeros([BK], dtype=tl.float32)
+    for j in range(0, tl.cdiv(V, BVS)):
+        cv = j * BVS + tl.arange(0, BVS)
+        offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
+        v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
+        dy_j = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
+        s_off = cv[:, None] * K + ck[None, :]
+        s_mask = (cv < V)[:, None] & (ck < K)[None, :]
+        S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        dS = tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        G = tl.dot(dy_j, tl.trans(v), G, input_precision=SPREC)
+        Vd = tl.dot(v, dS, Vd, input_precision=SPREC)
+        Yh = tl.dot(dy_j, S, Yh, input_precision=SPREC)
+        hd += tl.sum(dS * S, 0)
+    later = rows[None, :] > rows[:, None]  # [t, u]: u > t
+    earlier = rows[None, :] < rows[:, None]  # [t, s]: s < t
+    diag = rows[None, :] == rows[:, None]
+    acc = tl.zeros([BK], dtype=tl.float32)
+    for c in range(0, BK):
+        if (chans >> c) & 1:
+            a_c = _column(a, cols, c)
+            M = tl.where(later | diag, fast_exp(tl.cumsum(tl.where(later, a_c[None, :], 0.0), 1))
+                         * _column(q, cols, c)[None, :], 0.0)
+            span = tl.cumsum(tl.where(rows[None, :] + 1 < rows[:, None], _column(a_next, cols, c)[None, :], 0.0), 1,
+                             reverse=True)
+            N = tl.where(earlier, fast_exp(span) * _column(k, cols, c)[None, :], tl.where(diag, -1.0, 0.0))  # Ñ
+            alpha = fast_exp(tl.sum(tl.where(earlier, a_c[None, :], 0.0), 1))  # e^{b_{t−1}}
+            gamma = fast_exp(tl.sum(tl.where(later, a_c[None, :], 0.0), 1))  # e^{b_last − b_t}
+            hd_c = tl.sum(tl.where(cols == c, hd, 0.0), 0)
+            d_f = (gamma * (alpha * hd_c + tl.sum(N * _column(Vd, cols, c)[None, :], 1))
+                   + alpha * tl.sum(M * _column(Yh, cols, c)[None, :], 1)
+                   + tl.sum(tl.dot(M, G, input_precision=SPREC) * N, 1))
+            acc += tl.where(cols == c, tl.sum(_column(w, cols, c) * d_f, 0), 0.0)
+    return acc
+
+
+@triton.jit
+def _column(x, cols, c):
+    """Column c of a [BT, BK] tile, as a [BT] vector."""
+    return tl.sum(tl.where(cols[None, :] == c, x, 0.0), 1)

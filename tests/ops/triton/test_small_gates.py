@@ -48,6 +48,22 @@ def test_exact_through_the_dispatch():
     check(*run_both(small_bound_inputs(T=40, n_states=1), op, scale=0.5, o_act="silu", output_final_state=True))
 
 
+@pytest.mark.parametrize("pattern", ["rows", "channels", "both"])
+def test_exact_in_either_form(pattern):
+    """The small-gates kernel takes each (chunk, K-block) in the form with fewer steps: a few rows across many
+    channels (the row walk), many rows in a few channels (the channel form), or one chunk of each. Every
+    gradient, dβ too, against fp64, in bf16 (tf32x3 products of fp32 operands) and in fp32."""
+    for dtype in (torch.float32, torch.bfloat16):
+        o, g, i, beta, h0 = make_inputs(1, 96, 2, 16, 32, lb=(2.0 ** -8, 0.9), n_states=1, dtype=dtype)
+        beta[1, :12] = 0.0
+        if pattern in ("rows", "both"):  # rows 5 and 20 of the first 32-token chunk (64 in bf16), 12 channels
+            g[:, [5, 20], 1, :12] = -30.0
+        if pattern in ("channels", "both"):  # 24 rows of the last chunk, 2 channels
+            g[:, 70:94, 1, 3:5] = -30.0
+        check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
+                        output_final_state=True))
+
+
 @pytest.mark.parametrize("channels", [[40], [5, 63]], ids=["second-block", "both-blocks"])
 @pytest.mark.parametrize("block_k", [None, 16])
 def test_exact_in_later_k_blocks(channels, block_k):
