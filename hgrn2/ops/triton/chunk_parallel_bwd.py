@@ -345,15 +345,12 @@ def chunk_parallel_bwd_small_kernel(
     fallback launches do; a K-block whose channel groups the chunk's mask leaves out skips it without a load).
 
     There dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is formed directly, not as d log f / f (whose cancelling running sum
-    would be divided by the small f): at each row holding such a gate, the state h_{t−1} from the chunk-start state
-    h_c, and the state's gradient dH_t = e^{b_last − b_t} dh_c + Σ_{u ≥ t} e^{b_u − b_t} q_u dy_uᵀ through one
-    product dy (h_{t−1} − v_t) [BT, BK], every exponent a sum of log f over the rows it spans (each ≤ 0: nothing
-    divides by f).
-
-    Two forms of the same sum, launched one after the other (FORM 0, 1), each taking the (chunk, K-block) pairs
-    that it does in fewer steps: the row walk (`_small_rows`, a step per row holding a small gate) or the channel
-    form (`_small_channels`, one [BT, BT] product per channel holding one). Each launch is compiled on its own, so
-    neither form's registers limit the other's occupancy."""
+    would be divided by the small f), from the chunk-start state h_c and the end state's gradient dh_c, every
+    exponent a sum of log f over the rows it spans (each ≤ 0: nothing divides by f), in one of two forms, launched
+    one after the other (FORM 0, 1), each taking the (chunk, K-block) pairs that it does in fewer steps: the row
+    walk (`_small_rows`, a step per row holding a small gate) or the channel form (`_small_channels`, one
+    [BT, BT] product per channel holding one). Each launch is compiled on its own, so neither form's registers
+    limit the other's occupancy."""
     i_k = tl.program_id(1)
     ck = i_k * BK + tl.arange(0, BK)
     # this K-block's bits of the chunks' channel-group masks (int64: a block may reach bit 31)
