@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "tests"): ("hgrn2.bench.tests", "run pytest (the GPU suite) and record the outcome per test file"),
     ("bench", "report"): ("hgrn2.bench.report", "render BENCHMARKS.md from the result JSONs"),
     ("bench", "gate"): ("hgrn2.bench.gate", "the working tree's recurrence against main's, side by side: a speed gate"),
+    ("bench", "tune"): ("hgrn2.bench.tune", "the recurrence's gate rows under several kernel launch configs"),
     ("bench", "vision"): ("hgrn2.bench.vision", "image training throughput: HGRN2 DeiT-Tiny size against timm's DeiT"),
     ("bench", "prepare"): ("hgrn2.bench.prepare", "`data prepare` tokens/s against its number of worker processes"),
     ("bench", "lra-share"): ("hgrn2.bench.lra_share", "LRA training steps/s of runs sharing one GPU (and MPS)"),
