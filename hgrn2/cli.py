@@ -149,16 +149,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console(argv: list[str] | None = None) -> int:
-    """`main` for a terminal: an error in what was asked for (ValueError, OSError: a bad argument, a missing file, a
-    full disk; exit 2) or a run that cannot go on (`RunError`, exit 1) prints as its one-line message instead of a
-    traceback, which HGRN2_TRACEBACK=1 shows."""
+    """`main` for a terminal: an error in what was asked for (ValueError, OSError, a YAML error: a bad argument, a
+    missing file, a malformed file, a full disk; exit 2), a run that cannot go on (`RunError`, exit 1) or Ctrl-C
+    (exit 130) prints as one line instead of a traceback, which HGRN2_TRACEBACK=1 shows."""
+    import yaml  # a malformed YAML file handed to any command is a bad argument too
+
     try:
         return main(argv)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, yaml.YAMLError) as e:
         if os.environ.get("HGRN2_TRACEBACK") == "1":
             raise
         print(f"hgrn2: error: {e}  (HGRN2_TRACEBACK=1 shows where)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: every long job writes atomically, so nothing half-written is left
+        if os.environ.get("HGRN2_TRACEBACK") == "1":
+            raise
+        print("hgrn2: interrupted; the same command resumes a run from its last checkpoint", file=sys.stderr)
+        return 130
     except RuntimeError as e:  # a run that cannot go on (diverged, its directory in use, no intact checkpoint)
         from hgrn2.train.guard import RunError
 

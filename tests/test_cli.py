@@ -98,6 +98,23 @@ def test_a_bad_argument_is_one_line_on_the_console(tmp_path, capsys, monkeypatch
         console(["lra", "listops", "--epochs", "0"])
 
 
+def test_ctrl_c_is_one_line_on_the_console(capsys, monkeypatch):
+    """Ctrl-C during a command ends it with one line and exit 130; HGRN2_TRACEBACK=1 lets the interrupt through."""
+    import hgrn2.cli as cli
+
+    def interrupted(argv=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    monkeypatch.delenv("HGRN2_TRACEBACK", raising=False)
+    assert console(["train"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("hgrn2: interrupted") and err.count("\n") == 1
+    monkeypatch.setenv("HGRN2_TRACEBACK", "1")
+    with pytest.raises(KeyboardInterrupt):
+        console(["train"])
+
+
 def test_version_is_the_package_version():
     r = _cli("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"hgrn2 {__version__}"

@@ -57,14 +57,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class SizeError(argparse.ArgumentTypeError, ValueError):
+    """A size that `parse_size` cannot read: argparse prints it after the argument's name."""
+
+
 def parse_size(text: str) -> int:
     """'2M' -> 2_000_000 (K, M, G are powers of 1000); a plain integer is bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*", str(text), re.I)
     if not m:
-        raise ValueError(f"--max-bytes: expected a size like 500000, 2M or 1.5G, got {text!r}")
+        raise SizeError(f"expected a size like 500000, 2M or 1.5G, got {text!r}")
     n = int(float(m.group(1)) * 1000 ** " KMG".index(m.group(2).upper() or " "))
     if n < 1:
-        raise ValueError(f"--max-bytes: expected a positive size, got {text!r}")
+        raise SizeError(f"expected a positive size, got {text!r}")
     return n
 
 
@@ -88,6 +92,8 @@ def assemble(source: str, out_dir: str | os.PathLike, max_bytes: int | None = No
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"out_dir: {str(out)!r} already exists; pass --overwrite to replace it")
+    if out.exists():
+        _check_replaceable(out)
     docs = sorted(_read_all(source, Path(doc_root), progress), key=lambda d: _hash(d[0]))
     kept, left_out = _fit(docs, max_bytes)
     if len(kept) < 2:
@@ -293,6 +299,21 @@ def _fit(docs: list[tuple[str, str]], max_bytes: int | None):
 def _file_name(name: str) -> str:
     """A flat, portable file name for a document name ('a/b c.html' -> 'a__b_c.html.txt')."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name.replace("/", "__")) + ".txt"
+
+
+def _check_replaceable(out: Path) -> None:
+    """--overwrite replaces an empty folder or one this command wrote, never anything else."""
+    if not out.is_dir():
+        raise ValueError(f"out_dir: {str(out)!r} is a file, not a corpus folder")
+    if not any(out.iterdir()):
+        return
+    try:
+        fmt = json.loads((out / "manifest.json").read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    if fmt != FORMAT:
+        raise ValueError(f"out_dir: {str(out)!r} holds files that are not a corpus of `hgrn2 data corpus` (no "
+                         f"manifest.json of format {FORMAT!r}); --overwrite replaces only such a corpus")
 
 
 def _write_atomically(out: Path, splits: dict, manifest: dict, overwrite: bool) -> None:

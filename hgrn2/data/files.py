@@ -25,3 +25,23 @@ def write_json(path: str | Path, obj, default: Callable | None = None) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def folder_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be an output folder (it, or a folder above it, is a file), or None."""
+    p = Path(os.path.abspath(path))
+    for q in (p, *p.parents):
+        if q.exists():
+            return None if q.is_dir() else (f"{str(path)!r} is a file, not a folder" if q == p
+                                            else f"{str(path)!r} cannot be a folder: {q} is a file")
+    return None
+
+
+def out_folder(text: str) -> str:
+    """argparse type of an output folder: refused when it or a folder above it is a file."""
+    import argparse
+
+    problem = folder_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text

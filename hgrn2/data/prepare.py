@@ -32,6 +32,7 @@ import numpy as np
 
 from . import shards as S
 from .corpus import parse_size
+from .files import out_folder
 from .sources import Reader, expand, hub_task, plan
 
 FORMAT_V1 = "hgrn2-tokens-v1"
@@ -64,22 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tok.add_argument("--eos", default=None, help="end-of-document token (default: first of </s>, <|endoftext|>, ...)")
     tok.add_argument("--no-eos", action="store_true", help="do not append an end-of-document token")
     out = parser.add_argument_group("output")
-    out.add_argument("--out", required=True, help="output directory")
+    out.add_argument("--out", required=True, type=out_folder, help="output directory")
     out.add_argument("--val-fraction", type=float, default=0.005, help="fraction of documents held out (every k-th)")
     out.add_argument("--batch-docs", type=int, default=1000, help="documents tokenised per batch")
-    out.add_argument("--shard-size", type=_size, default=DEFAULT_SHARD_SIZE, metavar="SIZE",
+    out.add_argument("--shard-size", type=parse_size, default=DEFAULT_SHARD_SIZE, metavar="SIZE",
                      help="characters of text per shard, e.g. 32M (default); sets how the input is cut")
     out.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     out.add_argument("--part", default=None, metavar="I/N",
                      help="prepare only part I of N (one per machine); join the parts with `hgrn2 data merge`")
     out.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from hgrn2.models import HGRN2ForCausalLM
+from hgrn2.models.device import device_name
 from hgrn2.models.modeling_hgrn2 import CACHE_FIELD
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -209,7 +210,7 @@ def add_device_arguments(p, context_limit: bool = False) -> None:
     if context_limit:
         p.add_argument("--ignore-context-limit", action="store_true",
                        help="evaluate past max_position_embeddings (rotary models run there; shows extrapolation)")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--device", default=None, type=device_name, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
 
 

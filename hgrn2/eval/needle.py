@@ -22,11 +22,12 @@ import os
 import random
 import re
 import string
+from pathlib import Path
 
 import numpy as np
 
 from hgrn2.bench.common import add_record_argument
-from hgrn2.data.files import write_json
+from hgrn2.data.files import out_folder, write_json
 
 from .common import (
     EvalError,
@@ -52,8 +53,9 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model directory (ours, converted fla, or any HF causal LM), with a tokenizer")
-    p.add_argument("--haystack", nargs="*", default=None, help="local text files (repeated if too short)")
-    p.add_argument("--out", required=True, help="output directory for needle.json and needle.png")
+    p.add_argument("--haystack", nargs="*", default=None,
+                   help="local text files, or folders of .txt files (repeated if too short)")
+    p.add_argument("--out", required=True, type=out_folder, help="output directory for needle.json and needle.png")
     p.add_argument("--mode", choices=["easy", "standard", "passkey"], default="easy")
     p.add_argument("--lengths", default="1024,2048,4096", help="comma-separated context lengths in tokens")
     p.add_argument("--depths", type=int, default=11, help="number of evenly spaced depths from 0%% to 100%%")
@@ -147,15 +149,29 @@ def _grid_args(args) -> tuple[list[int], list[float]]:
     return lengths, depths
 
 
+def _haystack_files(paths) -> list[str]:
+    """The files given, a folder standing for the .txt files below it (in name order)."""
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            found = sorted(str(f) for f in Path(p).rglob("*.txt") if f.is_file())
+            if not found:
+                raise EvalError(f"--haystack: the folder {p!r} holds no .txt files")
+            files += found
+        elif os.path.isfile(p):
+            files.append(p)
+        else:
+            raise EvalError(f"--haystack: {p!r} does not exist")
+    return files
+
+
 def _haystack(files, mode: str, tok) -> list[int]:
     if not files:
         if mode != "passkey":
             raise EvalError(f"--haystack: required in {mode} mode (local text files)")
         return tok(FILLER * 8, add_special_tokens=False)["input_ids"]
     parts = []
-    for f in files:
-        if not os.path.isfile(f):
-            raise EvalError(f"--haystack: {f!r} does not exist")
+    for f in _haystack_files(files):
         with open(f, encoding="utf-8") as fh:
             parts.append(fh.read())
     text = "\n\n".join(p for p in parts if p.strip())

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from hgrn2.bench.common import add_record_argument
-from hgrn2.data.files import write_json
+from hgrn2.data.files import out_folder, write_json
 from hgrn2.data.packed import read_split
 
 from .common import (
@@ -51,7 +51,7 @@ TEXT_SUFFIXES = (".txt", ".text", ".raw", ".md", ".rst")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model directory (save_pretrained, `hgrn2 convert-fla`, or any HF causal LM)")
     p.add_argument("data", nargs="+", help="a `hgrn2 data prepare` directory, or raw text files")
-    p.add_argument("--out", required=True, help="output directory for ppl.json and ppl.png")
+    p.add_argument("--out", required=True, type=out_folder, help="output directory for ppl.json and ppl.png")
     p.add_argument("--split", default="val", help="split of a prepared directory (default: val)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory for raw text (default: MODEL)")
     p.add_argument("--sample-by", choices=["document", "paragraph", "line"], default="document",

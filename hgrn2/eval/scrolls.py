@@ -21,7 +21,7 @@ import re
 import string
 from collections import Counter
 
-from hgrn2.data.files import write_json
+from hgrn2.data.files import out_folder, write_json
 
 from .common import (
     EvalError,
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model directory (ours, converted fla, or any HF causal LM), with a tokenizer")
     p.add_argument("data", help="SCROLLS-format JSONL file (e.g. qmsum/validation.jsonl)")
     p.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
-    p.add_argument("--out", required=True, help="output directory for scrolls.json")
+    p.add_argument("--out", required=True, type=out_folder, help="output directory for scrolls.json")
     p.add_argument("--max-input-tokens", type=int, default=None, help="keep the first N tokens of each document")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples")

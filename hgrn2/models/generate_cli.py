@@ -8,6 +8,8 @@ import sys
 
 import torch
 
+from .device import device_name
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -20,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", type=device_name)
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
 
@@ -43,6 +45,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.max_new_tokens < 1:
             raise ValueError(f"`--max-new-tokens`: expected >= 1, got {args.max_new_tokens}")
+        if not all(p.strip() for p in args.prompt):
+            raise ValueError("`--prompt`: a prompt is empty; the model continues text, so give it some")
+        if args.sample and not 0.0 < args.top_p <= 1.0:
+            raise ValueError(f"`--top-p`: expected a number in (0, 1], got {args.top_p}")
+        if args.sample and not args.temperature > 0.0:
+            raise ValueError(f"`--temperature`: expected a positive number, got {args.temperature}")
+        if args.top_k < 0:
+            raise ValueError(f"`--top-k`: expected 0 (off) or a positive number, got {args.top_k}")
         check_model_dir(args.model_dir)
     except ValueError as e:
         print(f"hgrn2 generate: error: {e}", file=sys.stderr)

@@ -39,6 +39,7 @@ import yaml
 
 from hgrn2.bench.common import add_record_argument, command_of, environment, runs_environment, write_result
 from hgrn2.data.files import write_json
+from hgrn2.models.device import device_name
 from hgrn2.train.plot import pyplot
 from hgrn2.train.sweep import best_device, main_process, read_result, sweep
 
@@ -303,7 +304,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", choices=SOURCES, help="corpus source for the assembled corpus (default: the scale's)")
     p.add_argument("--out", default="runs/ablate", help="output folder (runs/*.json, tables, plots, results.json)")
     p.add_argument("--steps", type=int, help="override the scale's training steps (smoke runs)")
-    p.add_argument("--device", help="cuda, mps or cpu (default: the best present)")
+    p.add_argument("--device", type=device_name, help="cuda, mps or cpu (default: the best present)")
     p.add_argument("--concurrent", type=int, help="runs trained at once sharing the device (default: 8 on CUDA, "
                                                   "else 1)")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes; a rerun continues cut runs")

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from hgrn2.data.files import folder_problem
+
 PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "lm")
 
 
@@ -89,6 +91,9 @@ class TrainConfig:
                     "fsdp_prefetch"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        problem = folder_problem(self.out_dir)
+        if problem:
+            raise ValueError(f"out_dir: {problem}")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -124,7 +129,10 @@ def load_preset(name_or_path: str, directory: str = PRESET_DIR) -> dict:
         raise FileNotFoundError(f"config {name_or_path!r} is neither a file nor a preset; presets: "
                                 f"{preset_names(directory)}")
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"config {path}: invalid YAML{_where(e)}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"config {path}: expected a mapping of key: value, got {type(raw).__name__}")
     return raw
@@ -137,8 +145,17 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--set expects key=value, got {item!r}")
-        out.append((key, yaml.safe_load(value) if value else ""))
+        try:
+            out.append((key, yaml.safe_load(value) if value else ""))
+        except yaml.YAMLError as e:
+            raise ValueError(f"--set {key}: {value!r} is not a YAML value{_where(e)}") from None
     return out
+
+
+def _where(e: Exception) -> str:
+    """" (line L, column C)" of a YAML error, where it says."""
+    mark = getattr(e, "problem_mark", None)
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
 
 
 def make_config(preset: str | None = None, overrides: list[str] | None = None, cls=TrainConfig,

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from hgrn2.bench.common import add_record_argument, command_of, environment, write_result
 from hgrn2.data import mqar
 from hgrn2.data.files import write_json
+from hgrn2.models.device import device_name
 from hgrn2.models.zoology import ZoologyLM
 from hgrn2.train.engine import Engine, Task, cosine
 from hgrn2.train.plot import pyplot
@@ -309,7 +310,15 @@ def plot(results: list[dict], mixers, dims, seq_lens, path: Path) -> Path | None
 
 def _csv(kind):
     """argparse type for lists given as `1 2 3` or `1,2,3`."""
-    return lambda s: [kind(x) for x in s.split(",") if x]
+    what = {int: "integers", float: "numbers"}.get(kind, "values")
+
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} (space- or comma-separated), got {text!r}") from None
+
+    return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -332,7 +341,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-seed", type=int, help="zoology data seed (default 123)")
     p.add_argument("--out", default="runs/mqar", help="output folder (runs/*.json, results.json, table, plot)")
     p.add_argument("--data-dir", help="data cache folder (default ~/.cache/hgrn2/mqar, or $HGRN2_CACHE/mqar)")
-    p.add_argument("--device", help="cuda, mps or cpu (default: the best present)")
+    p.add_argument("--device", type=device_name, help="cuda, mps or cpu (default: the best present)")
     p.add_argument("--concurrent", type=int,
                    help="runs trained at once in worker processes sharing the device (default: 8 on CUDA, else 1)")
     p.add_argument("--max-minutes", type=float,
@@ -380,10 +389,15 @@ def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict
     lengths = []
     for item in grid["seq_lens"]:
         L, _, kv = str(item).partition(":")
+        if not L.isdigit() or not (kv.isdigit() or not kv) or int(L) < 1:
+            raise ValueError(f"--seq-lens: expected L or L:kv with positive integers, got {item!r}")
         L = int(L)
         if not kv and L not in proto["kv_pairs"]:
             raise ValueError(f"--seq-lens: {L} is not in the protocol {sorted(proto['kv_pairs'])}; give it as L:kv")
-        lengths.append((L, int(kv) if kv else proto["kv_pairs"][L]))
+        kv = int(kv) if kv else proto["kv_pairs"][L]
+        if not 1 <= kv <= L // 4:
+            raise ValueError(f"--seq-lens: {item}: kv pairs must be in [1, L/4] = [1, {L // 4}], got {kv}")
+        lengths.append((L, kv))
     grid["seq_lens"] = [L for L, _ in lengths]
 
     def pick(name, default, fields=preset):

@@ -13,13 +13,20 @@ from .logger import read_log
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", help="run directories (holding log.jsonl) or log.jsonl files")
-    parser.add_argument("--out", default="loss.png", help="PNG file to write")
+    parser.add_argument("--out", default="loss.png", help="image file to write (.png, .pdf, .svg, .jpg)")
     parser.add_argument("--x", default="step", choices=["step", "tokens"], help="horizontal axis")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window for training loss (points)")
     parser.add_argument("--logy", action="store_true", help="logarithmic loss axis")
 
 
+IMAGE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+
+
 def run(args: argparse.Namespace) -> int:
+    suffix = os.path.splitext(args.out)[1].lower().lstrip(".")
+    if suffix not in IMAGE_FORMATS:
+        raise ValueError(f"--out: {args.out!r}: expected an image file name ending in one of "
+                         f"{', '.join('.' + f for f in IMAGE_FORMATS)}")
     try:
         curves = {_label(p): read_log(_log_path(p)) for p in args.runs}
     except FileNotFoundError as e:

@@ -82,6 +82,26 @@ def test_existing_output_and_full_disk(tmp_path, monkeypatch, capsys):
     assert json.loads((out / "manifest.json").read_text())["max_bytes"] == 100_000
 
 
+def test_overwrite_replaces_only_a_corpus(tmp_path, capsys):
+    """--overwrite replaces a corpus this command wrote, or an empty folder; a folder of other files or a plain file
+    is refused in one line naming out_dir, and left as it was."""
+    other = tmp_path / "thesis"
+    other.mkdir()
+    (other / "thesis.tex").write_text("precious")
+    plain = tmp_path / "notes.txt"
+    plain.write_text("x")
+    for out, says in ((other, "not a corpus"), (plain, "is a file")):
+        assert main(["data", "corpus", "python-docs", str(out), "--overwrite", "--max-bytes", "50K"]) == 2
+        err = capsys.readouterr().err
+        assert "out_dir" in err and says in err and err.count("\n") == 1
+    assert (other / "thesis.tex").read_text() == "precious" and plain.read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "thesis"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["data", "corpus", "python-docs", str(empty), "--overwrite", "--max-bytes", "50K"]) == 0
+    assert (empty / "manifest.json").is_file()
+
+
 def test_debian_docs_from_a_doc_tree(tmp_path):
     root = tmp_path / "doc"
     html = root / "python3.11" / "html"
@@ -127,5 +147,5 @@ def test_missing_source_and_bad_arguments(tmp_path, capsys):
     with pytest.raises(ValueError, match="val_fraction"):
         assemble("python-docs", tmp_path / "c", val_fraction=1.0)
     assert parse_size("2M") == 2_000_000 and parse_size("1.5k") == 1500 and parse_size("123") == 123
-    with pytest.raises(ValueError, match="--max-bytes"):
+    with pytest.raises(ValueError, match="expected a size like 500000, 2M or 1.5G, got 'lots'"):
         parse_size("lots")

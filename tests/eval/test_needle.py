@@ -126,3 +126,20 @@ def test_resumes_from_its_log(hgrn2_dir, tmp_path):
     cells = json.loads((tmp_path / "needle.json").read_text())["cells"]
     assert [c["exact"] for c in cells].count(1.0) >= 1 and cells[1]["exact"] == 1.0
     assert len(log.read_text().splitlines()) == 4
+
+
+def test_a_haystack_folder_stands_for_its_text_files(tmp_path):
+    """A folder given to --haystack is its .txt files below it, in name order; one without any is refused."""
+    (tmp_path / "docs" / "b").mkdir(parents=True)
+    (tmp_path / "docs" / "b" / "2.txt").write_text("two")
+    (tmp_path / "docs" / "1.txt").write_text("one")
+    (tmp_path / "docs" / "notes.md").write_text("not text")
+    (tmp_path / "empty").mkdir()
+    single = tmp_path / "3.txt"
+    single.write_text("three")
+    files = needle._haystack_files([str(tmp_path / "docs"), str(single)])
+    assert [os.path.relpath(f, tmp_path) for f in files] == ["docs/1.txt", "docs/b/2.txt", "3.txt"]
+    with pytest.raises(needle.EvalError, match="--haystack: the folder .* holds no .txt files"):
+        needle._haystack_files([str(tmp_path / "empty")])
+    with pytest.raises(needle.EvalError, match="does not exist"):
+        needle._haystack_files([str(tmp_path / "missing")])

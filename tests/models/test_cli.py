@@ -54,3 +54,15 @@ def test_generate_cli_corrupt_weights_one_line(tmp_path, capsys):
     assert console(["generate", str(tmp_path), "--prompt", "w5", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(weights) in err[0] and "not a readable safetensors file" in err[0]
+
+
+def test_generate_cli_refuses_empty_prompts_and_sampling_settings_out_of_range(tmp_path, capsys):
+    """Checked before the model loads: one line naming the argument."""
+    for extra, name in ((["--prompt", ""], "--prompt"), (["--prompt", " "], "--prompt"),
+                        (["--prompt", "w5", "--sample", "--top-p", "1.5"], "--top-p"),
+                        (["--prompt", "w5", "--sample", "--top-p", "0"], "--top-p"),
+                        (["--prompt", "w5", "--sample", "--temperature", "0"], "--temperature"),
+                        (["--prompt", "w5", "--top-k", "-1"], "--top-k")):
+        assert console(["generate", str(tmp_path / "no-model"), *extra, "--device", "cpu"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"`{name}`" in err[0], err
