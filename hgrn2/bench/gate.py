@@ -321,6 +321,18 @@ def run(args: argparse.Namespace) -> int:
             return _time_ms(fn, device=device, inputs=inputs, warmup=warmup, rep=rep, grad_to_none=inputs)
 
         times, checks = {}, {}
+        base = args.base_dir or args.base
+
+        def record(complete: bool):
+            rows = verdicts(times, args.tolerance)
+            for row in rows:
+                row.update(checks.get(row["row"], {}))
+            # written after every row: a run cut short (a time limit) still leaves the rows it finished
+            path = write_result(args.out, "gate", environment(device), rows, command_of(args), quick=args.quick,
+                                base=str(base), rounds=args.rounds, confirm_rounds=args.confirm_rounds,
+                                tolerance=args.tolerance, complete=complete, rows_total=len(spec))
+            return rows, path
+
         for s in spec:
             if s.get("layer"):
                 calls, inputs = layer_calls({"base": BASE_PACKAGE, "tree": "hgrn2"}, s["shape"], device, dtype)
@@ -342,13 +354,9 @@ def run(args: argparse.Namespace) -> int:
             more = f" (past the tolerance: judged on {len(t['tree'])} rounds)" if len(t["tree"]) > args.rounds else ""
             print(f"{s['name']}: " + ", ".join(f"{n} {statistics.median(v):.4f} ms" for n, v in t.items()) + more,
                   flush=True)
-    rows = verdicts(times, args.tolerance)
-    for row in rows:
-        row.update(checks.get(row["row"], {}))
-    base = args.base_dir or args.base
-    path = write_result(args.out, "gate", environment(device), rows, command_of(args), quick=args.quick,
-                        base=str(base), rounds=args.rounds, confirm_rounds=args.confirm_rounds,
-                        tolerance=args.tolerance)
+            if len(times) < len(spec):
+                record(complete=False)
+        rows, path = record(complete=True)
     print(f"wrote {path}")
     print(format_table(rows, [("row", "row", ""), ("base ms", "base_ms", ".4f"), ("tree ms", "tree_ms", ".4f"),
                               ("tree / base", "ratio", ".3f"), ("fla ms", "fla_ms", ".4f"),

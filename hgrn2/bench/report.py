@@ -145,9 +145,10 @@ SECTIONS = {
              "with `git archive main hgrn2` into the folder `--base-dir` names) side by side in one process on one "
              "GPU, bf16 (a row named fp32: fp32 inputs), H 16, head 128, β learnable (U[0.01, 0.9); the small-β rows "
              "U[0, 0.9) with channels at 0, 1e-6 and 2^-9, which the fast-forgetting rows also give gates lowered "
-             "by 2; the fused-chunk rows' β and the fixed-bound row's take no gradient); each time the median over "
-             "interleaved rounds; max rel. diff: the trees' outputs and gradients against each other. A row more "
-             "than the tolerance slower than the base fails the gate."),
+             "by 2; the closed-gates row puts a quarter of the heads at β 0 with gates lowered by 6 more, most of "
+             "them below 2^-8; the fused-chunk rows' β and the fixed-bound row's take no gradient); each time the "
+             "median over interleaved rounds; max rel. diff: the trees' outputs and gradients against each other. A "
+             "row more than the tolerance slower than the base fails the gate."),
     "tests": ("Tests on the GPU",
               "`hgrn2 bench tests PATHS`: pytest on the device, the Triton kernels compiled rather than interpreted, "
               "each test file's outcomes (xfailed: known gaps marked strict, so a fix shows as a failure to update "
@@ -550,6 +551,8 @@ def parity_table(rec: dict) -> str:
 
 def gate_table(rec: dict) -> str:
     head = f"Base: `{rec['base']}`; {rec['rounds']} rounds; tolerance {rec['tolerance']:.0%}.\n\n"
+    if rec.get("complete") is False:
+        head += f"The run stopped after {len(rec['rows'])} of its {rec['rows_total']} rows.\n\n"
     # a row past the tolerance is timed again (--confirm-rounds) and judged on all its rounds: show how many
     confirmed = any(r.get("rounds", rec["rounds"]) != rec["rounds"] for r in rec["rows"])
     return head + format_table(rec["rows"], [

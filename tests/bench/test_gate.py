@@ -1,5 +1,6 @@
 """`hgrn2 bench gate`: the verdict per row, the base tree imported beside the working tree, and a whole quick run."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -113,3 +114,28 @@ def test_closed_gates_row_puts_most_gates_of_a_quarter_of_the_heads_below_small_
     f = lb + (1 - lb) * torch.sigmoid(g.float())  # H 2 in the quick run: head 0 is the closed quarter
     assert (f[:, :, 0] < 2.0 ** -8).float().mean() > 0.5
     assert (f[:, :, 1, 3:] < 2.0 ** -8).float().mean() < 0.01
+
+
+def test_a_run_cut_short_leaves_the_rows_it_finished(tmp_path, monkeypatch):
+    """gate.json is written after every row: a gate stopped by a time limit keeps its finished rows, marked
+    incomplete, and BENCHMARKS.md says how many of how many."""
+    from hgrn2.bench import gate, report
+
+    real, done = gate.time_row, []
+
+    def time_row(*a, **kw):
+        if len(done) == 2:
+            raise KeyboardInterrupt  # the time limit
+        done.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gate, "time_row", time_row)
+    args = argparse.Namespace(base=None, base_dir=str(ROOT), rounds=1, confirm_rounds=0, tolerance=1000.0,
+                              rows="fwd", fla=False, quick=True, out=str(tmp_path), command_line="hgrn2 bench gate")
+    with pytest.raises(KeyboardInterrupt):
+        gate.run(args)
+    rec = json.loads((tmp_path / "gate.json").read_text())
+    assert [r["row"] for r in rec["rows"]] == ["fwd B2 T64", "fwd B1 T128"]
+    assert rec["complete"] is False and rec["rows_total"] == 4
+    assert "The run stopped after 2 of its 4 rows." in report.gate_table(rec)
+    assert "stopped" not in report.gate_table({**rec, "complete": True})
