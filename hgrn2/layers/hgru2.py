@@ -158,7 +158,8 @@ def _padding_keep(mask: torch.Tensor | None, x: torch.Tensor, state,
     right = not bool((m[:, 1:] > m[:, :-1]).any())
     if not left and (use_cache or state is not None or not right):
         raise ValueError("`attention_mask`: expected left padding (per row: zeros, then ones), or right padding "
-                         "without a recurrent state in or out; other padding would change the state")
+                         "without a recurrent state in or out (use_cache=False); other padding would change the "
+                         "state")
     if state is not None:
         padded = ~m[:, 0]
         states = state if isinstance(state, tuple) else (state,)

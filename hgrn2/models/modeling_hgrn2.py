@@ -14,6 +14,7 @@ bound is 0. `attn` is any token mixer of `hgrn2.layers.TOKEN_MIXERS`, chosen by 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -172,14 +173,14 @@ class HGRN2Model(HGRN2PreTrainedModel):
             _check_ids(input_ids, self.config.vocab_size)
         x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         B, T = x.shape[:2]
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        asked = use_cache is not None
+        # by default an evaluation forward keeps the state, unless its rows are packed (no state follows them)
+        use_cache = use_cache if asked else (self.config.use_cache and not self.training and cu_seqlens is None)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         output_hidden_states = output_hidden_states or False
         if past_key_values is not None and not isinstance(past_key_values, HGRN2Cache):
             raise ValueError("`cache`: expected an HGRN2Cache (or None), got "
                              f"{type(past_key_values).__name__}")
-        if use_cache and past_key_values is None:
-            past_key_values = HGRN2Cache(self.config.num_hidden_layers)
         if attention_mask is not None:
             if attention_mask.ndim != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
                 raise ValueError(f"`attention_mask`: expected [batch={B}, ≥{T}] 0/1 padding mask, "
@@ -187,7 +188,15 @@ class HGRN2Model(HGRN2PreTrainedModel):
             attention_mask = attention_mask[:, -T:]
             if bool(attention_mask.all()):  # one check here instead of one per layer
                 attention_mask = None
+            elif use_cache and not asked and past_key_values is None and _right_padded(attention_mask):
+                use_cache = False  # a scoring forward of right-padded rows: no state can follow them
         gckpt = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        if gckpt and use_cache:
+            warnings.warn("use_cache=True is not kept under gradient checkpointing (the checkpointed layers return "
+                          "no state): the forward returns no cache", stacklevel=2)
+            use_cache = False
+        if use_cache and past_key_values is None:
+            past_key_values = HGRN2Cache(self.config.num_hidden_layers)
         betas = layer_bounds(lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None,
                              len(self.layers))
         hidden_states, branch = [], None
@@ -210,6 +219,12 @@ class HGRN2Model(HGRN2PreTrainedModel):
                                       else None, **{CACHE_FIELD: past_key_values if use_cache else None})
         return out if return_dict else out.to_tuple()
 
+
+
+def _right_padded(mask: torch.Tensor) -> bool:
+    """Whether every row of a 0/1 mask is ones, then zeros."""
+    m = mask.to(torch.bool)
+    return not bool((m[:, 1:] > m[:, :-1]).any())
 
 class HGRN2ForCausalLM(HGRN2PreTrainedModel, GenerationMixin):
     """HGRN2Model + untied (by default) lm_head. With `labels`, the loss is computed chunkwise without

@@ -158,6 +158,40 @@ def test_gradient_checkpointing_same_grads():
         assert rel_err(p.grad, ref[n]) < 1e-6, n
 
 
+def test_gradient_checkpointing_returns_no_cache_rather_than_an_empty_one():
+    """Checkpointed layers return no state: use_cache=True under gradient checkpointing warns and gives no cache
+    (a cache that counted the positions but held no state decoded wrongly from it)."""
+    m = randomised(tiny()).train()
+    m.gradient_checkpointing_enable()
+    ids = torch.randint(0, 128, (1, 8))
+    with pytest.warns(UserWarning, match="gradient checkpointing"):
+        out = m(ids, use_cache=True)
+    from hgrn2.models.modeling_hgrn2 import CACHE_FIELD
+    assert getattr(out, CACHE_FIELD) is None
+
+
+@pytest.mark.parametrize("mixer", ["hgrn2", "attention"])
+def test_evaluation_forward_of_right_padded_or_packed_rows_needs_no_use_cache(mixer):
+    """In eval mode the default cache is left out where no state can follow the rows: right padding (outputs at the
+    real tokens as without padding) and packed sequences (as separate runs)."""
+    opts = dict(token_mixer=mixer, mixer_options=dict(head_dim=8)) if mixer == "attention" else {}
+    m = randomised(tiny(**opts)).eval()
+    ids = torch.randint(1, 128, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, 5:] = 0
+    with torch.no_grad():
+        out = m(ids, attention_mask=mask)
+        alone = m(ids[:1, :5], use_cache=False).logits
+        assert rel_err(out.logits[:1, :5], alone) < 1e-5
+        packed = m(ids[:1], cu_seqlens=torch.tensor([0, 3, 8])).logits
+        assert rel_err(packed[:, 3:], m(ids[:1, 3:], use_cache=False).logits) < 1e-5
+    from hgrn2.models.modeling_hgrn2 import CACHE_FIELD
+    assert getattr(out, CACHE_FIELD) is None
+    if mixer == "hgrn2":  # asked for, a recurrent state cannot follow right padding
+        with pytest.raises(ValueError, match="use_cache=False"):
+            m(ids, attention_mask=mask, use_cache=True)
+
+
 def test_paper_convention_and_short_conv_build():
     m = randomised(tiny(o_act="sigmoid", i_act="silu", attn_scale=1.0, g_norm="layernorm", use_short_conv=True))
     attn = m.model.layers[1].attn
