@@ -8,6 +8,7 @@ Every token mixer is built as `Mixer(hidden_size, *, layer_idx=0, **options)` an
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from .glu import GLU, glu_intermediate_size
 from .hgru2 import HGRU2
@@ -35,5 +36,17 @@ def get_token_mixer(name: str) -> type:
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
+def check_mixer_options(name: str, options: dict) -> None:
+    """A one-line error naming `mixer_options` for an option the token mixer `name` does not take."""
+    params = inspect.signature(get_token_mixer(name).__init__).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    takes = sorted(k for k in params if k not in ("self", "hidden_size", "layer_idx"))
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise ValueError(f"`mixer_options`: the {name!r} token mixer takes no option {unknown[0]!r}; its options: "
+                         f"{', '.join(takes)}")
+
+
 __all__ = ["HGRU2", "GLU", "glu_intermediate_size", "RMSNorm", "LayerNorm", "build_norm", "TOKEN_MIXERS",
-           "get_token_mixer"]
+           "get_token_mixer", "check_mixer_options"]

@@ -28,7 +28,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import ModelOutput
 
-from ..layers import GLU, HGRU2, get_token_mixer
+from ..layers import GLU, HGRU2, check_mixer_options, get_token_mixer
 from ..layers.conv import ShortConv
 from ..layers.norm import LayerNorm, RMSNorm
 from ..ops.checks import reads_on_host
@@ -55,6 +55,7 @@ class HGRN2Block(nn.Module):
         super().__init__()
         d = config.hidden_size
         self.attn_norm = RMSNorm(d, eps=config.norm_eps)
+        check_mixer_options(config.token_mixer, config.mixer_kwargs())
         self.attn = get_token_mixer(config.token_mixer)(d, layer_idx=layer_idx, **config.mixer_kwargs())
         self.mlp_norm = self.mlp = None
         if config.use_mlp:

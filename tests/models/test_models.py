@@ -192,6 +192,11 @@ def test_evaluation_forward_of_right_padded_or_packed_rows_needs_no_use_cache(mi
             m(ids, attention_mask=mask, use_cache=True)
 
 
+def test_an_option_the_mixer_does_not_take_is_named():
+    with pytest.raises(ValueError, match="`mixer_options`: the 'hgrn1' token mixer takes no option 'expand_ratio'"):
+        HGRN2ForCausalLM(tiny(token_mixer="hgrn1", mixer_options={"expand_ratio": 8}))
+
+
 def test_paper_convention_and_short_conv_build():
     m = randomised(tiny(o_act="sigmoid", i_act="silu", attn_scale=1.0, g_norm="layernorm", use_short_conv=True))
     attn = m.model.layers[1].attn
