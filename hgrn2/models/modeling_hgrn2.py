@@ -394,7 +394,9 @@ def _only_real_tokens(attention_mask: torch.Tensor | None) -> bool:
 
 def _check_ids(ids: torch.Tensor, vocab_size: int) -> None:
     """Token ids in [0, vocab_size), read on the host for CPU tensors (on a GPU the embedding asserts on its own;
-    a host read there would stall every forward)."""
+    a host read there would stall every forward); their dtype an integer one on any device."""
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"`input_ids`: expected an integer tensor of token ids, got {ids.dtype}")
     if not reads_on_host(ids) or ids.numel() == 0 or torch.compiler.is_compiling():
         return
     lo, hi = ids.min().item(), ids.max().item()

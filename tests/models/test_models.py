@@ -197,6 +197,12 @@ def test_an_option_the_mixer_does_not_take_is_named():
         HGRN2ForCausalLM(tiny(token_mixer="hgrn1", mixer_options={"expand_ratio": 8}))
 
 
+def test_input_ids_of_a_float_dtype_are_named():
+    m = randomised(tiny())
+    with pytest.raises(ValueError, match="`input_ids`: expected an integer tensor of token ids, got torch.float32"):
+        m(torch.ones(1, 4))
+
+
 def test_paper_convention_and_short_conv_build():
     m = randomised(tiny(o_act="sigmoid", i_act="silu", attn_scale=1.0, g_norm="layernorm", use_short_conv=True))
     attn = m.model.layers[1].attn
