@@ -246,6 +246,17 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
     return spec
 
 
+def select_rows(spec: list[dict], rows: str | None) -> list[dict]:
+    """The rows of spec that `--rows` names (comma-separated names or their first words; None: all)."""
+    if not rows:
+        return spec
+    wanted = {r.strip() for r in rows.split(",")}
+    spec = [s for s in spec if s["name"] in wanted or s["name"].split(" ")[0] in wanted]
+    if not spec:
+        raise ValueError(f"--rows: none of {sorted(wanted)} names a row")
+    return spec
+
+
 def layer_calls(trees: dict, shape, device, dtype) -> tuple[dict[str, Callable[[], object]], list[torch.Tensor]]:
     """Each tree's HGRU2 (layer 1, the same weights) forward+backward on one input, its bound learnable."""
     B, T, d, K = shape
@@ -304,12 +315,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tolerance: expected a share ≥ 0, got {args.tolerance}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    spec = rows_spec(args.quick, device, dtype)
-    if args.rows:
-        wanted = {r.strip() for r in args.rows.split(",")}
-        spec = [s for s in spec if s["name"] in wanted or s["name"].split(" ")[0] in wanted]
-        if not spec:
-            raise ValueError(f"--rows: none of {sorted(wanted)} names a row")
+    spec = select_rows(rows_spec(args.quick, device, dtype), args.rows)
     with tempfile.TemporaryDirectory() as tmp:
         import_base(base_source(args, Path(tmp)), Path(tmp))
         import hgrn2.ops as tree_ops

@@ -24,7 +24,7 @@ import torch
 import hgrn2.ops as ops
 
 from .common import command_of, environment, format_table, rel_err, time_ms, write_result
-from .gate import op_call, rows_spec
+from .gate import op_call, rows_spec, select_rows
 
 FAMILIES = {"chunk_parallel": "ChunkParallelConfig", "fused_chunk": "FusedChunkConfig", "dispatch": "DispatchConfig"}
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -121,16 +121,6 @@ def _results(family: str, cfg, inputs, dy, grad: bool, kw: dict) -> list[torch.T
     return got
 
 
-def select_rows(spec: list[dict], rows: str | None) -> list[dict]:
-    spec = [s for s in spec if not s.get("layer")]
-    if rows:
-        wanted = {r.strip() for r in rows.split(",")}
-        spec = [s for s in spec if s["name"] in wanted or s["name"].split(" ")[0] in wanted]
-        if not spec:
-            raise ValueError(f"--rows: none of {sorted(wanted)} names a row of the recurrence")
-    return spec
-
-
 def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise ValueError(f"--rounds: expected at least 1, got {args.rounds}")
@@ -140,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         variants[text] = parse_variant(args.family, text)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    spec = select_rows(rows_spec(args.quick, device, dtype), args.rows)
+    spec = select_rows([s for s in rows_spec(args.quick, device, dtype) if not s.get("layer")], args.rows)
     warmup, rep = (2, 5) if args.quick else (10, 40)
     out = []
     for s in spec:

@@ -3,6 +3,7 @@ it, so that a crash or a full disk leaves the previous version (or none), never 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Callable
@@ -39,8 +40,6 @@ def folder_problem(path: str | Path) -> str | None:
 
 def out_folder(text: str) -> str:
     """argparse type of an output folder: refused when it or a folder above it is a file."""
-    import argparse
-
     problem = folder_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)

@@ -74,14 +74,19 @@ def split_seeds(data_seed: int = DATA_SEED) -> tuple[int, int]:
 def _check(num_examples: int, seq_len: int, num_kv_pairs: int, vocab_size: int) -> None:
     if num_examples < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
-    if seq_len % 2:
-        raise ValueError(f"seq_len must be even, got {seq_len}")
+    check_lengths(seq_len, num_kv_pairs)
     if vocab_size <= seq_len:
         raise ValueError(f"vocab_size ({vocab_size}) must exceed seq_len ({seq_len})")
-    if num_kv_pairs < 1 or 4 * num_kv_pairs > seq_len:
-        raise ValueError(f"num_kv_pairs must be in [1, seq_len/4] = [1, {seq_len // 4}], got {num_kv_pairs}")
     if num_kv_pairs > vocab_size // 2 - 1:
         raise ValueError(f"num_kv_pairs ({num_kv_pairs}) exceeds the key vocabulary ({vocab_size // 2 - 1})")
+
+
+def check_lengths(seq_len: int, num_kv_pairs: int) -> None:
+    """An even sequence length holding the key-value pairs and their queries."""
+    if seq_len % 2:
+        raise ValueError(f"seq_len must be even, got {seq_len}")
+    if num_kv_pairs < 1 or 4 * num_kv_pairs > seq_len:
+        raise ValueError(f"num_kv_pairs must be in [1, seq_len/4] = [1, {seq_len // 4}], got {num_kv_pairs}")
 
 
 def draw(

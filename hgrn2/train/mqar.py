@@ -395,8 +395,10 @@ def build_runs(args: argparse.Namespace, cfg: dict) -> tuple[list[RunSpec], dict
         if not kv and L not in proto["kv_pairs"]:
             raise ValueError(f"--seq-lens: {L} is not in the protocol {sorted(proto['kv_pairs'])}; give it as L:kv")
         kv = int(kv) if kv else proto["kv_pairs"][L]
-        if not 1 <= kv <= L // 4:
-            raise ValueError(f"--seq-lens: {item}: kv pairs must be in [1, L/4] = [1, {L // 4}], got {kv}")
+        try:
+            mqar.check_lengths(L, kv)
+        except ValueError as e:
+            raise ValueError(f"--seq-lens: {item}: {e}") from None
         lengths.append((L, kv))
     grid["seq_lens"] = [L for L, _ in lengths]
 

@@ -107,7 +107,7 @@ def test_argument_errors_name_the_argument(argv, message, tmp_path, capsys, monk
 @pytest.mark.parametrize("argv, message", [
     (["train", "--config", "tiny", "--set", "out_dir={file}"], "out_dir: '{file}' is a file, not a folder"),
     (["plot", "run", "--out", "loss.txt"], "--out: 'loss.txt': expected an image file name ending in one of .png"),
-    (["mqar", "--seq-lens", "64:100", "--device", "cpu"], "--seq-lens: 64:100: kv pairs must be in [1, L/4]"),
+    (["mqar", "--seq-lens", "64:100", "--device", "cpu"], "--seq-lens: 64:100: num_kv_pairs must be in [1, seq_len/4]"),
     (["mqar", "--seq-lens", "x:3", "--device", "cpu"], "--seq-lens: expected L or L:kv with positive integers"),
 ])
 def test_run_time_argument_errors_are_one_line(argv, message, tmp_path, capsys, monkeypatch):
