@@ -18,7 +18,9 @@ again (`--confirm-rounds` more rounds of both trees) and judged on all its round
              gradient, as layer 0's
   closed gates
              fast forgetting with every channel of a quarter of the heads at β 0 and g lowered by 6 more, the bound
-             learnable: most of those gates lie below SMALL_F, the small-gates dβ kernel's worst case
+             learnable: most of those gates lie below SMALL_F, the small-gates dβ kernel's worst case; it and fast
+             forgetting also with every β raised to 0.01 (β ≥ 0.01): the same gates without small bounds, the time
+             a small bound's exact dβ is measured against
   fwd        the forward alone, without autograd, at the three shapes, and on the fast-forgetting inputs
   fused chunk
              fwd+bwd at B8 T512 and B4 T512 (and the latter fast forgetting) with a bound that takes no gradient:
@@ -134,13 +136,13 @@ def dims(quick: bool) -> tuple[int, int, list[tuple[int, int]]]:
 
 
 def op_inputs(B, T, H, K, device, dtype, small_beta=False, fast_forget=False, closed=False, seed=0,
-              bound_grad=True):
+              bound_grad=True, floor=0.0):
     """o, g, i [B, T, H, K] (g ~ 2·N(0, 1), as `bench ops`) and a learnable β [H, K]: U[0.01, 0.9), or with
     `small_beta` U[0, 0.9) with channels 0-2 of every head at 0, 1e-6 and 2^-9; `fast_forget` (with small_beta):
     those channels' g lowered by 2, so that they forget by ~e^-75 per 32 tokens (f ≈ 0.1); `closed` (with
     fast_forget): also every channel of the first quarter of the heads at β 0 with g lowered by 6, so that most of
     their gates are below SMALL_F. bound_grad=False: β takes no gradient (as layer 0's bound, and the fused-chunk
-    kernels' training case)."""
+    kernels' training case). `floor`: every β raised to at least this, the same gates without small bounds."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     o, g, i = (torch.randn(B, T, H, K, generator=gen) for _ in range(3))
     g = 2 * g
@@ -154,7 +156,7 @@ def op_inputs(B, T, H, K, device, dtype, small_beta=False, fast_forget=False, cl
         lb[:max(1, H // 4)] = 0.0
         g[:, :, :max(1, H // 4)] -= 6.0
     leaves = [x.to(device, dtype).requires_grad_() for x in (o, g, i)]
-    return leaves + [lb.to(device).requires_grad_(bound_grad)]
+    return leaves + [lb.clamp(min=floor).to(device).requires_grad_(bound_grad)]
 
 
 def packed_lengths(total: int, seed: int = 0) -> list[int]:
@@ -215,10 +217,11 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
     B0, T0 = shapes[0]
     spec.append(dict(name=f"small β B{B0} T{T0}", grad=True,
                      inputs=op_inputs(B0, T0, H, K, device, dtype, small_beta=True)))
-    spec.append(dict(name=f"fast forgetting B{B0} T{T0}", grad=True,
-                     inputs=op_inputs(B0, T0, H, K, device, dtype, fast_forget=True)))
-    spec.append(dict(name=f"closed gates B{B0} T{T0}", grad=True,
-                     inputs=op_inputs(B0, T0, H, K, device, dtype, closed=True)))
+    for case in ("fast_forget", "closed"):  # each beside the same gates with every bound raised to 0.01 at least
+        label = "fast forgetting" if case == "fast_forget" else "closed gates"
+        for floor in (0.0, 0.01):
+            spec.append(dict(name=f"{label}{' β ≥ 0.01' if floor else ''} B{B0} T{T0}", grad=True,
+                             inputs=op_inputs(B0, T0, H, K, device, dtype, floor=floor, **{case: True})))
     spec.append(dict(name=f"fast forgetting fixed bound B{B0} T{T0}", grad=True,
                      inputs=op_inputs(B0, T0, H, K, device, dtype, fast_forget=True, bound_grad=False)))
     if dtype != torch.float32:  # fp32 takes its own blocks and dot precision: its two training rows, without fla,

@@ -75,6 +75,7 @@ def _check_common(name, x, lower_bound, lb_shape, initial_state, state_shape, cu
         check_state("lower_bound", lower_bound, lb_shape, x.device)
         check_lower_bound_range(lower_bound)
     if initial_state is not None:
+        check_float("initial_state", initial_state, 1 + len(state_shape), complex_ok=x.is_complex())
         check_state("initial_state", initial_state, (n, *state_shape), x.device)
     return n
 

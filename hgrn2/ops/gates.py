@@ -104,7 +104,8 @@ def lower_bounds_from_logits(gamma: torch.Tensor) -> torch.Tensor:
     """
     p = gamma.to(torch.promote_types(gamma.dtype, torch.float32)).softmax(dim=0)
     c = p.cumsum(dim=0)
-    return c - c[0]
+    # 1 − p0 rounds to exactly 1 once p0 is below the dtype's half-ulp at 1; the ops take β < 1 only.
+    return (c - c[0]).clamp(max=1 - torch.finfo(p.dtype).eps / 2)
 
 
 def layer_bounds(betas: torch.Tensor | None, num_layers: int) -> list[torch.Tensor | None]:

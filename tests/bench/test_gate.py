@@ -116,6 +116,18 @@ def test_closed_gates_row_puts_most_gates_of_a_quarter_of_the_heads_below_small_
     assert (f[:, :, 1, 3:] < 2.0 ** -8).float().mean() < 0.01
 
 
+def test_small_bound_rows_have_a_twin_without_small_bounds():
+    """Fast forgetting and closed gates each beside the same inputs with every β raised to 0.01: the time that a
+    small bound's exact dβ is measured against."""
+    rows = {s["name"]: s for s in rows_spec(True, torch.device("cpu"), torch.float32)}
+    for label in ("fast forgetting", "closed gates"):
+        small, floor = rows[f"{label} B2 T64"]["inputs"], rows[f"{label} β ≥ 0.01 B2 T64"]["inputs"]
+        for a, b in zip(small[:3], floor[:3]):
+            assert torch.equal(a, b)
+        assert small[3].min() == 0 and floor[3].min() == 0.01 and floor[3].requires_grad
+        assert torch.equal(floor[3], small[3].clamp(min=0.01))
+
+
 def test_a_run_cut_short_leaves_the_rows_it_finished(tmp_path, monkeypatch):
     """gate.json is written after every row: a gate stopped by a time limit keeps its finished rows, marked
     incomplete, and BENCHMARKS.md says how many of how many."""

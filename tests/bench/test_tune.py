@@ -37,8 +37,8 @@ def test_bad_variants_are_named(text, message):
 
 
 def args(**kw):
-    base = dict(family="chunk_parallel", variant=["small_programs_per_sm=2"], rows="closed", rounds=1, quick=True,
-                out=None)
+    base = dict(family="chunk_parallel", variant=["small_programs_per_sm=2"], rows="closed gates B2 T64", rounds=1,
+                quick=True, out=None)
     return argparse.Namespace(**{**base, **kw})
 
 

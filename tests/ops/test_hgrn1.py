@@ -135,3 +135,13 @@ def test_auto_backend_uses_scan_for_long_cpu_input():
     h, _ = run(args, None)
     r, _ = run(args, "scan")
     assert torch.equal(h, r)
+
+
+def test_initial_state_dtype_checked():
+    """A complex state for a real recurrence, or an integer one, is refused rather than truncated."""
+    args, _ = make(2, 5, 3, state=True)
+    for bad in (args["initial_state"].detach().to(torch.complex64), args["initial_state"].detach().long()):
+        with pytest.raises(ValueError, match="`initial_state`"):
+            run({**args, "initial_state": bad}, "scan")
+    args, _ = make(2, 5, 3, complex_=True, state=True)
+    run(args, "scan")

@@ -44,6 +44,13 @@ def test_lower_bounds_cumax():
     assert torch.all(beta[1:] >= beta[:-1]) and torch.all(beta < 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lower_bounds_stay_below_one(dtype):
+    """A first layer whose share is below the half-ulp at 1 would make the last bound 1 − p0 round to 1."""
+    beta = lower_bounds_from_logits(torch.tensor([[-40.0], [0.0], [0.0]], dtype=dtype))
+    assert beta[-1] < 1 and beta[-1] > 1 - 2 * torch.finfo(dtype).eps
+
+
 def test_reference_equals_closed_form():
     """y_t = Σ_{s≤t} (q_t ⊙ Π_{s<r≤t} f_r ⊙ k_s) · v_s + (q_t ⊙ Π_{r≤t} f_r) · h0 — no recurrence involved."""
     o, g, i, beta, h0 = make(B=1, T=9, H=1, K=3, V=2)
@@ -155,6 +162,9 @@ def test_bad_input_errors():
         hgrn2(o, g, i, beta[:1])
     with pytest.raises(ValueError, match="`initial_state`"):
         hgrn2(o, g, i, beta, initial_state=h0[:1])
+    for bad in (h0.to(torch.complex64), h0.long(), h0.bool()):
+        with pytest.raises(ValueError, match="`initial_state`"):
+            hgrn2(o, g, i, beta, initial_state=bad)
     with pytest.raises(ValueError, match="`cu_seqlens`"):
         hgrn2(o[:1], g[:1], i[:1], cu_seqlens=torch.tensor([0, 20, 10, 37]))
     with pytest.raises(ValueError, match="`cu_seqlens`"):

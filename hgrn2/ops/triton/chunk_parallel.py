@@ -264,16 +264,17 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
             chunk_parallel_bwd_kernel[_parallel_grid(o, n_chunks, NV, H, tier)](*args, **kw, **flags, TIER=tier)
     if fz.numel():
         sprec = state_precision(dt, prec)
-        # a K-block per program over all of V, several programs per SM and K-block: each listed chunk's work is
-        # latency-bound, and the K-blocks that hold none of its small gates leave at once. It adds into V-block 0's
-        # rows of dlb, which the parallel launches above have written.
-        per_sm = max(1, cfg.small_programs_per_sm)
-        grid = (max(1, min(n_chunks * H, per_sm * sm_count(o.device))), cdiv(K, bk_small))
-        for form in range(2):  # the row walk, then the channel form (each takes the pairs it does in fewer steps)
-            chunk_parallel_bwd_small_kernel[grid](
-                o, g, i, lower_bound, h, dh, dy, dlb, fz, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
-                BK=bk_small, BVS=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec,
-                FORM=form, num_warps=cfg.num_warps_small,
+        # several programs per SM walk the listed chunks (each one's work is latency-bound), all of K and V each;
+        # they add into V-block 0's rows of dlb, which the parallel launches above have written. The pair form's
+        # launch chooses each chunk's form, then the channel form's launch takes the chunks left to it.
+        programs = max(1, min(n_chunks * H, max(1, cfg.small_programs_per_sm) * sm_count(o.device)))
+        form = torch.empty(n_chunks * H, dtype=torch.int8, device=o.device)  # each listed chunk's form
+        for FORM, bk, warps in ((0, min(max(16, next_pow2(K)), 128), cfg.num_warps_small),
+                                (1, bk_small, cfg.num_warps_channels)):
+            chunk_parallel_bwd_small_kernel[(programs,)](
+                o, g, i, lower_bound, h, dh, dy, dlb, fz, form, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
+                BK=bk, BVS=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec, FORM=FORM,
+                NP=cfg.pairs_per_step_small, PAIRS_PER_CHANNEL=cfg.pair_steps_per_channel, num_warps=warps,
             )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)

@@ -46,7 +46,6 @@ from ._common import (
     seq_bounds,
     sub_decay,
     suffix_exponent,
-    take_row,
     tier_list,
     walk_loads,
 )
@@ -336,39 +335,46 @@ def _sum_keep_later(s1, z1, k1, s2, z2, k2):
 
 @triton.jit
 def chunk_parallel_bwd_small_kernel(
-    o, g, i, lb, h, dh, dy, dlb, fz, chunks, scale, T, NT, NC,
+    o, g, i, lb, h, dh, dy, dlb, fz, form, chunks, scale, T, NT, NC,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr, FORM: tl.constexpr,
+    NP: tl.constexpr, PAIRS_PER_CHANNEL: tl.constexpr,
 ):
     """dβ's share of the forget gates below SMALL_F, exactly, added to V-block 0's β partial sums of the chunks that
-    `chunk_parallel_decay_kernel` listed in fz (grid (P, NK): a K-block each over all of V, walking the list as the
-    fallback launches do; a K-block whose channel groups the chunk's mask leaves out skips it without a load).
+    `chunk_parallel_decay_kernel` listed in fz (grid (P,): programs walking the list as the fallback launches do).
 
     There dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is formed directly, not as d log f / f (whose cancelling running sum
     would be divided by the small f), from the chunk-start state h_c and the end state's gradient dh_c, every
     exponent a sum of log f over the rows it spans (each ≤ 0: nothing divides by f), in one of two forms, launched
-    one after the other (FORM 0, 1), each taking the (chunk, K-block) pairs that it does in fewer steps: the row
-    walk (`_small_rows`, a step per row holding a small gate) or the channel form (`_small_channels`, one
-    [BT, BT] product per channel holding one). Each launch is compiled on its own, so neither form's registers
-    limit the other's occupancy."""
-    i_k = tl.program_id(1)
-    ck = i_k * BK + tl.arange(0, BK)
-    # this K-block's bits of the chunks' channel-group masks (int64: a block may reach bit 31)
-    first = tl.minimum(i_k * BK // SMALL_GROUP, 31)
-    last = tl.minimum((i_k * BK + BK - 1) // SMALL_GROUP, 31)
-    mine = ((tl.full([], 1, tl.int64) << (last - first + 1)) - 1) << first
+    one after the other:
+    - FORM 0 (BK-wide blocks over all of K) counts each listed (chunk, head)'s small gates and the channels
+      holding them, takes the chunk in the pair form (`_small_pairs`: NP (row, channel) pairs per step) when its
+      steps are at most PAIRS_PER_CHANNEL per such channel, and records its choice in `form`;
+    - FORM 1 (BK-wide K-blocks, skipping those whose channel groups the chunk's mask leaves out) takes the other
+      chunks in the channel form (`_small_channels`: one [BT, BT] product per channel).
+    Each launch is compiled on its own, so neither form's registers limit the other's occupancy."""
     for e in range(tl.program_id(0), tl.load(fz), tl.num_programs(0)):
         c_h = tl.load(fz + 1 + NC * H + e)
-        if (tl.load(fz + 1 + c_h).to(tl.int64) & mine) != 0:
-            _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, ck, scale, T, NT, NC, H, K, V, BT, BK, BVS,
-                         O_ACT, I_ACT, VARLEN, SPREC, FORM)
+        if FORM == 0:
+            _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, tl.arange(0, BK), scale, T, NT, NC, H, K, V,
+                         BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP, PAIRS_PER_CHANNEL)
+        elif tl.load(form + c_h) != 0:
+            groups = tl.load(fz + 1 + c_h).to(tl.int64)
+            for kb in range(0, tl.cdiv(K, BK)):
+                # this K-block's bits of the chunk's channel-group mask (int64: a block may reach bit 31)
+                first = tl.minimum(kb * BK // SMALL_GROUP, 31)
+                last = tl.minimum((kb * BK + BK - 1) // SMALL_GROUP, 31)
+                if (groups & (((tl.full([], 1, tl.int64) << (last - first + 1)) - 1) << first)) != 0:
+                    _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, kb * BK + tl.arange(0, BK), scale,
+                                 T, NT, NC, H, K, V, BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP,
+                                 PAIRS_PER_CHANNEL)
 
 
 @triton.jit
-def _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, ck, scale, T, NT, NC, H: tl.constexpr,
+def _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, ck, scale, T, NT, NC, H: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
                  O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr,
-                 FORM: tl.constexpr):
+                 FORM: tl.constexpr, NP: tl.constexpr, PAIRS_PER_CHANNEL: tl.constexpr):
     """`chunk_parallel_bwd_small_kernel` on the listed (chunk, head) c_h: the pointers moved there, then its work."""
     i_c, i_h = c_h // H, c_h % H
     t0, t1 = chunk_bounds(chunks, i_c, T, NT, BT, VARLEN)
@@ -376,17 +382,134 @@ def _small_chunk(o, g, i, lb, h, dh, dy, dlb, chunks, c_h, ck, scale, T, NT, NC,
     base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
     state = (i_c.to(tl.int64) * H + i_h) * V * K
     row = dlb + (i_c.to(tl.int64) * H + i_h) * K  # V-block 0's row: the main kernel has written it
-    _small_gates_grad(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n, i_h, ck,
-                      scale, H, K, V, BT, BK, BVS, O_ACT, I_ACT, SPREC, FORM)
+    if FORM == 0:
+        _small_pairs_chunk(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row,
+                           form + c_h, n, i_h, scale, H, K, V, BT, BK, BVS, NP, PAIRS_PER_CHANNEL, O_ACT, I_ACT,
+                           SPREC)
+    else:
+        _small_channels_block(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n,
+                              i_h, ck, scale, H, K, V, BT, BK, BVS, O_ACT, I_ACT, SPREC)
 
 
 @triton.jit
-def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, O_ACT: tl.constexpr,
-                      I_ACT: tl.constexpr, SPREC: tl.constexpr, FORM: tl.constexpr):
-    """`chunk_parallel_bwd_small_kernel` on one K-block of one chunk (pointers at its first row and head; h, dh at
-    its state): a K-block without a small gate costs one tile of logits; the others go to the form of this launch
-    when it takes fewer steps there. A channel's product costs about two rows' walks over V."""
+def _small_mask(g, lb, n, i_h, ck, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
+    """1 where a gate of the chunk's columns ck is below SMALL_F, else 0 [BT, BK] (pointer at the chunk's first row
+    and head)."""
+    offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
+    f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), load_beta(lb, i_h, K, ck, True), True)[4]
+    return tl.where(mtk & (f < SMALL_F), 1, 0)
+
+
+@triton.jit
+def _small_pairs_chunk(o, g, i, dy, lb, h, dh, row, form, n, i_h, scale, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, NP: tl.constexpr,
+                       PAIRS_PER_CHANNEL: tl.constexpr, O_ACT: tl.constexpr, I_ACT: tl.constexpr,
+                       SPREC: tl.constexpr):
+    """FORM 0 on one chunk (pointers at its first row and head; h, dh at its state): the choice of form, then the
+    pair form over all of K when it is chosen. A pair step costs about half a channel of the channel form."""
+    pairs = tl.zeros([], dtype=tl.int32)
+    chans = tl.zeros([], dtype=tl.int32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        small = _small_mask(g, lb, n, i_h, kb * BK + tl.arange(0, BK), H, K, BK, BT)
+        pairs += tl.sum(small)
+        chans += tl.sum(tl.max(small, 0))
+    use_pairs = tl.cdiv(pairs, NP) <= PAIRS_PER_CHANNEL * chans
+    tl.store(form, tl.where(use_pairs, 0, 1).to(tl.int8))
+    if use_pairs:
+        for kb in range(0, tl.cdiv(K, BK)):
+            ck = kb * BK + tl.arange(0, BK)
+            acc = _small_pairs(o, g, i, dy, lb, h, dh, n, i_h, ck, scale, H, K, V, BT, BK, BVS, NP, O_ACT, I_ACT,
+                               SPREC)
+            tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)
+
+
+@triton.jit
+def _small_pairs(o, g, i, dy, lb, h, dh, n, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, NP: tl.constexpr, O_ACT: tl.constexpr,
+                 I_ACT: tl.constexpr, SPREC: tl.constexpr):
+    """The pair form on the channels ck: the (row, channel) pairs holding a small gate, numbered row by row, then
+    channel by channel, NP per step (`_pair_grads`). Returns the block's dβ share [BK]."""
+    rows = tl.arange(0, BT)
+    beta = load_beta(lb, i_h, K, ck, True)
+    small = _small_mask(g, lb, n, i_h, ck, H, K, BK, BT)
+    count = tl.sum(small, 1)  # per row
+    end = tl.cumsum(count, 0)
+    start = end - count
+    total = tl.sum(count, 0)
+    p = tl.arange(0, NP)
+    acc = tl.zeros([BK], dtype=tl.float32)
+    for base in range(0, total, NP):
+        e = base + p
+        valid = e < total
+        tp = tl.minimum(tl.sum(tl.where(end[None, :] <= e[:, None], 1, 0), 1), BT - 1)  # the pair's row
+        rank = e - tl.sum(tl.where(rows[None, :] == tp[:, None], start[None, :], 0), 1)
+        # its channel: the rank-th small gate of row tp, whose gates are loaded again as one row per pair
+        mr = valid[:, None] & (ck < K)[None, :]
+        fr = gates(tl.load(g + tp[:, None] * (H * K) + ck[None, :], mask=mr, other=0.0).to(tl.float32), beta,
+                   True)[4]
+        fl = tl.where(mr & (fr < SMALL_F), 1, 0)
+        hit = (fl > 0) & (tl.cumsum(fl, 1) - fl == rank[:, None])
+        kp = tl.sum(tl.where(hit, ck[None, :], 0), 1)
+        found = tl.max(hit.to(tl.int32), 1) > 0
+        d_f = _pair_grads(o, g, i, dy, lb, h, dh, n, i_h, tp, kp, found, scale, H, K, V, BT, BVS, NP, O_ACT, I_ACT,
+                          SPREC)
+        acc += tl.sum(tl.where(hit, d_f[:, None], 0.0), 0)
+    return acc
+
+
+@triton.jit
+def _pair_grads(o, g, i, dy, lb, h, dh, n, i_h, tp, kp, valid, scale, H: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, BVS: tl.constexpr, NP: tl.constexpr, O_ACT: tl.constexpr,
+                I_ACT: tl.constexpr, SPREC: tl.constexpr):
+    """σ(−g)·dL/df at NP (row t, channel k) pairs [NP], from their channels' columns [BT, NP] (channel k's gates
+    over the chunk's rows, one column per pair):
+
+        h_{t−1} = α h_c + Σ_{s<t} N[s] v_s,   N[s] = k_s e^{Σ_{s<τ<t} log f_τ},   α = e^{Σ_{τ<t} log f_τ}
+        dH_t = γ dh_c + Σ_{u≥t} M[u] dy_u,    M[u] = q_u e^{Σ_{t<τ≤u} log f_τ},   γ = e^{Σ_{τ>t} log f_τ}
+
+    (channel k of the states), dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t): two [NP, BT] × [BT, V] products per step."""
+    rows = tl.arange(0, BT)
+    ok = (rows[:, None] < n) & valid[None, :]
+    off = rows[:, None] * (H * K) + kp[None, :]
+    beta = tl.load(lb + i_h * K + kp, mask=valid, other=0.0).to(tl.float32)
+    a, k, _, s_neg, _ = gates(tl.load(g + off, mask=ok, other=0.0).to(tl.float32), beta, True)
+    a = tl.where(ok, a, 0.0)
+    # log f one row down, so that the exponents are sums over the rows they span
+    okn = (rows[:, None] + 1 < n) & valid[None, :]
+    a_next = tl.where(okn, gates(tl.load(g + H * K + off, mask=okn, other=0.0).to(tl.float32), beta, True)[0], 0.0)
+    q = act(tl.load(o + off, mask=ok, other=0.0).to(tl.float32), O_ACT) * scale
+    before = rows[:, None] < tp[None, :]
+    after = rows[:, None] > tp[None, :]
+    span_n = tl.cumsum(tl.where(rows[:, None] + 1 < tp[None, :], a_next, 0.0), 0, reverse=True)  # Σ_{s<τ<t}
+    N = tl.where(before & ok, k * fast_exp(span_n), 0.0)
+    span_m = tl.cumsum(tl.where(after, a, 0.0), 0)  # Σ_{t<τ≤u}
+    M = tl.where(ok & (rows[:, None] >= tp[None, :]), q * fast_exp(span_m), 0.0)
+    alpha = fast_exp(tl.sum(tl.where(before, a, 0.0), 0))
+    gamma = fast_exp(tl.sum(tl.where(after, a, 0.0), 0))
+    w = tl.sum(tl.where(ok & (rows[:, None] == tp[None, :]), s_neg, 0.0), 0)  # ∂f/∂β = σ(−g)
+    d_f = tl.zeros([NP], dtype=tl.float32)
+    for j in range(0, tl.cdiv(V, BVS)):
+        cv = j * BVS + tl.arange(0, BVS)
+        offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
+        v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
+        dy_j = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
+        mp = valid[:, None] & (cv < V)[None, :]
+        s_off = cv[None, :] * K + kp[:, None]  # channel k of the states [V, K], one row per pair
+        v_t = tl.where(mp, act(tl.load(i + tp[:, None] * (H * V) + cv[None, :], mask=mp, other=0.0).to(tl.float32),
+                                I_ACT), 0.0)
+        X = (alpha[:, None] * tl.load(h + s_off, mask=mp, other=0.0).to(tl.float32)
+             + tl.dot(tl.trans(N), v, input_precision=SPREC) - v_t)  # h_{t−1} − v_t
+        Y = (gamma[:, None] * tl.load(dh + s_off, mask=mp, other=0.0).to(tl.float32)
+             + tl.dot(tl.trans(M), dy_j, input_precision=SPREC))  # dH_t
+        d_f += tl.sum(X * Y, 1)
+    return w * d_f
+
+
+@triton.jit
+def _small_channels_block(o, g, i, dy, lb, h, dh, row, n, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr,
+                          V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
+                          O_ACT: tl.constexpr, I_ACT: tl.constexpr, SPREC: tl.constexpr):
+    """FORM 1 on one K-block of one chunk (pointers at its first row and head; h, dh at its state)."""
     rows = tl.arange(0, BT)
     cols = tl.arange(0, BK)
     beta = load_beta(lb, i_h, K, ck, True)
@@ -395,68 +518,21 @@ def _small_gates_grad(o, g, i, dy, lb, h, dh, row, n, i_h, ck, scale, H: tl.cons
     small = tl.where(mtk & (f < SMALL_F), 1, 0)
     row_any = tl.max(small, 1)
     chan_any = tl.max(small, 0)
-    channels_form = tl.sum(row_any, 0) > 2 * tl.sum(chan_any, 0) + 1
-    if (FORM == 0 and not channels_form) or (FORM == 1 and channels_form):
-        # bit t (j): row t (channel j) holds a small gate; the loops test scalars
-        flagged = tl.sum(tl.where(row_any > 0, tl.full([BT], 1, tl.int64) << rows, 0), 0)
-        chans = tl.sum(tl.where(chan_any > 0, tl.full([BK], 1, tl.int64) << cols, 0), 0)
-        if flagged != 0:
-            a = tl.where(mtk, a, 0.0)
-            k = tl.where(mtk, k, 0.0)
-            w = tl.where(small > 0, s_neg, 0.0)  # ∂f/∂β = σ(−g) where the gate is small
-            q = tl.where(mtk, act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale, 0.0)
-            # log f one row down (a_next[s] = a[s + 1]), so that the exponents are sums over the rows they span
-            offn, mtn = chunk_tile(n - 1, ck, H, K, BK, BT)
-            a_next = tl.where(mtn, gates(tl.load(g + H * K + offn, mask=mtn, other=0.0).to(tl.float32), beta,
-                                         True)[0], 0.0)
-            if FORM == 0:
-                acc = _small_rows(i, dy, h, dh, n, ck, a, k, w, q, a_next, flagged, rows, H, K, V, BT, BK, BVS,
-                                  I_ACT, SPREC)
-            else:
-                acc = _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, H, K, V, BT, BK,
-                                      BVS, I_ACT, SPREC)
-            tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)
-
-
-@triton.jit
-def _small_rows(i, dy, h, dh, n, ck, a, k, w, q, a_next, flagged, rows, H: tl.constexpr, K: tl.constexpr,
-                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, I_ACT: tl.constexpr,
-                SPREC: tl.constexpr):
-    """The row walk: at each row t holding a small gate, two products per V sub-block,
-
-        h_{t−1} = e^{b_{t−1}} ⊙ h_c + Σ_{s<t} v_s ⊗ (k_s e^{Σ_{s<τ<t} log f_τ}),   then dy (h_{t−1} − v_t),
-
-    the row's V-independent factors first, then V in sub-blocks of BVS, v, dy, h_c and dh_c reloaded (from
-    cache) for each row: tiles of all of V held across the rows spilled. Returns the block's dβ share [BK]."""
-    acc = tl.zeros([BK], dtype=tl.float32)
-    for t in range(0, n):
-        if (flagged >> t) & 1:
-            decay = tl.cumsum(tl.where(rows[:, None] + 1 < t, a_next, 0.0), 0, reverse=True)  # Σ_{s<τ<t}
-            W = tl.where(rows[:, None] < t, k * fast_exp(decay), 0.0)
-            e_prev = fast_exp(tl.sum(tl.where(rows[:, None] < t, a, 0.0), 0))  # e^{b_{t−1}}
-            D = tl.zeros([BT, BK], dtype=tl.float32)  # dy_u · (h_{t−1} − v_t), summed over the sub-blocks
-            dSX = tl.zeros([BVS, BK], dtype=tl.float32)  # dh_c ⊙ (h_{t−1} − v_t), reduced over V after them
-            for j in range(0, tl.cdiv(V, BVS)):
-                cv = j * BVS + tl.arange(0, BVS)
-                offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
-                v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
-                # v_t loaded as row t (the same activation of the same element as in v)
-                v_t = tl.where(cv < V, act(tl.load(i + t * (H * V) + cv, mask=cv < V, other=0.0).to(tl.float32),
-                                           I_ACT), 0.0)
-                s_off = cv[:, None] * K + ck[None, :]
-                s_mask = (cv < V)[:, None] & (ck < K)[None, :]
-                S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
-                X = (S * e_prev[None, :] + tl.dot(tl.trans(v), W, input_precision=SPREC)
-                     - v_t[:, None])  # h_{t−1} − v_t [BVS, BK]
-                dy_t = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
-                D = tl.dot(dy_t, X, D, input_precision=SPREC)
-                dSX += tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32) * X
-            later = tl.where(rows[:, None] > t, a, 0.0)
-            span = tl.cumsum(later, 0)  # Σ_{t<τ≤u} log f_τ on the rows u ≥ t
-            wq = tl.where(rows[:, None] >= t, q * fast_exp(span), 0.0)
-            d_f = fast_exp(tl.sum(later, 0)) * tl.sum(dSX, 0) + tl.sum(wq * D, 0)
-            acc += take_row(w, rows, t) * d_f
-    return acc
+    # bit t (j): row t (channel j) holds a small gate; the loops test scalars
+    flagged = tl.sum(tl.where(row_any > 0, tl.full([BT], 1, tl.int64) << rows, 0), 0)
+    chans = tl.sum(tl.where(chan_any > 0, tl.full([BK], 1, tl.int64) << cols, 0), 0)
+    if flagged != 0:
+        a = tl.where(mtk, a, 0.0)
+        k = tl.where(mtk, k, 0.0)
+        w = tl.where(small > 0, s_neg, 0.0)  # ∂f/∂β = σ(−g) where the gate is small
+        q = tl.where(mtk, act(tl.load(o + offk, mask=mtk, other=0.0).to(tl.float32), O_ACT) * scale, 0.0)
+        # log f one row down (a_next[s] = a[s + 1]), so that the exponents are sums over the rows they span
+        offn, mtn = chunk_tile(n - 1, ck, H, K, BK, BT)
+        a_next = tl.where(mtn, gates(tl.load(g + H * K + offn, mask=mtn, other=0.0).to(tl.float32), beta,
+                                     True)[0], 0.0)
+        acc = _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, H, K, V, BT, BK,
+                              BVS, I_ACT, SPREC)
+        tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)
 
 
 @triton.jit
@@ -475,7 +551,7 @@ def _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, 
         γ_t (α_t Σ_v dh_c ⊙ h_c + (Ñ Vd)_t) + α_t (M Yh)_t + Σ_s (M G)[t, s] Ñ[t, s],
 
     one [BT, BT] product per channel that holds a small gate. Each exponent of M and N is a scan over the rows it
-    spans, as in the row walk. Returns the block's dβ share [BK]."""
+    spans, as in the pair form. Returns the block's dβ share [BK]."""
     G = tl.zeros([BT, BT], dtype=tl.float32)
     Vd = tl.zeros([BT, BK], dtype=tl.float32)
     Yh = tl.zeros([BT, BK], dtype=tl.float32)

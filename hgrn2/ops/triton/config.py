@@ -122,12 +122,17 @@ class ChunkParallelConfig(_Config):
     save_b: bool = _knob(True, "flag")  # keep the forward's within-chunk cumsum of log f for the backward
     # the backward in two parallel launches (dv; dq/dk/dg); None: split exactly when A is rebuilt
     bwd_split: bool | None = _knob(None, "flag?")
-    # the small-gates dβ kernel (chunk_parallel_bwd_small_kernel): programs per SM and K-block, warps, K-block
-    # (None: block_k_bwd), the V sub-block of its loop over all of V (64 spills in bf16)
+    # the small-gates dβ kernel (chunk_parallel_bwd_small_kernel): programs per SM, the V sub-block of its loops
+    # over all of V (64 spills in bf16); its pair form's warps, (row, channel) pairs per step, and the most steps
+    # per channel holding a small gate for which a chunk takes it; its channel form's warps and K-block (None:
+    # block_k_bwd)
     small_programs_per_sm: int = _knob(8, "count")
-    num_warps_small: int = _knob(4, "warps")
-    block_k_small: int | None = _knob(16, "block?")
     sub_block_v_small: int = _knob(32, "block")
+    num_warps_small: int = _knob(4, "warps")
+    pairs_per_step_small: int = _knob(16, "block")
+    pair_steps_per_channel: int = _knob(2, "count")
+    num_warps_channels: int = _knob(4, "warps")
+    block_k_small: int | None = _knob(16, "block?")
     chunk_max_spread: float = _knob(120.0, "spread")  # chunks whose log-decay is below this: one product
     # chunks past chunk_max_spread whose two halves each decay by less than this: one product per half (heads
     # that forget fast), for bf16 dot operands; the others take the sub-block or exact tier. fp32 dot operands

@@ -249,15 +249,18 @@ def _chunk_parallel_variants():
                    dict(g=f"*{dt}", lb="*fp32", fz="*i32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
                    dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen, CHUNK_SPREAD=120.0,
                         HALF_SPREAD=120.0, FLAG_SMALL=not varlen), 4)
-        # dβ at small gates: the default blocks (BK 16, all of V in sub-blocks of 32), fp16 inputs (fp32 dot
-        # operands, bf16's SPREC) beside fp32's
+        # dβ at small gates, both forms at the default blocks (the pair form over K = 128, the channel form in
+        # K-blocks of 16; all of V in sub-blocks of 32), fp16 inputs (fp32 dot operands, bf16's SPREC) beside fp32's
         for sdt in (dt, "fp16") if dt == "fp32" else (dt,):
             hdt = "fp32" if sdt == "fp16" else sdt  # the stored states' dtype
-            yield (f"bwd small gates {sdt} K=V=128 BK=16 BVS=32 w=4", b.chunk_parallel_bwd_small_kernel,
-                   dict(o=f"*{sdt}", g=f"*{sdt}", i=f"*{sdt}", lb="*fp32", h=f"*{hdt}", dh=f"*{hdt}", dy=f"*{sdt}",
-                        dlb="*fp32", fz="*i32", scale="fp32", T="i32", NT="i32", NC="i32"),
-                   dict(H=16, K=128, V=128, BT=common["BT"], BK=16, BVS=32, O_ACT=1, I_ACT=0, VARLEN=False,
-                        SPREC=prec if sdt == "fp32" else "tf32x3"), 4)
+            for form, bk in ((0, 128), (1, 16)):
+                yield (f"bwd small gates {sdt} form {form} K=V=128 BK={bk} BVS=32 w=4",
+                       b.chunk_parallel_bwd_small_kernel,
+                       dict(o=f"*{sdt}", g=f"*{sdt}", i=f"*{sdt}", lb="*fp32", h=f"*{hdt}", dh=f"*{hdt}",
+                            dy=f"*{sdt}", dlb="*fp32", fz="*i32", form="*i8", scale="fp32", T="i32", NT="i32",
+                            NC="i32"),
+                       dict(H=16, K=128, V=128, BT=common["BT"], BK=bk, BVS=32, O_ACT=1, I_ACT=0, VARLEN=False,
+                            SPREC=prec if sdt == "fp32" else "tf32x3", FORM=form, NP=16, PAIRS_PER_CHANNEL=2), 4)
         yield (f"fwd_h varlen {dt}", f.chunk_parallel_fwd_h_kernel,
                dict(g=f"*{dt}", i=f"*{dt}", h=f"*{dt}", cu_seqlens="*i32", chunk_offsets="*i32", T="i32",
                     NT="i32"),

@@ -48,18 +48,31 @@ def test_exact_through_the_dispatch():
     check(*run_both(small_bound_inputs(T=40, n_states=1), op, scale=0.5, o_act="silu", output_final_state=True))
 
 
-@pytest.mark.parametrize("pattern", ["rows", "channels", "both"])
-def test_exact_in_either_form(pattern):
-    """The small-gates kernel takes each (chunk, K-block) in the form with fewer steps: a few rows across many
-    channels (the row walk), many rows in a few channels (the channel form), or one chunk of each. Every
-    gradient, dβ too, against fp64, in bf16 (tf32x3 products of fp32 operands) and in fp32."""
+@pytest.mark.parametrize("steps", [0, 1, 10**6], ids=["channel-form", "both-forms", "pair-form"])
+def test_exact_in_either_form(steps):
+    """The small-gates kernel takes each chunk in the pair form (NP (row, channel) pairs per step) unless that takes
+    more than `pair_steps_per_channel` steps per channel holding a small gate, then in the channel form: a few rows
+    across many channels (2 steps, 12 channels) in the first chunk, many rows in two channels (3 steps) in the
+    last, taken in one form each or one chunk in each. Every gradient, dβ too, against fp64, in bf16 (tf32x3
+    products of fp32 operands) and in fp32."""
     for dtype in (torch.float32, torch.bfloat16):
         o, g, i, beta, h0 = make_inputs(1, 96, 2, 16, 32, lb=(2.0 ** -8, 0.9), n_states=1, dtype=dtype)
         beta[1, :12] = 0.0
-        if pattern in ("rows", "both"):  # rows 5 and 20 of the first 32-token chunk (64 in bf16), 12 channels
-            g[:, [5, 20], 1, :12] = -30.0
-        if pattern in ("channels", "both"):  # 24 rows of the last chunk, 2 channels
-            g[:, 70:94, 1, 3:5] = -30.0
+        g[:, [5, 20], 1, :12] = -30.0  # rows 5 and 20 of the first chunk (32 tokens in fp32, 64 in bf16)
+        g[:, 70:94, 1, 3:5] = -30.0  # 24 rows of the last chunk
+        with launch_config(chunk_parallel=cp.ChunkParallelConfig(pair_steps_per_channel=steps)):
+            check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
+                            output_final_state=True))
+
+
+def test_pairs_past_one_step():
+    """More pairs than one step holds (NP = 16), in rows whose small gates lie in several channels, some in a
+    second K-block of the pair form (K = 160: blocks of 128 and 32); the channel form is never chosen."""
+    o, g, i, beta, h0 = make_inputs(1, 40, 1, 160, 16, lb=(2.0 ** -8, 0.9), n_states=1)
+    chans = [0, 7, 8, 100, 130, 159]
+    beta[0, chans] = 0.0
+    g[:, 3:9, 0, chans] = -30.0  # 36 pairs: three steps
+    with launch_config(chunk_parallel=cp.ChunkParallelConfig(pair_steps_per_channel=10**6)):
         check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
                         output_final_state=True))
 
