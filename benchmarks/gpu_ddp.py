@@ -10,14 +10,16 @@ The corpus is synthetic (a noisy periodic source over the preset's vocabulary, s
 --work (default: a temporary folder) with each run's log.jsonl; the result goes to --out (default
 benchmarks/results/<device>x<nproc>/)/ddp.json.
 
-`--fsdp-variants [NAME ...]`: this process itself, launched by torchrun, trains the preset with each variant of
-the library's FSDP2 options (`distributed.wrap`, the train config keys `fsdp_reshard`, `fsdp_param_dtype`,
-`fsdp_prefetch`) and DDP, one after the other on the same global batches (the synthetic source, drawn per step),
-and reports tokens/s (the second half of the steps) and the losses; then it times saving and loading a checkpoint
-(model and AdamW state) the old way (full state dicts gathered to rank 0, `torch.save`, every rank reading the file)
-against the sharded one (`torch.distributed.checkpoint`, `hgrn2.train.sharded`). One process measures the one-GPU
-baseline (no wrapping; its checkpoint times too), which the run on several GPUs reads with --baseline to print
-each variant's speed-up and its largest loss difference. On an H200 host (each call meant to stay under 4 minutes
+`--fsdp-variants [NAME ...]`: this process itself, launched by torchrun, trains the preset with each variant of the
+library's FSDP2 options (`distributed.wrap`, the train config keys `fsdp_reshard`, `fsdp_param_dtype`,
+`fsdp_prefetch`, `fused_optimizer`) and DDP, one after the other on the same global batches (the synthetic source,
+drawn per step), and reports tokens/s (the second half of the steps) and the losses; then it times saving and
+loading a checkpoint (model and AdamW state) the old way (full state dicts gathered to rank 0, `torch.save`, every
+rank reading the file) against the sharded one (`torch.distributed.checkpoint`, `hgrn2.train.sharded`). One process
+measures the one-GPU baselines (no wrapping, with torch's default optimiser kernels and with the fused ones; its
+checkpoint times too), which the run on several GPUs reads with --baseline to print each variant's speed-up and its
+largest loss difference against the baseline with the same optimiser kernels. On an H200 host (each call meant to
+stay under 4 minutes
 at --steps 20):
 
     python3 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b --steps 20 --batch 16 --micro 4
@@ -49,14 +51,19 @@ sys.path.insert(0, ROOT)
 from hgrn2.bench.common import add_output_argument, environment, write_result  # noqa: E402
 from hgrn2.data.prepare import write_corpus  # noqa: E402
 
-# name: (parallel, fsdp_reshard, fsdp_param_dtype, fsdp_prefetch); "fsdp" is the library's default
+# name: (parallel, fsdp_reshard, fsdp_param_dtype, fsdp_prefetch, fused_optimizer); "fsdp" is the library's
+# default; "alone" runs on one process, unwrapped (the baselines, one per optimiser kernel)
 VARIANTS = {
-    "ddp": ("ddp", "auto", "fp32", 1),
-    "fsdp": ("fsdp", "auto", "fp32", 1),
-    "fsdp-never": ("fsdp", "never", "fp32", 1),
-    "fsdp-bf16": ("fsdp", "auto", "bf16", 1),
-    "fsdp-bf16-never": ("fsdp", "never", "bf16", 1),
-    "fsdp-bf16-never-p2": ("fsdp", "never", "bf16", 2),
+    "1 GPU": ("alone", "auto", "fp32", 1, False),
+    "1 GPU fused": ("alone", "auto", "fp32", 1, True),
+    "ddp": ("ddp", "auto", "fp32", 1, False),
+    "ddp-fused": ("ddp", "auto", "fp32", 1, True),
+    "fsdp": ("fsdp", "auto", "fp32", 1, False),
+    "fsdp-never": ("fsdp", "never", "fp32", 1, False),
+    "fsdp-bf16": ("fsdp", "auto", "bf16", 1, False),
+    "fsdp-bf16-never": ("fsdp", "never", "bf16", 1, False),
+    "fsdp-bf16-never-p2": ("fsdp", "never", "bf16", 2, False),
+    "fsdp-bf16-never-fused": ("fsdp", "never", "bf16", 1, True),
 }
 
 
@@ -122,8 +129,8 @@ def _vocab(cfg, args) -> int:
 _TEMPLATE: dict = {}
 
 
-def _fresh(args, cfg, d, variant: str | None):
-    """The preset's model (the same initial weights on every rank) wrapped as `variant` (None: alone), and AdamW."""
+def _fresh(args, cfg, d, variant: str):
+    """The preset's model (the same initial weights on every rank) wrapped as `variant`, and AdamW."""
     from hgrn2.train import distributed as D
     from hgrn2.train.model_factory import build_model
     from hgrn2.train.optim import build_optimizer
@@ -132,13 +139,13 @@ def _fresh(args, cfg, d, variant: str | None):
         torch.manual_seed(cfg.seed)
         _TEMPLATE["model"] = build_model(cfg.arch, cfg.model, _vocab(cfg, args))
     model = copy.deepcopy(_TEMPLATE["model"]).to(d.device)
-    if variant is not None:
-        how, reshard, dtype, prefetch = VARIANTS[variant]
+    how, reshard, dtype, prefetch, fused = VARIANTS[variant]
+    if how != "alone":
         model = D.wrap(model, how, d, reshard=reshard, param_dtype=dtype, prefetch=prefetch)
-    return model, build_optimizer(model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
+    return model, build_optimizer(model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, fused)
 
 
-def measure_variant(args, cfg, d, variant: str | None) -> dict:
+def measure_variant(args, cfg, d, variant: str) -> dict:
     """Train `args.steps` steps; tokens/s over the second half, the losses (mean over ranks)."""
     import contextlib
 
@@ -198,7 +205,7 @@ def measure_checkpoints(args, cfg, d, work: str) -> list[dict]:
     from hgrn2.train import distributed as D
     from hgrn2.train import sharded
 
-    model, opt = _fresh(args, cfg, d, cfg.parallel if d.world > 1 else None)
+    model, opt = _fresh(args, cfg, d, cfg.parallel if d.world > 1 else "1 GPU")
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()
@@ -244,17 +251,18 @@ def variants_main(args) -> None:
     from hgrn2.train.config import make_config
 
     d = D.init(args.device)
-    names = args.fsdp_variants or list(VARIANTS)
-    unknown = [n for n in names if n not in VARIANTS]
+    fits = [n for n, v in VARIANTS.items() if (v[0] == "alone") == (d.world == 1)]
+    names = args.fsdp_variants or fits
+    unknown = [n for n in names if n not in fits]
     if unknown or args.batch % (args.micro * d.world):
-        raise SystemExit(f"gpu_ddp.py: error: --fsdp-variants: unknown {unknown}, choose from {list(VARIANTS)}"
-                         if unknown else f"gpu_ddp.py: error: --batch {args.batch} is not a multiple of --micro "
-                         f"{args.micro} × {d.world} ranks")
+        raise SystemExit(f"gpu_ddp.py: error: --fsdp-variants: {unknown} not for {d.world} rank(s), choose from "
+                         f"{fits}" if unknown else f"gpu_ddp.py: error: --batch {args.batch} is not a multiple of "
+                         f"--micro {args.micro} × {d.world} ranks")
     cfg = make_config(args.preset, [f"seq_len={args.seq_len}", *args.set])
     work = D.gather_objects(args.work or tempfile.mkdtemp(prefix="hgrn2_fsdp_"), d)[0]  # rank 0's folder
     baseline = json.load(open(args.baseline)) if args.baseline else None
     rows = []
-    for name in (names if d.world > 1 else [None]):
+    for name in names:
         try:
             r = measure_variant(args, cfg, d, name)
         except Exception as e:  # noqa: BLE001 - a variant that fails on every rank alike; the others still run
@@ -264,9 +272,10 @@ def variants_main(args) -> None:
             continue
         finally:
             _release(d)
-        row = {"run": name or "1 GPU", "tok_per_s": r["tok_per_s"], "peak_gib": r["peak_gib"]}
-        if baseline:
-            one = baseline["rows"][0]
+        row = {"run": name, "tok_per_s": r["tok_per_s"], "peak_gib": r["peak_gib"]}
+        if baseline:  # against the one-process run with the same optimiser kernels, where the baseline has it
+            ones = {b["run"]: b for b in baseline["rows"] if "tok_per_s" in b}
+            one = ones.get("1 GPU fused" if VARIANTS[name][4] else "1 GPU", baseline["rows"][0])
             row["speedup_vs_1gpu"] = r["tok_per_s"] / one["tok_per_s"]
             row["max_rel_loss_diff_vs_1gpu"] = max(abs(a - b) / abs(b) for a, b in zip(r["loss"], one["loss"]))
         rows.append({**row, "loss": r["loss"]})

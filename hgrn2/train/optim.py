@@ -10,16 +10,17 @@ import math
 import torch
 
 
-def build_optimizer(model: torch.nn.Module, name: str, lr: float, betas, eps: float, weight_decay: float):
+def build_optimizer(model: torch.nn.Module, name: str, lr: float, betas, eps: float, weight_decay: float,
+                    fused: bool = False):
     """Two parameter groups: matrices (dim >= 2: projections, embeddings) decayed; vectors (norms, biases,
-    lower bounds) not. `fused`/`foreach` are left to torch's defaults for the device."""
+    lower bounds) not. `fused`: torch's fused kernels; else torch's default for the device (foreach on CUDA)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[name]
-    return cls(groups, lr=lr, betas=tuple(betas), eps=eps)
+    return cls(groups, lr=lr, betas=tuple(betas), eps=eps, **({"fused": True} if fused else {}))
 
 
 def lr_at(step: int, *, schedule: str, lr: float, warmup_steps: int, max_steps: int, min_lr: float = 0.0) -> float:

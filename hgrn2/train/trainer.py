@@ -151,7 +151,8 @@ class Trainer:
                              f"out_dir (they would be mixed with this run's)")
         self.task = LMTask(cfg, self.d, model, self.train_set, self.val_set, self.accum)
         self.engine = Engine(
-            self.task, lambda m: build_optimizer(m, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay),
+            self.task, lambda m: build_optimizer(m, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay,
+                                                 cfg.fused_optimizer),
             lambda step, epoch: lr_at(step, schedule=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                                       max_steps=cfg.max_steps, min_lr=cfg.min_lr),
             d=self.d, bf16=cfg.precision == "bf16", clip=cfg.grad_clip, accum=self.accum, parallel=cfg.parallel,

@@ -91,6 +91,23 @@ def test_weight_decay_only_on_matrices():
     assert isinstance(build_optimizer(m, "adam", 1e-3, (0.9, 0.98), 1e-8, 0.1), torch.optim.Adam)
 
 
+def test_fused_optimizer_takes_the_same_steps(data, tmp_path):
+    """fused_optimizer=true: torch's fused AdamW, the same update as the default kernels up to rounding."""
+    from hgrn2.train.trainer import Trainer
+
+    runs = {}
+    for fused in (False, True):
+        cfg = make_config(None, base_overrides(data, str(tmp_path / f"f{fused}"), dropout=0.0, max_steps=4,
+                                               save_every=0, eval_every=0, fused_optimizer=str(fused).lower()))
+        t = Trainer(cfg)
+        assert t.engine.optimizer.defaults.get("fused") is (True if fused else None)
+        t.train()
+        runs[fused] = losses(cfg.out_dir)
+    assert runs[True].keys() == runs[False].keys() and len(runs[True]) == 4
+    for step, loss in runs[False].items():
+        assert runs[True][step] == pytest.approx(loss, rel=1e-5)
+
+
 # --- checkpoints -------------------------------------------------------------------------------------------------
 
 
