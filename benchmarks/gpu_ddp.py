@@ -19,8 +19,7 @@ rank reading the file) against the sharded one (`torch.distributed.checkpoint`, 
 measures the one-GPU baselines (no wrapping, with torch's default optimiser kernels and with the fused ones; its
 checkpoint times too), which the run on several GPUs reads with --baseline to print each variant's speed-up and its
 largest loss difference against the baseline with the same optimiser kernels. On an H200 host (each call meant to
-stay under 4 minutes
-at --steps 20):
+stay under 4 minutes at --steps 20):
 
     python3 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b --steps 20 --batch 16 --micro 4
     torchrun --standalone --nproc_per_node 2 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b \
