@@ -54,7 +54,11 @@ def reason(e: BaseException) -> str:
     for x in (e, e.__cause__, e.__context__):
         if isinstance(x, OSError) and x.strerror:
             return x.strerror
-    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    # a heading that ends in a colon ("Error(s) in loading state_dict for X:") says nothing without its first item
+    return (lines[0] + (" " + lines[1] if lines[0].endswith(":") and len(lines) > 1 else ""))[:200]
 
 
 def _remove(path: str) -> None:

@@ -97,8 +97,9 @@ class TrainConfig:
         problem = folder_problem(self.out_dir)
         if problem:
             raise ValueError(f"out_dir: {problem}")
-        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        # the optimiser's fp32 arithmetic (lr times the weight decay, the moments) overflows far below fp32's range
+        if not (0 < self.lr < 1e30 and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"need 0 < lr < 1e30 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.fused_optimizer not in (True, False):

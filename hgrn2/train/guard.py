@@ -13,8 +13,8 @@ import sys
 
 import torch
 
-STOPPED = ("stopped without saving: the newest checkpoint holds the last finite step (lower the learning rate or "
-           "clip gradients, and start again from it or from scratch)")
+STOPPED = ("stopped without saving it: the checkpoints, if any, hold finite steps only (lower the learning rate or "
+           "clip gradients, and start again from the newest one or from scratch)")
 
 
 class RunError(RuntimeError):
@@ -131,6 +131,12 @@ def same_path(a, b) -> bool:
     if not a or not b:
         return a == b
     return os.path.realpath(str(a)) == os.path.realpath(str(b))
+
+
+def absolute(settings: dict, paths) -> dict:
+    """`settings` with its `paths` keys made absolute, as a checkpoint keeps them: a relative path resolved later
+    from another working directory would name another folder."""
+    return {**settings, **{k: os.path.abspath(str(settings[k])) for k in paths if settings.get(k)}}
 
 
 def check_resume(where: str, saved: dict, now: dict, *, fixed, paths=(), extendable=()) -> list[str]:

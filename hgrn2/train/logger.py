@@ -17,7 +17,7 @@ def read_log(path: str) -> list[dict]:
     """The records of a run log. A line that is not a JSON object (garbled, or half-written by a killed process)
     is skipped with a warning naming it; the records after it are kept."""
     out, bad = [], []
-    with open(path) as f:
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is garbled like any other
         lines = f.readlines()
     for k, line in enumerate(lines):
         if not line.strip():
@@ -28,7 +28,7 @@ def read_log(path: str) -> list[dict]:
             record = None
         if isinstance(record, dict):
             out.append(record)
-        elif k < len(lines) - 1 or line.endswith("\n"):  # a last line without its newline is a cut write
+        elif k < len(lines) - 1 or line.endswith(b"\n"):  # a last line without its newline is a cut write
             bad.append(k + 1)
     if bad:
         warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s) (line {', '.join(map(str, bad[:5]))}"

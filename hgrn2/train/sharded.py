@@ -6,9 +6,10 @@ A checkpoint is the folder `<dir>/step_00001000/`: every rank writes its own sha
 sha256 of every file), and the folder, written as `step_00001000.tmp/`, becomes a checkpoint by its final rename. A
 folder counts only when its manifest matches, so a crash at any point leaves the previous checkpoint in use; loading
 reshards to the current world size (a run saved on 2 ranks resumes on 1 and the reverse). Nothing in a checkpoint
-is unpickled as code: the tensors through DCP, DCP's metadata through an allow-list, `train_state.pt` with
-`weights_only=True`. Single-file `step_*.pt` checkpoints of earlier versions (`checkpoint.py`) still resume:
-the language model's (full state dicts keyed by name) and the other tasks' (`optimizer.state_dict()`).
+is unpickled as code: the tensors through DCP, DCP's metadata through an allow-list (an entry that DCP would
+unpickle refused), `train_state.pt` with `weights_only=True`. Single-file `step_*.pt` checkpoints of earlier versions
+(`checkpoint.py`) still resume: the language model's (full state dicts keyed by name) and the other tasks'
+(`optimizer.state_dict()`).
 """
 
 from __future__ import annotations
@@ -264,10 +265,15 @@ class SafeReader(dcp.FileSystemReader):
     """DCP's file reader, its metadata read through `_MetadataUnpickler` (DCP's own reader uses `pickle.load`)."""
 
     def read_metadata(self, *args, **kwargs):
-        from torch.distributed.checkpoint.metadata import StorageMeta
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
 
         with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
             metadata = _MetadataUnpickler(f).load()
+        # DCP unpickles an entry stored as bytes without weights_only; the engine's checkpoints hold tensors only
+        pickled = [k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)]
+        if pickled:
+            raise pickle.UnpicklingError(f"entry {pickled[0]!r} is a pickled object, which is not allowed in a "
+                                         f"checkpoint (it would be unpickled as code)")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

@@ -28,7 +28,7 @@ from . import distributed as D
 from . import sharded
 from .config import TrainConfig
 from .engine import Engine, EpochEnd, Task
-from .guard import check_resume
+from .guard import absolute, check_resume
 from .model_factory import build_model
 from .optim import build_optimizer, lr_at
 
@@ -102,7 +102,7 @@ class LMTask(Task):
         return f"step {record['step']}: val loss {record['val_loss']:.4f}, ppl {record['val_ppl']:.2f}"
 
     def state(self) -> dict:
-        return {"config": dataclasses.asdict(self.cfg)}
+        return {"config": absolute(dataclasses.asdict(self.cfg), RESUME_PATHS)}
 
     def load_state(self, state: dict) -> None:
         cfg = self.cfg

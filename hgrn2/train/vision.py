@@ -305,7 +305,8 @@ class VisionTask(Task):
 
     def state(self) -> dict:
         return {"ema": self.ema.state_dict() if self.ema else None, "best_acc1": self.best,
-                "config": dataclasses.asdict(self.cfg), "model_config": self.model.config.to_dict()}
+                "config": guard.absolute(dataclasses.asdict(self.cfg), ("data",)),
+                "model_config": self.model.config.to_dict()}
 
     def load_state(self, state: dict) -> None:
         now = dataclasses.asdict(self.cfg)

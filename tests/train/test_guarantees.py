@@ -177,6 +177,31 @@ def test_lm_resume_refuses_other_settings_and_says_what_changes(corpus, tmp_path
         Trainer(lm_config(make_corpus(tmp_path / "other", n_train=3000, n_val=300), tmp_path, max_steps=16))
 
 
+@pytest.mark.parametrize("task", ["lm", "vision"])
+def test_a_relative_data_path_means_the_folder_it_named_at_the_start(task, corpus, tmp_path, monkeypatch):
+    """The checkpoint keeps the data path absolute: the same relative spelling from another working directory names
+    another folder, and the resume is refused."""
+    here, there, out = tmp_path / "a", tmp_path / "b", tmp_path / "run"
+    here.mkdir()
+    if task == "lm":
+        os.symlink(corpus, here / "data")
+        make_corpus(there / "data", n_train=3000, n_val=300)
+        start, again = lm_config("data", out, max_steps=4), lm_config("data", out, max_steps=8)
+        run = Trainer
+    else:
+        make_fashion_fixture(here / "data")
+        make_fashion_fixture(there / "data", n_train=64, seed=1)
+        start, again = fashion_config("data", out, "epochs=1"), fashion_config("data", out, "epochs=2")
+
+        def run(cfg):
+            return VisionTrainer(cfg, D.init("cpu"))
+    monkeypatch.chdir(here)
+    run(start).train()
+    monkeypatch.chdir(there)
+    with pytest.raises(ValueError, match=r"other settings \(data "):
+        run(again)
+
+
 def test_lra_resume_refuses_other_seeds_and_data(tmp_path, capsys):
     assert cli_main(lra_args(tmp_path, "--max-steps", "3")) == 0
     for flag, value in (("--data-seed", "3"), ("--lr", "1e-3")):
@@ -271,6 +296,40 @@ def test_a_planted_checkpoint_runs_no_code(task, corpus, images, tmp_path, capsy
     assert not marker.exists()
 
 
+def test_a_checkpoint_entry_stored_as_a_pickle_is_refused(tmp_path):
+    """DCP unpickles an entry marked as bytes without weights_only: such an entry (here the payload appended to the
+    shard file, its manifest rewritten to match) makes the checkpoint unusable instead of running."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    d = D.Dist(0, 1, 0, torch.device("cpu"))
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(1, 3)).sum().backward()
+    opt.step()
+    path = Path(sharded.save(str(tmp_path), 1, model, opt, {"step": 1}, d, keep_last=1))
+    with open(path / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    key = "model.weight"
+    info = next(v for k, v in meta.storage_data.items() if k.fqn == key)
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(Payload(marker))
+    offset = os.path.getsize(path / info.relative_path)
+    with open(path / info.relative_path, "ab") as f:
+        f.write(payload)
+    meta.storage_data = {k: v for k, v in meta.storage_data.items() if k.fqn != key}
+    meta.storage_data[MetadataIndex(key)] = _StorageInfo(info.relative_path, offset, len(payload))
+    meta.state_dict_metadata[key] = BytesStorageMetadata()
+    (path / ".metadata").write_bytes(pickle.dumps(meta))
+    (path / sharded.MANIFEST).write_text(json.dumps({n: {"bytes": os.path.getsize(path / n),
+                                                         "sha256": ckpt.sha256(str(path / n))}
+                                                     for n in os.listdir(path) if n != sharded.MANIFEST}))
+    with pytest.warns(UserWarning, match="unusable .*'model.weight' is a pickled object"):
+        with pytest.raises(guard.RunError, match="no intact checkpoint among 1"):
+            sharded.load_latest(str(tmp_path), model, opt, d)
+    assert not marker.exists()
+
+
 def test_checkpoints_from_before_plain_rng_states_still_load(tmp_path):
     import random
 
@@ -288,10 +347,11 @@ def test_checkpoints_from_before_plain_rng_states_still_load(tmp_path):
 
 def test_a_garbled_log_line_is_skipped_and_nothing_after_it_lost(corpus, tmp_path):
     Trainer(lm_config(corpus, tmp_path)).train()
-    lines = (tmp_path / "log.jsonl").read_text().splitlines(keepends=True)
-    lines.insert(3, '{"kind": "train", "st\x00\n')
-    (tmp_path / "log.jsonl").write_text("".join(lines))
-    with pytest.warns(UserWarning, match=r"skipped 1 unreadable line\(s\) \(line 4\)"):
+    lines = (tmp_path / "log.jsonl").read_bytes().splitlines(keepends=True)
+    lines.insert(3, b'{"kind": "train", "st\x00\n')
+    lines.insert(5, b'{"kind": \xff\xfe garbage\n')  # not UTF-8
+    (tmp_path / "log.jsonl").write_bytes(b"".join(lines))
+    with pytest.warns(UserWarning, match=r"skipped 2 unreadable line\(s\) \(line 4, 6\)"):
         Trainer(lm_config(corpus, tmp_path, max_steps=12)).train()
     steps = [r["step"] for r in read_log(str(tmp_path / "log.jsonl")) if r["kind"] == "train"]
     assert steps == list(range(1, 13))

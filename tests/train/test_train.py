@@ -52,6 +52,9 @@ def test_overrides_typed_and_checked():
     with pytest.raises(ValueError, match="fsdp_prefetch must be >= 0, got -1"):
         make_config("tiny", ["data=d", "fsdp_prefetch=-1"])
     assert make_config("tiny", ["data=d", "fsdp_param_dtype=bf16"]).fsdp_param_dtype == "bf16"
+    for lr in ("0", "1e39", "nan", "inf"):  # 1e39: the optimiser's fp32 arithmetic would overflow mid-step
+        with pytest.raises(ValueError, match=r"need 0 < lr < 1e30 .*got lr="):
+            make_config("tiny", ["data=d", f"lr={lr}"])
     assert make_config("tiny", []).data == ""  # a config without data is valid; training it is not
     with pytest.raises(FileNotFoundError, match="presets: "):
         make_config("no-such-preset", ["data=d"])
