@@ -545,3 +545,9 @@ def test_single_file_checkpoints_of_earlier_versions_still_resume(corpus, tmp_pa
     Trainer(lm_config(corpus, tmp_path / "old", max_steps=5, eval_every=0)).train()
     ref, got = (read_log(str(tmp_path / n / "log.jsonl")) for n in ("ref", "old"))
     assert [(r["kind"], r["step"], r.get("loss")) for r in got] == [(r["kind"], r["step"], r.get("loss")) for r in ref]
+
+
+def test_a_failure_reason_keeps_the_first_item_after_its_heading():
+    e = RuntimeError('Error(s) in loading state_dict for HGRN2ForCausalLM:\n\tMissing key(s) in state_dict: "w".')
+    assert ckpt.reason(e) == 'Error(s) in loading state_dict for HGRN2ForCausalLM: Missing key(s) in state_dict: "w".'
+    assert ckpt.reason(RuntimeError("one line\nmore")) == "one line" and ckpt.reason(ValueError()) == "ValueError"
