@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hgrn2.data.files import write_json
-from hgrn2.train.guard import RunError
+from hgrn2.train.guard import RunError, RunLock
 
 REPORT_SECONDS = 0.5  # a worker sends its step count at most this often
 
@@ -145,7 +145,12 @@ def sweep(specs: list, out: Path, device: str, train_fn: Callable, *, concurrent
     `summary(result)` is the line printed when a run finishes."""
     rank, world = _ranks()
     if world == 1:
-        return _sweep(specs, out, device, train_fn, concurrent, max_minutes, name, summary, prepare, options or {})
+        lock = RunLock(str(out))  # a second sweep into this folder is refused before it trains or writes anything
+        try:
+            return _sweep(specs, out, device, train_fn, concurrent, max_minutes, name, summary, prepare,
+                          options or {})
+        finally:
+            lock.release()
     if device == "cuda":
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     todo = [s for s in specs if not (read_result(out / "runs" / f"{s.run_id}.json") or {}).get("complete")]

@@ -195,6 +195,19 @@ def test_cli_sweep_resumes(tmp_path, capsys):
     assert [f.stat().st_mtime_ns for f in files] == mtimes
 
 
+def test_a_second_sweep_into_one_folder_is_refused(tmp_path, capsys):
+    """Its lock on the output folder: nothing trained, no table, figure or results.json written, one line."""
+    from hgrn2.train.guard import RunError, RunLock
+
+    lock = RunLock(str(tmp_path / "out"))
+    try:
+        with pytest.raises(RunError, match="is in use by another process"):  # `hgrn2` prints it, exit 1
+            _cli(tmp_path)
+    finally:
+        lock.release()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".lock"]
+
+
 def test_cli_report_trains_nothing(tmp_path, capsys):
     assert _cli(tmp_path) == 0
     out = tmp_path / "out"
