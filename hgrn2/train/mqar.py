@@ -264,13 +264,15 @@ def table(results: list[dict], mixers, dims, seq_lens) -> str:
     titles = [f"L={L} kv={kv.get(L, '?')}" for L in seq_lens]
     w = max([16, *(len(m) + 2 for m in mixers)])
     head = f"{'mixer':<{w}}{'d':>5}" + "".join(f"{t:>15}" for t in titles)
-    lines = ["MQAR test accuracy (max over learning rates of the final accuracy; * = cut by the budget)", head]
+    lines = ["MQAR test accuracy (max over learning rates of the final accuracy; * = cut by the budget, "
+             "! = diverged)", head]
     for m in mixers:
         for d in dims:
             cells = []
             for L in seq_lens:
                 r = best.get((m, d, L))
-                cells.append("-" if r is None else f"{r['final_accuracy']:.3f}" + ("" if r["complete"] else "*"))
+                cells.append("-" if r is None else f"{r['final_accuracy']:.3f}" + ("" if r["complete"] else "*")
+                             + ("!" if r.get("diverged") else ""))
             lines.append(f"{m:<{w}}{d:>5}" + "".join(f"{c:>15}" for c in cells))
     return "\n".join(lines)
 

@@ -263,6 +263,8 @@ def test_table_takes_max_over_lrs():
     text = sweep_mod.table([res(1e-3, 0.5), res(5e-3, 0.75, complete=False)], ["hgrn2", "attention"], [64], [256])
     assert "0.750*" in text and "0.500" not in text
     assert text.splitlines()[-1].split()[-1] == "-"
+    diverged = {**res(1e-2, 0.0), "diverged": True}  # the best of its learning rates here: marked, not a plain 0
+    assert "0.000!" in sweep_mod.table([diverged], ["hgrn2"], [64], [256])
 
 
 @pytest.mark.parametrize("mixer", ["hgrn2", "hgrn1_complex", "attention"])
