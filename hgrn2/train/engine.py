@@ -26,6 +26,7 @@ losses since the last log record), `seconds`, `run_id` and the task's own keys (
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -267,7 +268,10 @@ class Engine:
                 if self.log_every and (self.step % self.log_every == 0 or (at_end and self.epoch == epochs - 1)):
                     self._log_step(watch, lr, norm)
                 if self.eval_every and self.step % self.eval_every == 0 and not at_end:
-                    self.validate()
+                    if self.raise_on_divergence:
+                        watch.check(f" ({self.name})")  # a diverged model's evaluation fails on its own checks
+                    with guard.step_values(self.step):  # weights that left their range in this step's update
+                        self.validate()
                 stopped = ("on_step" if on_step is not None and on_step() and not at_end else
                            "max_steps" if max_steps is not None and self.step >= max_steps else
                            "max_minutes" if deadline is not None and time.time() > deadline else None)
@@ -286,7 +290,8 @@ class Engine:
             diverged = watch.bad_step() is not None
             sums = self.sums.tolist() if self.sums is not None else [0.0, 0.0]
             train_time = time.time() - t_epoch
-            metrics = task.evaluate(self.wrapped)
+            with guard.step_values(self.step) if self.raise_on_divergence else contextlib.nullcontext():
+                metrics = task.evaluate(self.wrapped)
             entry = task.entry(EpochEnd(self.epoch, self.step, float(lr if lr is not None else 0.0), sums, metrics,
                                         self.seconds, train_time, time.time() - t_epoch, steps, first == 0))
             self.history.append(entry)

@@ -117,6 +117,15 @@ def test_diverged_lm_run_keeps_its_finite_checkpoints(corpus, tmp_path, poison_a
     assert all(math.isfinite(r["loss"]) for r in read_log(str(tmp_path / "log.jsonl")) if r["kind"] == "train")
 
 
+def test_a_divergence_met_first_by_an_evaluation_is_reported_as_one(corpus, tmp_path, poison_after):
+    """An evaluation before the next log line or save: the run stops as diverged, not on the evaluation's checks of
+    the NaN model (the lower bounds' range)."""
+    poison_after(3)  # step 3's update leaves NaN weights; the evaluation after it comes before any log line
+    with pytest.raises(guard.Diverged, match="left their range at step 3 "):
+        Trainer(lm_config(corpus, tmp_path, max_steps=16, log_every=7, eval_every=3)).train()
+    assert not (tmp_path / "final").exists()
+
+
 def test_lm_cli_with_a_huge_learning_rate_stops_in_one_line(corpus, tmp_path, capsys):
     rc = cli_main(["train", "--set", *base_overrides(corpus, str(tmp_path), max_steps=12, save_every=4, lr=1e4)])
     err = capsys.readouterr().err.strip().splitlines()
