@@ -268,9 +268,7 @@ class Engine:
                 if self.log_every and (self.step % self.log_every == 0 or (at_end and self.epoch == epochs - 1)):
                     self._log_step(watch, lr, norm)
                 if self.eval_every and self.step % self.eval_every == 0 and not at_end:
-                    if self.raise_on_divergence:
-                        watch.check(f" ({self.name})")  # a diverged model's evaluation fails on its own checks
-                    with guard.step_values(self.step):  # weights that left their range in this step's update
+                    with self._evaluation(watch):
                         self.validate()
                 stopped = ("on_step" if on_step is not None and on_step() and not at_end else
                            "max_steps" if max_steps is not None and self.step >= max_steps else
@@ -285,12 +283,10 @@ class Engine:
             if stopped is not None and self.mid_epoch and not at_end:
                 self._save(watch)  # continued at this iteration by the next call
                 break
-            if watch.bad_step() is not None and self.raise_on_divergence:
-                watch.check(f" ({self.name})")  # a diverged epoch is neither evaluated nor saved
             diverged = watch.bad_step() is not None
             sums = self.sums.tolist() if self.sums is not None else [0.0, 0.0]
             train_time = time.time() - t_epoch
-            with guard.step_values(self.step) if self.raise_on_divergence else contextlib.nullcontext():
+            with self._evaluation(watch):  # a diverged epoch is neither evaluated nor saved
                 metrics = task.evaluate(self.wrapped)
             entry = task.entry(EpochEnd(self.epoch, self.step, float(lr if lr is not None else 0.0), sums, metrics,
                                         self.seconds, train_time, time.time() - t_epoch, steps, first == 0))
@@ -319,6 +315,18 @@ class Engine:
         self.sums = self.sums_step if self.sums is None else self.sums + self.sums_step
         self.loss_sum = self.loss_sum + (both[-1] if self.d.world == 1 else both[-1] / self.d.world)
         self.loss_count += 1
+
+    @contextlib.contextmanager
+    def _evaluation(self, watch: guard.FiniteWatch):
+        """Around an evaluation of the model as trained so far: a run that stops on divergence stops as diverged
+        before it (a diverged model's evaluation fails on its own checks) or in it (weights that left their range
+        in the last update, whose loss was still finite)."""
+        if not self.raise_on_divergence:
+            yield
+            return
+        watch.check(f" ({self.name})")
+        with guard.step_values(self.step):
+            yield
 
     def validate(self) -> dict:
         """Evaluate now (between epochs' ends): logged as a "val" record and printed; returns the record."""
