@@ -26,7 +26,8 @@ stay under 4 minutes at --steps 20):
         --steps 20 --batch 16 --micro 4 --baseline benchmarks/results/h200/fsdp_variants.json
 
 (the first writes benchmarks/results/h200/fsdp_variants.json, the second .../h200x2/fsdp_variants.json; names:
-VARIANTS below; --no-checkpoint skips the checkpoint times; a CPU check: --device cpu --preset tiny with gloo).
+VARIANTS below; --no-checkpoint skips the checkpoint times; --profile DIR adds where each variant's step time goes;
+a CPU check: --device cpu --preset tiny with gloo).
 """
 
 from __future__ import annotations
@@ -173,8 +174,96 @@ def measure_variant(args, cfg, d, variant: str) -> dict:
     _sync(d.device)
     seconds = time.time() - t0
     memory = torch.cuda.max_memory_allocated(d.device) / 2**30 if d.device.type == "cuda" else None
-    return {"tok_per_s": (args.steps - half) * args.batch * args.seq_len / seconds,
-            "loss": [float(v) for v in losses], "peak_gib": memory}
+    out = {"tok_per_s": (args.steps - half) * args.batch * args.seq_len / seconds,
+           "loss": [float(v) for v in losses], "peak_gib": memory}
+    if args.profile:
+        def step(i):
+            x = source_batch(args.steps + i, args.batch, args.seq_len, vocab)[d.rank * rows:(d.rank + 1) * rows]
+            train_step(micro_loss, opt, [x.to(d.device)], accum, max_norm=cfg.grad_clip or None,
+                       sync=lambda last: D.no_sync(model, last))
+        out["profile"] = profile_steps(step, 2, os.path.join(args.profile, f"{variant}.rank{d.rank}"), d.device)
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def profile_steps(step, n: int, path: str, device: torch.device) -> dict:
+    """Run `step(i)` n times under the profiler; per step (ms): the GPU's span, the time any kernel runs, the time
+    only communication kernels run (exposed communication), the optimiser's kernels and idle time. The kernel
+    table goes to `path`.txt."""
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    cuda = device.type == "cuda"
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
+        for i in range(n):
+            step(i)
+        _sync(device)
+    with open(path + ".txt", "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
+                                          row_limit=30, max_name_column_width=80))
+    prof.export_chrome_trace(path + ".json")
+    with open(path + ".json") as f:
+        kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and "dur" in e]
+    os.remove(path + ".json")
+    if not kernels:
+        return {}
+    iv = [(e["ts"], e["ts"] + e["dur"], e["name"].lower()) for e in kernels]
+    span = max(b for _, b, _ in iv) - min(a for a, _, _ in iv)
+    busy = _union([(a, b) for a, b, _ in iv])
+    compute = _union([(a, b) for a, b, k in iv if "nccl" not in k])
+    optim = sum(b - a for a, b, k in iv if "adam" in k or "multi_tensor" in k)
+    out = {k: v / n / 1e3 for k, v in {"span_ms": span, "busy_ms": busy, "exposed_comm_ms": busy - compute,
+                                      "comm_ms": sum(b - a for a, b, k in iv if "nccl" in k),
+                                      "optimizer_ms": optim, "idle_ms": span - busy}.items()}
+    return {**out, **_exposed(iv, n)}
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[list[float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _exposed(iv: list[tuple[float, float, str]], n: int) -> dict:
+    """Per collective kind, the ms per step its kernels run with no compute kernel beside them, and the five
+    longest such stretches (ms into the profile, length, collective, the compute kernel before)."""
+    import bisect
+
+    compute = _merged([(a, b) for a, b, k in iv if "nccl" not in k])
+    starts = [a for a, _ in compute]
+    ends = sorted((b, k) for _, b, k in iv if "nccl" not in k)  # the compute kernel that ended last before a point
+    end_times = [b for b, _ in ends]
+    by_kind: dict[str, float] = {}
+    stretches = []
+    for a, b, k in iv:
+        if "nccl" not in k:
+            continue
+        kind = next((c for c in ("allgather", "reducescatter", "allreduce") if c in k.replace("_", "")), "other")
+        covered, i = 0.0, max(0, bisect.bisect_right(starts, a) - 1)
+        while i < len(compute) and compute[i][0] < b:
+            covered += max(0.0, min(b, compute[i][1]) - max(a, compute[i][0]))
+            i += 1
+        by_kind[kind] = by_kind.get(kind, 0.0) + (b - a - covered)
+        j = bisect.bisect_right(end_times, a) - 1
+        stretches.append((b - a - covered, a, kind, ends[j][1] if j >= 0 else ""))
+    t0 = min(a for a, _, _ in iv)
+    top = sorted(stretches, reverse=True)[:5]
+    return {"exposed_by_ms": {k: v / n / 1e3 for k, v in by_kind.items()},
+            "exposed_top": [{"at_ms": (a - t0) / 1e3, "ms": e / 1e3, "kind": kind, "after": before[:60]}
+                            for e, a, kind, before in top]}
 
 
 def _release(d) -> None:
@@ -271,7 +360,7 @@ def variants_main(args) -> None:
             continue
         finally:
             _release(d)
-        row = {"run": name, "tok_per_s": r["tok_per_s"], "peak_gib": r["peak_gib"]}
+        row = {"run": name, "tok_per_s": r["tok_per_s"], "peak_gib": r["peak_gib"], **r.get("profile", {})}
         if baseline:  # against the one-process run with the same optimiser kernels, where the baseline has it
             ones = {b["run"]: b for b in baseline["rows"] if "tok_per_s" in b}
             one = ones.get("1 GPU fused" if VARIANTS[name][4] else "1 GPU", baseline["rows"][0])
@@ -292,7 +381,14 @@ def variants_main(args) -> None:
               f"micro {args.micro}")
         print(format_table(rows, [("run", "run", ""), ("tokens/s", "tok_per_s", ".0f"),
                                   ("× 1 GPU", "speedup_vs_1gpu", ".2f"), ("peak GiB", "peak_gib", ".1f"),
-                                  ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e"), ("error", "error", "")]))
+                                  ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e"),
+                                  ("span ms", "span_ms", ".1f"), ("idle ms", "idle_ms", ".1f"),
+                                  ("exposed comm ms", "exposed_comm_ms", ".1f"),
+                                  ("optimizer ms", "optimizer_ms", ".1f"),
+                                  ("error", "error", "")]))
+        for r in rows:
+            if r.get("exposed_by_ms"):
+                print(f"{r['run']}: exposed ms per step {r['exposed_by_ms']}; longest {r['exposed_top']}")
         if checkpoints:
             print("\n" + format_table(checkpoints, [("checkpoint", "checkpoint", ""), ("save s", "save_s", ".1f"),
                                              ("load s", "load_s", ".1f"), ("GiB", "gib", ".1f")]))
@@ -321,6 +417,9 @@ def main() -> None:
                     f"torchrun; none named: all of {', '.join(VARIANTS)}) and the checkpoint times")
     ap.add_argument("--baseline", help="--fsdp-variants: the one-GPU run's fsdp_variants.json (speed-ups, losses)")
     ap.add_argument("--no-checkpoint", action="store_true", help="--fsdp-variants: skip the checkpoint times")
+    ap.add_argument("--profile", metavar="DIR", help="--fsdp-variants: profile two more steps of each variant "
+                    "(kernel tables per rank into DIR; per-step GPU span, busy, exposed communication, optimiser "
+                    "and idle ms into the result)")
     args = ap.parse_args()
     if args.fsdp_variants is not None:
         return variants_main(args)

@@ -28,6 +28,9 @@ again (`--confirm-rounds` more rounds of both trees) and judged on all its round
   varlen     fwd+bwd of 16K tokens packed from sequences of random lengths (cu_seqlens)
   reverse    fwd+bwd at B8 T2048 with reverse=True
   layer      the HGRU2 layer with its projections (d 2048), fwd+bwd at B8 T2048, its bound learnable
+  cross entropy
+             the LM head's linear_cross_entropy, fwd+bwd over 8192 rows of d 2048, at GPT-2's vocabulary (50265,
+             an odd row length) and at 32000
 
     hgrn2 bench gate                      # the working tree against main; the table, then the verdict
     hgrn2 bench gate --base HEAD~1 --fla  # another base; fla's chunk_gla as a third column where it applies
@@ -246,6 +249,9 @@ def rows_spec(quick: bool, device, dtype) -> list[dict]:
     spec.append(dict(name=f"reverse B{B0} T{T0}", grad=True, kw=dict(reverse=True),
                      inputs=op_inputs(B0, T0, H, K, device, dtype)))
     spec.append(dict(name=f"layer d{H * K} B{B0} T{T0}", grad=True, layer=True, shape=(B0, T0, H * K, K)))
+    N, d = (64, 32) if quick else (8192, 2048)
+    for V in (50265, 32000):
+        spec.append(dict(name=f"cross entropy V{V} N{N}", grad=True, ce=(N, d, V)))
     return spec
 
 
@@ -275,6 +281,23 @@ def layer_calls(trees: dict, shape, device, dtype) -> tuple[dict[str, Callable[[
         mods[name] = layer
         calls[name] = lambda layer=layer: layer(x, lower_bound=lb)[0].backward(dy)
     return calls, [x, lb]
+
+
+def ce_calls(trees: dict, shape, device, dtype) -> tuple[dict[str, Callable[[], object]], list[torch.Tensor], dict]:
+    """Each tree's linear_cross_entropy forward+backward on one input, and the trees' largest relative difference
+    (loss and both gradients)."""
+    N, d, V = shape
+    gen = torch.Generator().manual_seed(2)
+    h = torch.randn(N, d, generator=gen).to(device, dtype).requires_grad_()
+    w = (torch.randn(V, d, generator=gen) * d ** -0.5).to(device, dtype).requires_grad_()
+    labels = torch.randint(0, V, (N,), generator=gen).to(device)
+    calls, outs = {}, []
+    for name, pkg in trees.items():
+        ce = importlib.import_module(f"{pkg}.ops.cross_entropy").linear_cross_entropy
+        calls[name] = lambda ce=ce: ce(h, w, labels).backward()
+        loss = ce(h, w, labels)
+        outs.append([loss.detach(), *torch.autograd.grad(loss, (h, w))])
+    return calls, [h, w], {"max_rel_diff": max(rel_err(a, b) for a, b in zip(*outs))}
 
 
 def time_row(calls: dict[str, Callable[[], object]], rounds: int, confirm_rounds: int, tolerance: float,
@@ -345,6 +368,9 @@ def run(args: argparse.Namespace) -> int:
         for s in spec:
             if s.get("layer"):
                 calls, inputs = layer_calls({"base": BASE_PACKAGE, "tree": "hgrn2"}, s["shape"], device, dtype)
+            elif s.get("ce"):
+                calls, inputs, checks[s["name"]] = ce_calls({"base": BASE_PACKAGE, "tree": "hgrn2"}, s["ce"], device,
+                                                            dtype)
             else:
                 inputs = s["inputs"]
                 dy = torch.randn_like(inputs[2])

@@ -122,8 +122,11 @@ SECTIONS = {
                       "`benchmarks/gpu_ddp.py --fsdp-variants`: the hgrn2-1b preset in bf16 autocast on the same "
                       "global batches of a synthetic source, one GPU without wrapping (its record is the baseline) "
                       "against each FSDP2 option set and DDP under torchrun; tokens/s over each run's second half. "
-                      "Checkpoints: model and AdamW state saved and loaded the old way (full state dicts gathered to "
-                      "rank 0, torch.save) against the sharded one (torch.distributed.checkpoint)."),
+                      "With --profile, two more steps per run under the profiler on rank 0, per step: the GPU's "
+                      "span, the time no kernel runs (idle: the GPU waits on the host), the time only communication "
+                      "kernels run and the optimiser's kernels. Checkpoints: model and AdamW state saved and loaded "
+                      "the old way (full state dicts gathered to rank 0, torch.save) against the sharded one "
+                      "(torch.distributed.checkpoint)."),
     "convert_fla": ("fla checkpoint conversion parity",
                     "fla's HGRN2ForCausalLM with random weights (bounds and norms randomised too), converted by "
                     "`hgrn2 convert-fla`: logits of both against the fp64 reference and each other (relative L2), "
@@ -250,9 +253,13 @@ def ddp_table(rec: dict) -> str:
 def fsdp_table(rec: dict) -> str:
     head = (f"{rec['preset']}, {rec['world_size']} rank(s), {rec['batch']} × {rec['seq_len']} tokens per step "
             f"(micro-batch {rec['micro']}), {rec['steps']} steps.\n\n")
+    profiled = any("idle_ms" in r for r in rec["rows"])  # --profile: where rank 0's step time goes
     runs = format_table(rec["rows"], [("run", "run", ""), ("tokens/s", "tok_per_s", ".0f"),
                                       ("× 1 GPU", "speedup_vs_1gpu", ".2f"), ("peak GiB", "peak_gib", ".1f"),
-                                      ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e")])
+                                      ("max rel. loss diff", "max_rel_loss_diff_vs_1gpu", ".1e"),
+                                      *([("GPU span ms", "span_ms", ".1f"), ("GPU idle ms", "idle_ms", ".1f"),
+                                         ("exposed comm. ms", "exposed_comm_ms", ".1f"),
+                                         ("optimiser ms", "optimizer_ms", ".1f")] if profiled else [])])
     saves = format_table(rec.get("checkpoints", []), [("checkpoint", "checkpoint", ""), ("save s", "save_s", ".1f"),
                                                        ("load s", "load_s", ".1f"), ("GiB", "gib", ".1f")])
     return f"{head}{runs}\n\n{saves}"

@@ -53,11 +53,12 @@ def run_gate(tmp_path, *args):
 @pytest.mark.slow
 def test_quick_run_against_the_same_tree(tmp_path):
     """The tree against a copy of itself: both import side by side, agree exactly, and the record holds each row."""
-    proc = run_gate(tmp_path, "--rows", "fwd,small", "--rounds", "1", "--tolerance", "1000")
+    proc = run_gate(tmp_path, "--rows", "fwd,small,cross", "--rounds", "1", "--tolerance", "1000")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((tmp_path / "gate.json").read_text())
     names = [r["row"] for r in rec["rows"]]
-    assert names == ["small β B2 T64", "fwd B2 T64", "fwd B1 T128", "fwd B1 T256", "fwd fast forgetting B2 T64"]
+    assert names == ["small β B2 T64", "fwd B2 T64", "fwd B1 T128", "fwd B1 T256", "fwd fast forgetting B2 T64",
+                     "cross entropy V50265 N64", "cross entropy V32000 N64"]
     assert all(r["max_rel_diff"] == 0 and r["passed"] for r in rec["rows"])
     assert "gate: passed" in proc.stdout
 

@@ -59,7 +59,8 @@ def test_autocast_uses_autocast_dtype_consistently():
     assert rel_err(loss, exact) < 2e-2
 
 
-@pytest.mark.parametrize("V", [37, 2500])  # within one block of the vocabulary, and a full + a partial one
+# within one block of the vocabulary, a multiple of the rows' alignment (no padding), a full + a partial block
+@pytest.mark.parametrize("V", [37, 128, 2500])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernels_match(monkeypatch, V, dtype):
     """The CUDA path's kernels (forced here; on the CPU they run in Triton's interpreter): loss and gradients
@@ -88,3 +89,22 @@ def test_triton_kernels_match(monkeypatch, V, dtype):
             assert rel_err(a, t) < 1e-5
         else:
             assert rel_err(a, t) <= max(1.05 * rel_err(c, t), 1e-3), (rel_err(a, t), rel_err(c, t))
+
+
+def test_kernels_take_padded_rows_and_refuse_strided_columns():
+    """The kernels read [C, V] views of wider rows (the padded logits) and refuse non-contiguous rows."""
+    pytest.importorskip("triton")
+    from hgrn2.ops.triton.cross_entropy import ce_bwd_, ce_fwd
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    wide = torch.randn(5, 64, device=dev)
+    wide[:, 37:] = 1e4  # beyond the view: would dominate the log-sum-exp if read
+    labels = torch.randint(0, 37, (5,), device=dev)
+    lse, target = ce_fwd(wide[:, :37], labels)
+    ref = wide[:, :37].double()
+    assert rel_err(lse, ref.logsumexp(-1)) < 1e-6 and torch.equal(target, wide[:, :37].gather(1, labels[:, None])[:, 0])
+    ce_bwd_(wide[:, :37], labels, lse, torch.ones(5, device=dev))
+    expect = ref.softmax(-1) - F.one_hot(labels, 37).double()
+    assert rel_err(wide[:, :37], expect) < 1e-5 and (wide[:, 37:] == 1e4).all()
+    with pytest.raises(ValueError, match="logits"):
+        ce_fwd(wide.t()[:37], labels)

@@ -20,9 +20,9 @@ BLOCK_V = 2048  # vocabulary columns per loop step
 
 
 @triton.jit
-def _ce_fwd_kernel(logits, labels, lse, target, V, BLOCK_V: tl.constexpr):
+def _ce_fwd_kernel(logits, labels, lse, target, V, stride, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    base = logits + row * V
+    base = logits + row * stride
     cols = tl.arange(0, BLOCK_V)
     m = tl.full([BLOCK_V], float("-inf"), dtype=tl.float32)
     s = tl.zeros([BLOCK_V], dtype=tl.float32)
@@ -40,9 +40,9 @@ def _ce_fwd_kernel(logits, labels, lse, target, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _ce_bwd_kernel(logits, labels, lse, coef, V, BLOCK_V: tl.constexpr):
+def _ce_bwd_kernel(logits, labels, lse, coef, V, stride, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    base = logits + row * V
+    base = logits + row * stride
     cols = tl.arange(0, BLOCK_V)
     r_lse = tl.load(lse + row)
     r_coef = tl.load(coef + row)
@@ -56,14 +56,22 @@ def _ce_bwd_kernel(logits, labels, lse, coef, V, BLOCK_V: tl.constexpr):
 
 
 
+def _check_rows(logits: torch.Tensor) -> None:
+    if logits.ndim != 2 or (logits.shape[1] > 1 and logits.stride(1) != 1):
+        raise ValueError(f"`logits`: expected [C, V] with contiguous rows, got shape {tuple(logits.shape)} and "
+                         f"strides {logits.stride()}")
+
+
 @triton_op("hgrn2::ce_fwd")
 def ce_fwd(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [C, V] contiguous, labels [C] int in [0, V) → (log-sum-exp [C], the labels' logits [C]), float32."""
+    """logits [C, V] (rows contiguous, any row stride), labels [C] int in [0, V) → (log-sum-exp [C], the labels'
+    logits [C]), float32."""
+    _check_rows(logits)
     C, V = logits.shape
     lse = torch.empty(C, device=logits.device, dtype=torch.float32)
     target = torch.empty_like(lse)
     if C:
-        _ce_fwd_kernel[(C,)](logits, labels, lse, target, V, BLOCK_V=BLOCK_V, num_warps=8)
+        _ce_fwd_kernel[(C,)](logits, labels, lse, target, V, logits.stride(0), BLOCK_V=BLOCK_V, num_warps=8)
     return lse, target
 
 
@@ -75,7 +83,9 @@ def _(logits, labels):
 
 @triton_op("hgrn2::ce_bwd_", mutates_args=("logits",))
 def ce_bwd_(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, coef: torch.Tensor) -> None:
-    """In place: logits [C, V] ← coef[:, None] · (softmax(logits) − onehot(labels)), given lse [C] (float32)."""
+    """In place: logits [C, V] (rows contiguous, any row stride) ← coef[:, None] · (softmax(logits) −
+    onehot(labels)), given lse [C] (float32)."""
+    _check_rows(logits)
     C, V = logits.shape
     if C:
-        _ce_bwd_kernel[(C,)](logits, labels, lse, coef, V, BLOCK_V=BLOCK_V, num_warps=8)
+        _ce_bwd_kernel[(C,)](logits, labels, lse, coef, V, logits.stride(0), BLOCK_V=BLOCK_V, num_warps=8)

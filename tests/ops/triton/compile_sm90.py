@@ -347,10 +347,10 @@ def glue_variants():
                 yield (f"gemv {dt} swiglu={swiglu_} norm={prenorm} {c.kwargs}", gemv._gemv_kernel, types, flags,
                        c.num_warps)
         yield (f"ce fwd {dt}", cross_entropy._ce_fwd_kernel,
-               dict(logits=f"*{dt}", labels="*i64", lse="*fp32", target="*fp32", V="i32"),
+               dict(logits=f"*{dt}", labels="*i64", lse="*fp32", target="*fp32", V="i32", stride="i32"),
                dict(BLOCK_V=cross_entropy.BLOCK_V), 8)
         yield (f"ce bwd {dt}", cross_entropy._ce_bwd_kernel,
-               dict(logits=f"*{dt}", labels="*i64", lse="*fp32", coef="*fp32", V="i32"),
+               dict(logits=f"*{dt}", labels="*i64", lse="*fp32", coef="*fp32", V="i32", stride="i32"),
                dict(BLOCK_V=cross_entropy.BLOCK_V), 8)
         for kind, D in (("rms", 1024), ("rms", 5632), ("layer", 128), ("layer", 1024), ("add+rms", 1024)):
             rows, block, warps = norm._launch_shape(D)
