@@ -12,14 +12,14 @@ benchmarks/results/<device>x<nproc>/)/ddp.json.
 
 `--fsdp-variants [NAME ...]`: this process itself, launched by torchrun, trains the preset with each variant of the
 library's FSDP2 options (`distributed.wrap`, the train config keys `fsdp_reshard`, `fsdp_param_dtype`,
-`fsdp_prefetch`, `fused_optimizer`) and DDP, one after the other on the same global batches (the synthetic source,
-drawn per step), and reports tokens/s (the second half of the steps) and the losses; then it times saving and
-loading a checkpoint (model and AdamW state) the old way (full state dicts gathered to rank 0, `torch.save`, every
-rank reading the file) against the sharded one (`torch.distributed.checkpoint`, `hgrn2.train.sharded`). One process
-measures the one-GPU baselines (no wrapping, with torch's default optimiser kernels and with the fused ones; its
-checkpoint times too), which the run on several GPUs reads with --baseline to print each variant's speed-up and its
-largest loss difference against the baseline with the same optimiser kernels. On an H200 host (each call meant to
-stay under 4 minutes at --steps 20):
+`fsdp_prefetch`, `fsdp_unit`, `fused_optimizer`) and DDP, one after the other on the same global batches (the
+synthetic source, drawn per step), and reports tokens/s (the second half of the steps) and the losses; then it times
+saving and loading a checkpoint (model and AdamW state) the old way (full state dicts gathered to rank 0,
+`torch.save`, every rank reading the file) against the sharded one (`torch.distributed.checkpoint`,
+`hgrn2.train.sharded`). One process measures the one-GPU baselines (no wrapping, with torch's default optimiser
+kernels and with the fused ones; its checkpoint times too), which the run on several GPUs reads with --baseline to
+print each variant's speed-up and its largest loss difference against the baseline with the same optimiser kernels.
+On an H200 host (each call meant to stay under 4 minutes at --steps 20):
 
     python3 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b --steps 20 --batch 16 --micro 4
     torchrun --standalone --nproc_per_node 2 benchmarks/gpu_ddp.py --fsdp-variants --preset hgrn2-1b \
@@ -51,19 +51,22 @@ sys.path.insert(0, ROOT)
 from hgrn2.bench.common import add_output_argument, environment, write_result  # noqa: E402
 from hgrn2.data.prepare import write_corpus  # noqa: E402
 
-# name: (parallel, fsdp_reshard, fsdp_param_dtype, fsdp_prefetch, fused_optimizer); "fsdp" is the library's
-# default; "alone" runs on one process, unwrapped (the baselines, one per optimiser kernel)
+# name: (parallel, fsdp_reshard, fsdp_param_dtype, fsdp_prefetch, fused_optimizer, fsdp_unit); "fsdp" is the
+# library's default; "alone" runs on one process, unwrapped (the baselines, one per optimiser kernel); "-u3": three
+# blocks per FSDP2 unit, "-whole": all blocks in one unit
 VARIANTS = {
-    "1 GPU": ("alone", "auto", "fp32", 1, False),
-    "1 GPU fused": ("alone", "auto", "fp32", 1, True),
-    "ddp": ("ddp", "auto", "fp32", 1, False),
-    "ddp-fused": ("ddp", "auto", "fp32", 1, True),
-    "fsdp": ("fsdp", "auto", "fp32", 1, False),
-    "fsdp-never": ("fsdp", "never", "fp32", 1, False),
-    "fsdp-bf16": ("fsdp", "auto", "bf16", 1, False),
-    "fsdp-bf16-never": ("fsdp", "never", "bf16", 1, False),
-    "fsdp-bf16-never-p2": ("fsdp", "never", "bf16", 2, False),
-    "fsdp-bf16-never-fused": ("fsdp", "never", "bf16", 1, True),
+    "1 GPU": ("alone", "auto", "fp32", 1, False, 1),
+    "1 GPU fused": ("alone", "auto", "fp32", 1, True, 1),
+    "ddp": ("ddp", "auto", "fp32", 1, False, 1),
+    "ddp-fused": ("ddp", "auto", "fp32", 1, True, 1),
+    "fsdp": ("fsdp", "auto", "fp32", 1, False, 1),
+    "fsdp-never": ("fsdp", "never", "fp32", 1, False, 1),
+    "fsdp-bf16": ("fsdp", "auto", "bf16", 1, False, 1),
+    "fsdp-bf16-never": ("fsdp", "never", "bf16", 1, False, 1),
+    "fsdp-bf16-never-p2": ("fsdp", "never", "bf16", 2, False, 1),
+    "fsdp-bf16-never-fused": ("fsdp", "never", "bf16", 1, True, 1),
+    "fsdp-bf16-never-u3": ("fsdp", "never", "bf16", 1, False, 3),
+    "fsdp-bf16-never-whole": ("fsdp", "never", "bf16", 1, False, 10**6),
 }
 
 
@@ -139,9 +142,9 @@ def _fresh(args, cfg, d, variant: str):
         torch.manual_seed(cfg.seed)
         _TEMPLATE["model"] = build_model(cfg.arch, cfg.model, _vocab(cfg, args))
     model = copy.deepcopy(_TEMPLATE["model"]).to(d.device)
-    how, reshard, dtype, prefetch, fused = VARIANTS[variant]
+    how, reshard, dtype, prefetch, fused, unit = VARIANTS[variant]
     if how != "alone":
-        model = D.wrap(model, how, d, reshard=reshard, param_dtype=dtype, prefetch=prefetch)
+        model = D.wrap(model, how, d, reshard=reshard, param_dtype=dtype, prefetch=prefetch, unit=unit)
     return model, build_optimizer(model, cfg.optimizer, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, fused)
 
 

@@ -58,10 +58,13 @@ class TrainConfig:
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2 fully_shard per block) when launched with torchrun
     # FSDP2 (`distributed.wrap`): reshard after each block's forward ("auto": all but the last block; "always";
     # "never": gathered until the backward), the dtype its parameters are gathered and computed in ("bf16":
-    # MixedPrecisionPolicy, fp32 gradient reduction), and how many blocks' all-gathers are issued ahead
+    # MixedPrecisionPolicy, fp32 gradient reduction), how many units' all-gathers are issued ahead, and how many
+    # consecutive blocks make one unit (one all-gather and one reduce-scatter each: fewer units, less host work
+    # per step, more memory at once)
     fsdp_reshard: str = "auto"
     fsdp_param_dtype: str = "fp32"
     fsdp_prefetch: int = 1
+    fsdp_unit: int = 1
     # the optimiser as one fused kernel per parameter group (torch's `fused=True`) rather than torch's default
     # (foreach kernels on CUDA): fewer launches, which matters most over FSDP2's sharded parameters
     fused_optimizer: bool = False
@@ -86,7 +89,7 @@ class TrainConfig:
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
-        positive = ("seq_len", "batch_size", "micro_batch_size", "max_steps", "log_every", "keep_last")
+        positive = ("seq_len", "batch_size", "micro_batch_size", "max_steps", "log_every", "keep_last", "fsdp_unit")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")

@@ -63,15 +63,19 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def wrap(model: torch.nn.Module, how: str, d: Dist, *, reshard: str = "auto", param_dtype: str = "fp32",
-         prefetch: int = 1) -> torch.nn.Module:
-    """DDP, or FSDP2 (`fully_shard` on every block, then the root), or the model itself when alone.
+         prefetch: int = 1, unit: int = 1) -> torch.nn.Module:
+    """DDP, or FSDP2 (`fully_shard` on every unit of `unit` consecutive blocks, then the root), or the model itself
+    when alone.
 
-    FSDP2 only: `reshard` after each block's forward: "auto" (every block but the last, whose parameters the
+    FSDP2 only: `reshard` after each unit's forward: "auto" (every unit but the last, whose parameters the
     backward needs again at once), "always" or "never" (parameters stay gathered from the forward to the backward:
     more memory, one all-gather per step fewer); `param_dtype` "bf16" gathers and computes with bf16 copies of the
     parameters (`MixedPrecisionPolicy`, gradients reduced in fp32; half the all-gather bytes), "fp32" gathers the
-    fp32 parameters that autocast then casts; `prefetch`: how many next blocks' all-gathers are issued ahead, in
-    the forward and the backward."""
+    fp32 parameters that autocast then casts; `prefetch`: how many next units' all-gathers are issued ahead, in
+    the forward and the backward; `unit`: blocks per unit, each unit one all-gather and one reduce-scatter (the
+    host's work per step falls with the number of units, the memory held at once rises)."""
+    if unit < 1:
+        raise ValueError(f"`unit`: expected at least 1 block per FSDP2 unit, got {unit}")
     if d.world == 1:
         return model
     if how == "ddp":
@@ -82,19 +86,21 @@ def wrap(model: torch.nn.Module, how: str, d: Dist, *, reshard: str = "auto", pa
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if param_dtype == "bf16" else MixedPrecisionPolicy()
-    units = blocks(model)
-    for i, block in enumerate(units):
-        after = {"auto": i < len(units) - 1, "always": True, "never": False}[reshard]
-        fully_shard(block, reshard_after_forward=after, mp_policy=policy)
+    layers = blocks(model)
+    groups = [layers[i:i + unit] for i in range(0, len(layers), unit)]
+    for i, group in enumerate(groups):
+        after = {"auto": i < len(groups) - 1, "always": True, "never": False}[reshard]
+        fully_shard(group if len(group) > 1 else group[0], reshard_after_forward=after, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     if prefetch:
-        for i, block in enumerate(units):
-            # issue the next blocks' all-gathers while this one computes (FSDP2 prefetches one block in the
+        heads = [group[0] for group in groups]  # a unit's modules share one FSDP state: its first stands for it
+        for i, head in enumerate(heads):
+            # issue the next units' all-gathers while this one computes (FSDP2 prefetches one unit in the
             # backward by itself, none in the forward), so that a fast GPU does not wait on the host to launch them
-            if units[i + 1:i + 1 + prefetch]:
-                block.set_modules_to_forward_prefetch(units[i + 1:i + 1 + prefetch])
+            if heads[i + 1:i + 1 + prefetch]:
+                head.set_modules_to_forward_prefetch(heads[i + 1:i + 1 + prefetch])
             if prefetch > 1 and i:
-                block.set_modules_to_backward_prefetch(units[max(0, i - prefetch):i][::-1])
+                head.set_modules_to_backward_prefetch(heads[max(0, i - prefetch):i][::-1])
     return model
 
 

@@ -156,7 +156,8 @@ class Trainer:
             lambda step, epoch: lr_at(step, schedule=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                                       max_steps=cfg.max_steps, min_lr=cfg.min_lr),
             d=self.d, bf16=cfg.precision == "bf16", clip=cfg.grad_clip, accum=self.accum, parallel=cfg.parallel,
-            fsdp=dict(reshard=cfg.fsdp_reshard, param_dtype=cfg.fsdp_param_dtype, prefetch=cfg.fsdp_prefetch),
+            fsdp=dict(reshard=cfg.fsdp_reshard, param_dtype=cfg.fsdp_param_dtype, prefetch=cfg.fsdp_prefetch,
+                      unit=cfg.fsdp_unit),
             cuda_graph=self.graphed, checkpoint_dir=ckpt_dir, run_dir=cfg.out_dir,
             keep_last=cfg.keep_last, ckpt_every=cfg.save_every, eval_every=cfg.eval_every, mid_epoch=True,
             log_every=cfg.log_every, tensorboard=cfg.tensorboard, progress=cfg.progress, name=cfg.out_dir)

@@ -105,9 +105,9 @@ def test_one_layer_model_trains_on_two_ranks(tmp_path, parallel):
 @pytest.mark.slow
 def test_fsdp_options_never_resharding_and_prefetching_two_match_one_process(reference):
     """The FSDP2 options of the config (`distributed.wrap`): parameters kept gathered from the forward to the
-    backward and two blocks prefetched change the schedule of the collectives, not a step."""
+    backward, two units prefetched and two blocks per unit change the schedule of the collectives, not a step."""
     tmp, data, ref, _ = reference
     out = str(tmp / "fsdp_options")
     run_train(base_overrides(data, out, dropout=0.0, max_steps=STEPS, parallel="fsdp", fsdp_reshard="never",
-                             fsdp_prefetch=2), nproc=2)
+                             fsdp_prefetch=2, fsdp_unit=2), nproc=2)
     _close(losses(out), ref)

@@ -51,6 +51,8 @@ def test_overrides_typed_and_checked():
         make_config("tiny", ["data=d", "fsdp_reshard=sometimes"])
     with pytest.raises(ValueError, match="fsdp_prefetch must be >= 0, got -1"):
         make_config("tiny", ["data=d", "fsdp_prefetch=-1"])
+    with pytest.raises(ValueError, match="fsdp_unit must be >= 1, got 0"):
+        make_config("tiny", ["data=d", "fsdp_unit=0"])
     assert make_config("tiny", ["data=d", "fsdp_param_dtype=bf16"]).fsdp_param_dtype == "bf16"
     for lr in ("0", "1e39", "nan", "inf"):  # 1e39: the optimiser's fp32 arithmetic would overflow mid-step
         with pytest.raises(ValueError, match=r"need 0 < lr < 1e30 .*got lr="):
