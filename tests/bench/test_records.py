@@ -20,8 +20,10 @@ def check_record(path: pathlib.Path, stem: str | None = None) -> dict:
     assert rec["rows"] and isinstance(rec["rows"], list), path
     assert rec["command"].split()[0] in ("hgrn2", "python", "python3"), rec["command"]
     assert rec["versions"]["torch"] and rec["date"].count("-") == 2, path
-    # GPU test records may come in parts (`bench tests --shard`, or a subset of the suite): tests_<part>.json
-    assert path.stem == rec["benchmark"] or (rec["benchmark"] == "tests" and path.stem.startswith("tests_")), path
+    # GPU test and gate records may come in parts (`bench tests --shard`, a subset of the suite, `bench gate --rows`):
+    # tests_<part>.json, gate_<part>.json
+    assert path.stem == rec["benchmark"] or (rec["benchmark"] in ("tests", "gate")
+                                             and path.stem.startswith(rec["benchmark"] + "_")), path
     assert rec["benchmark"] == (stem or rec["benchmark"])
     return rec
 
