@@ -5,20 +5,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 
+def finite(obj):
+    """`obj` with every non-finite float (in its dicts, lists and tuples) made None, which strict JSON can hold."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def strict_dumps(obj, **kwargs) -> str:
+    """`json.dumps` of `obj` as strict JSON: NaN and infinities written as null (`finite`), not as `NaN`."""
+    return json.dumps(finite(obj), allow_nan=False, **kwargs)
+
+
 def write_json(path: str | Path, obj, default: Callable | None = None) -> Path:
-    """`obj` as JSON (indent 1, a final newline) at `path`, atomically, making its folder; `default` as json's (for
-    values JSON has no type for). Returns the path."""
+    """`obj` as strict JSON (indent 1, a final newline; NaN and infinities as null) at `path`, atomically, making its
+    folder; `default` as json's (for values JSON has no type for). Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w") as f:
-            f.write(json.dumps(obj, indent=1, default=default) + "\n")
+            f.write(strict_dumps(obj, indent=1, default=default) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

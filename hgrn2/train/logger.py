@@ -12,6 +12,8 @@ import os
 import time
 import warnings
 
+from ..data.files import strict_dumps
+
 
 def read_log(path: str) -> list[dict]:
     """The records of a run log. A line that is not a JSON object (garbled, or half-written by a killed process)
@@ -77,7 +79,7 @@ class RunLogger:
     def _write(path: str, mode: str, records: list[dict]) -> None:
         try:
             with open(path, mode) as f:
-                f.writelines(json.dumps(r) + "\n" for r in records)
+                f.writelines(strict_dumps(r) + "\n" for r in records)
         except OSError as e:
             if mode == "w" and os.path.exists(path):
                 os.remove(path)

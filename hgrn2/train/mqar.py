@@ -224,8 +224,10 @@ def _summary_line(r: dict) -> str:
     s = r["spec"]
     flags = "".join(f" [{k}]" for k in ("early_stopped", "diverged") if r[k]) + ("" if r["complete"] else " [cut]")
     last = r["history"][-1]  # train loss far below test loss: the run memorised its examples
+    # a diverged run's losses are NaN here, or null (None) in a result read back from its strict JSON
+    train_loss, test_loss = (math.nan if last[k] is None else last[k] for k in ("train_loss", "test_loss"))
     return (f"{s['mixer']} d={s['d_model']} L={s['seq_len']} lr={s['lr']:g}: acc {r['final_accuracy']:.4f} "
-            f"after {r['epochs_run']} epochs, train/test loss {last['train_loss']:.2f}/{last['test_loss']:.2f}, "
+            f"after {r['epochs_run']} epochs, train/test loss {train_loss:.2f}/{test_loss:.2f}, "
             f"{r['seconds']:.0f}s ({r['steps_per_second']:.0f} steps/s){flags}")
 
 

@@ -15,3 +15,12 @@ def test_write_json_is_whole_or_not_at_all(tmp_path):
         "result.json"]
     write_json(path, {"path": tmp_path}, default=str)
     assert json.loads(path.read_text()) == {"path": str(tmp_path)}
+
+
+def test_write_json_writes_non_finite_numbers_as_null(tmp_path):
+    path = write_json(tmp_path / "r.json", {"loss": float("nan"), "curve": [1.0, float("inf"), (float("-inf"),)]})
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {"loss": None, "curve": [1.0, None, [None]]}

@@ -372,6 +372,17 @@ def test_a_half_written_last_line_is_dropped_quietly(tmp_path):
     assert read_log(str(path)) == [{"kind": "train", "step": 1}]
 
 
+def test_a_non_finite_value_is_logged_as_null(tmp_path):
+    from hgrn2.train.logger import RunLogger
+
+    log = RunLogger(str(tmp_path), enabled=True, start_step=0, tensorboard=False)
+    log.log({"kind": "val", "step": 1, "val_loss": math.nan, "val_ppl": math.inf})
+    text = (tmp_path / "log.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert {k: v for k, v in json.loads(text).items() if k != "time"} == \
+        {"kind": "val", "step": 1, "val_loss": None, "val_ppl": None}
+
+
 # --- one process per run directory ----------------------------------------------------------------------------------
 
 

@@ -241,6 +241,27 @@ def test_cli_record_is_a_benchmark_record(tmp_path, capsys):
     assert not (tmp_path / "rec2").exists()
 
 
+def _strict_json(path: Path):
+    """The JSON at `path`, refused if it holds NaN or Infinity (not JSON, though Python's json writes them)."""
+    def refuse(constant):
+        raise ValueError(f"{path} holds {constant}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_a_diverged_run_is_written_as_strict_json(tmp_path, capsys):
+    assert _cli(tmp_path, "--lrs", "1e4", "--record", str(tmp_path / "rec")) == 0
+    out = tmp_path / "out"
+    (result,) = _strict_json(out / "results.json")
+    assert result["diverged"] and result["history"][-1]["train_loss"] is None  # NaN written as null
+    assert _strict_json(next((out / "runs").glob("*.json")))["diverged"]
+    assert _strict_json(tmp_path / "rec" / "mqar.json")["rows"][0]["complete"]
+    assert re.search(r"\d\.\d{3}!", (out / "table.txt").read_text())  # the cell still says it diverged
+    capsys.readouterr()
+    assert _cli(tmp_path, "--lrs", "1e4", "--report") == 0  # the nulls read back
+    assert "train/test loss nan/nan" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_cli_concurrent_workers(tmp_path):
     assert _cli(tmp_path, "--lrs", "1e-3,3e-3", "--concurrent", "2") == 0
