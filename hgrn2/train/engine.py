@@ -239,6 +239,9 @@ class Engine:
                 self.start()
             return self._fit(epochs, max_steps, deadline, on_step, on_epoch)
         finally:
+            if self.bar is not None:  # closed before an error propagates, so that its message starts a new line
+                self.bar.close()
+                self.bar = None
             self.close()
 
     def _fit(self, epochs, max_steps, deadline, on_step, on_epoch) -> Fit:
@@ -301,9 +304,6 @@ class Engine:
             self._print(task.line({"step": self.step, **entry}))
             if on_epoch is not None:
                 on_epoch(entry)
-        if bar is not None:
-            bar.close()
-        self.bar = None
         return Fit(self.history, self.step, self.epoch, time.time() - start, stopped, diverged, early)
 
     def _add(self, loss: torch.Tensor, sums: torch.Tensor | None) -> None:

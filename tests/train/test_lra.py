@@ -250,6 +250,18 @@ def test_interrupted_runs_resume_exactly(tmp_path, capsys):
     assert (tmp_path / "whole" / "curves.png").is_file()
 
 
+def test_a_divergence_error_starts_its_own_line_below_the_progress_bar(tmp_path, capsys):
+    from hgrn2.cli import console
+
+    args = ["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path), "--epochs", "2", "--batch-size",
+            "8", "--warmup-steps", "0", "--lr", "1e6", "--device", "cpu", "--log-every", "2", "--ckpt-every", "0",
+            "--model-options", json.dumps({"hidden_size": 8, "num_layers": 1})]
+    assert console(args) == 1
+    err = capsys.readouterr().err
+    assert "fashion_mnist-hgrn2:" in err  # the bar was drawn
+    assert re.search(r"(^|\n)hgrn2: error: the loss or gradient norm is not finite from step \d+", err), err[-600:]
+
+
 def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="`tasks`: give at least one task"):
         main(["lra", "--out", str(tmp_path)])
