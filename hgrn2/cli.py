@@ -167,11 +167,11 @@ def console(argv: list[str] | None = None) -> int:
         print("hgrn2: interrupted; the same command resumes a run from its last checkpoint", file=sys.stderr)
         return 130
     except RuntimeError as e:  # a run that cannot go on (diverged, its directory in use, no intact checkpoint)
-        from hgrn2.train.guard import RunError
+        from hgrn2.train.guard import RunError, print_error
 
         if not isinstance(e, RunError) or os.environ.get("HGRN2_TRACEBACK") == "1":
             raise
-        print(f"hgrn2: error: {e}", file=sys.stderr)
+        print_error("hgrn2", e)
         return 1
 
 

@@ -248,7 +248,7 @@ class Engine:
         task = self.task
         step_fn = self._step_function()
         start = time.time() - self.seconds
-        watch = guard.FiniteWatch(self.device)
+        watch = guard.FiniteWatch(self.device, every_rank=self.d.world > 1)
         self.bar = bar = self._bar(epochs)
         self.t_log = time.time()
         stopped, diverged, early, lr, norm = None, False, False, None, None

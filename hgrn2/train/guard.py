@@ -2,7 +2,8 @@
 `ablate`: one process at a time (`RunLock`), a stop before a non-finite step reaches a checkpoint (`FiniteWatch`),
 and a resume only with the settings the run started with (`check_resume`).
 
-Failures are `RunError`s: one line for the user (the CLI prints it and exits 1), what was saved before is intact.
+Failures are `RunError`s: one line for the user (the CLI prints it and exits 1; under torchrun rank 0 alone prints
+one that every rank raised alike), what was saved before is intact.
 """
 
 from __future__ import annotations
@@ -18,11 +19,23 @@ STOPPED = ("stopped without saving it: the checkpoints, if any, hold finite step
 
 
 class RunError(RuntimeError):
-    """A run cannot go on; its message is one line and names what to do."""
+    """A run cannot go on; its message is one line and names what to do. `every_rank`: under torchrun every rank
+    raises it with the same message (a divergence, a refused lock), which rank 0 alone prints (`print_error`)."""
+
+    def __init__(self, message: str, every_rank: bool = False):
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 class Diverged(RunError):
     """The loss or the gradient norm turned non-finite; the checkpoints hold only finite steps."""
+
+
+def print_error(name: str, e: BaseException) -> None:
+    """`NAME: error: E` on stderr; on rank 0 alone where every rank of a torchrun launch raised the same error."""
+    if getattr(e, "every_rank", False) and int(os.environ.get("RANK", "0")) != 0:
+        return
+    print(f"{name}: error: {e}", file=sys.stderr)
 
 
 def train_command(name: str, build) -> int:
@@ -34,13 +47,13 @@ def train_command(name: str, build) -> int:
     try:
         trainer = build()
     except (ValueError, FileNotFoundError, FileExistsError, RunError) as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
+        print_error(name, e)
         D.shutdown()
         return 1 if isinstance(e, RunError) else 2
     try:
         trainer.train()
     except (OSError, RunError) as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
+        print_error(name, e)  # before D.shutdown's barrier, so that rank 0 has printed before any rank exits
         return 1
     finally:
         del trainer  # before the process group goes (D.shutdown)
@@ -60,7 +73,7 @@ class RunLock:
         if d is not None:
             error = D.gather_objects(error, d)[0]  # rank 0's outcome
         if error:
-            raise RunError(error)
+            raise RunError(error, every_rank=d is not None and d.world > 1)
 
     def _take(self, directory: str) -> str | None:
         import fcntl
@@ -95,8 +108,11 @@ class FiniteWatch:
     """Remembers on the device the first step whose loss or gradient norm was not finite (no host sync per step);
     `check()` reads it, and is called before anything is saved."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, every_rank: bool = False):
+        """`every_rank`: the watched values are summed over the ranks of a torchrun launch, so that every rank stops
+        at the same check with the same `Diverged`."""
         self.first_bad = torch.zeros((), dtype=torch.int64, device=device)  # 0: every step finite
+        self.every_rank = every_rank
 
     def update(self, step: int, *values: torch.Tensor | None) -> None:
         ok = torch.stack([v.detach().float().isfinite().all() for v in values if v is not None]).all()
@@ -109,7 +125,8 @@ class FiniteWatch:
     def check(self, what: str = "") -> None:
         step = self.bad_step()
         if step is not None:
-            raise Diverged(f"the loss or gradient norm is not finite from step {step}{what}; {STOPPED}")
+            raise Diverged(f"the loss or gradient norm is not finite from step {step}{what}; {STOPPED}",
+                           every_rank=self.every_rank)
 
 
 @contextlib.contextmanager

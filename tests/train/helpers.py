@@ -64,9 +64,9 @@ def run_train(overrides, nproc: int = 1, timeout: int = 300) -> subprocess.Compl
     return run_command(train_cmd(overrides, nproc), timeout)
 
 
-def run_command(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
-    """Run `cmd` and assert it succeeds (else fail with the end of its output). It gets its own process session,
-    which a timeout kills whole, torchrun's ranks included."""
+def run_command(cmd: list[str], timeout: int, returncode: int = 0) -> subprocess.CompletedProcess:
+    """Run `cmd` and assert it exits with `returncode` (else fail with the end of its output). It gets its own process
+    session, which a timeout kills whole, torchrun's ranks included."""
     with subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as proc:
         try:
@@ -75,7 +75,7 @@ def run_command(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
             raise AssertionError(f"timed out after {timeout} s\n{out[-3000:]}{err[-3000:]}") from None
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert proc.returncode == returncode, out[-3000:] + err[-3000:]
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

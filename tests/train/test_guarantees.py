@@ -480,6 +480,28 @@ def _same_weights(a: dict, b: dict) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_an_error_every_rank_raised_is_printed_by_rank_0_alone(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    guard.print_error("hgrn2 lra", guard.Diverged("shared", every_rank=True))
+    guard.print_error("hgrn2 lra", guard.Diverged("this rank's own"))  # a rank's own error is always printed
+    monkeypatch.setenv("RANK", "0")
+    guard.print_error("hgrn2 lra", guard.Diverged("shared", every_rank=True))
+    assert capsys.readouterr().err.splitlines() == ["hgrn2 lra: error: this rank's own", "hgrn2 lra: error: shared"]
+
+
+@pytest.mark.slow
+def test_torchrun_divergence_is_one_line_from_rank_0(corpus, tmp_path):
+    """Every rank stops at the same step; rank 0 alone says so, and no rank ends in a traceback of its own."""
+    from tests.train.helpers import run_command, train_cmd
+
+    p = run_command(train_cmd(base_overrides(corpus, str(tmp_path), max_steps=12, save_every=4, lr=1e4), nproc=2),
+                    timeout=600, returncode=1)
+    errors = [line for line in (p.stdout + p.stderr).splitlines() if "error:" in line and "hgrn2" in line]
+    assert len(errors) == 1 and errors[0].startswith("hgrn2 train: error: the loss or gradient norm is not finite")
+    assert "hgrn2/train/" not in p.stderr and "raise Diverged" not in p.stderr  # torchrun's own traceback only
+    assert not (tmp_path / "final").exists() and all_finite(tmp_path / "checkpoints")
+
+
 @pytest.mark.slow
 def test_torchrun_lra_trains_and_resumes(tmp_path):
     from tests.train.helpers import run_command, torchrun
