@@ -360,7 +360,8 @@ class LRATask(Task):
 
     def load_state(self, state: dict) -> None:
         _check_same_settings(self.run_dir, _started_with(self.run_dir, state), self.settings)
-        if self.d.main and state.get("epochs", self.epochs) != self.epochs:
+        # a run already past the new epochs says in one line that it has nothing to train
+        if self.d.main and state.get("epochs", self.epochs) != self.epochs and state["epoch"] < self.epochs:
             print(f"{self.run_dir.name}: --epochs {state['epochs']} -> {self.epochs}: the run continues with the new "
                   "value")
 

@@ -110,8 +110,9 @@ class LMTask(Task):
                              paths=RESUME_PATHS, extendable=("max_steps",))
         if self.d.main:
             print(f"resumed from step {state['step']} ({os.path.join(cfg.out_dir, 'checkpoints')})")
-            for note in notes:
-                print(note + (" (the cosine schedule now ends there)" if cfg.schedule == "cosine" else ""))
+            if cfg.max_steps > state["step"]:  # else `train` says there is nothing to train
+                for note in notes:
+                    print(note + (" (the cosine schedule now ends there)" if cfg.schedule == "cosine" else ""))
 
 
 class Trainer:

@@ -312,7 +312,7 @@ class VisionTask(Task):
         now = dataclasses.asdict(self.cfg)
         notes = guard.check_resume(f"`out_dir`: {self.cfg.out_dir}", state["config"], now, paths=("data",),
                                    fixed=[k for k in now if k not in RESUME_FREE], extendable=("epochs",))
-        if self.d.main:
+        if self.d.main and self.cfg.epochs > state["epoch"]:  # else `train` says there is nothing to train
             for note in notes:
                 print(note + " (the cosine schedule is over the new number of epochs)")
         if self.ema is not None:

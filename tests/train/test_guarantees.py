@@ -175,7 +175,8 @@ def test_lm_resume_refuses_other_settings_and_says_what_changes(corpus, tmp_path
     log = (tmp_path / "log.jsonl").read_text()
     capsys.readouterr()
     assert Trainer(lm_config(corpus, tmp_path, max_steps=4)).train() == {"stopped_at": 8}
-    assert "at step 8, past max_steps=4: nothing to train" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "at step 8, past max_steps=4: nothing to train" in printed and "the run continues" not in printed
     assert steps_of(tmp_path / "checkpoints") == [4, 8] and (tmp_path / "log.jsonl").read_text() == log
     # the data through a symlink and with a trailing slash is the same data; more steps continue the run
     os.symlink(corpus, tmp_path / "link")
@@ -232,6 +233,11 @@ def test_lra_resume_refuses_other_seeds_and_data(tmp_path, capsys):
     assert cli_main(args) == 0
     assert "--epochs 2 -> 3: the run continues" in capsys.readouterr().out
     assert json.loads((run / "result.json").read_text())["steps"] == 4
+    assert cli_main(lra_args(tmp_path, "--max-steps", "5", "--epochs", "3")) == 0  # to epoch 1's end
+    capsys.readouterr()
+    assert cli_main(lra_args(tmp_path, "--epochs", "1")) == 0  # past the new epochs: one line says so
+    printed = capsys.readouterr().out
+    assert "trained 1 epoch(s), --epochs is 1: nothing to train" in printed and "the run continues" not in printed
 
 
 def test_vision_resume_refuses_other_settings_and_keeps_its_config(images, tmp_path, capsys):
@@ -243,7 +249,8 @@ def test_vision_resume_refuses_other_settings_and_keeps_its_config(images, tmp_p
     assert (tmp_path / "config.json").read_text() == config
     capsys.readouterr()
     assert VisionTrainer(fashion_config(images, tmp_path, "epochs=1"), D.init("cpu")).train() == {}
-    assert "has trained 2 epoch(s), epochs=1: nothing to train" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "has trained 2 epoch(s), epochs=1: nothing to train" in printed and "the run continues" not in printed
     assert steps_of(tmp_path / "checkpoints") == [1, 2]
     os.symlink(images, tmp_path / "link")
     trainer = VisionTrainer(fashion_config(str(tmp_path / "link") + "/", tmp_path, "epochs=3"), D.init("cpu"))
