@@ -19,10 +19,12 @@ Fashion-MNIST (gzipped or not) with plain torch, no augmentation, and runs witho
 curve as a benchmark record, `benchmarks/results/<device>/vision_fashion_mnist.json` (`vision_<model>.json` for an
 ImageFolder run) with the plot beside it, in the environment the run recorded where it trained.
 
-A checkpoint is written at the end of every epoch (model, optimiser, EMA, RNG states); a restarted run continues
-from the newest intact one and trains the same weights as one that never stopped. It resumes only with the settings
-it started with (`RESUME_FREE` may change, and `epochs`, which reshapes the cosine); a step whose loss or gradient
-norm is not finite stops the run before anything of it is saved.
+Every epoch ends with an evaluation on the validation split: its first `eval_examples` images where that is set, the
+whole split after the last epoch (the accuracy `results.json` reports; `best_acc1` is the best evaluation of the whole
+split). A checkpoint is written at the end of every epoch (model, optimiser, EMA, RNG states); a restarted run
+continues from the newest intact one and trains the same weights as one that never stopped. It resumes only with the
+settings it started with (`RESUME_FREE` may change, and `epochs`, which reshapes the cosine, and `eval_examples`,
+each said in one line); a step whose loss or gradient norm is not finite stops the run before anything of it is saved.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class VisionTrainConfig:
     seed: int = 3407
     out_dir: str = "runs/vision"
     max_steps_per_epoch: int = 0  # 0 = whole epochs; > 0 cuts each epoch short (smoke runs)
+    # validation images of each epoch's evaluation (the split's first N); 0 = the whole split. The last epoch's
+    # evaluation reads the whole split (the accuracy results.json reports), and best_acc1 is the best of those
+    eval_examples: int = 0
     log_every: int = 50
     keep_last: int = 2
     progress: bool = True
@@ -116,8 +121,8 @@ class VisionTrainConfig:
         for key in ("epochs", "batch_size", "lr_batch", "image_size", "log_every", "keep_last"):
             if getattr(self, key) < 1:
                 raise ValueError(f"`{key}`: expected >= 1, got {getattr(self, key)}")
-        for key in ("warmup_epochs", "num_workers", "max_steps_per_epoch", "clip_grad", "weight_decay", "mixup",
-                    "cutmix", "reprob", "color_jitter", "warmup_lr", "min_lr"):
+        for key in ("warmup_epochs", "num_workers", "max_steps_per_epoch", "eval_examples", "clip_grad",
+                    "weight_decay", "mixup", "cutmix", "reprob", "color_jitter", "warmup_lr", "min_lr"):
             if getattr(self, key) < 0:
                 raise ValueError(f"`{key}`: expected >= 0, got {getattr(self, key)}")
         if not self.lr > 0:
@@ -144,8 +149,9 @@ class VisionTrainConfig:
         return self.precision == "bf16" and device.type == "cuda"  # a CPU computes in fp32
 
 
-# settings a resumed run may change; `epochs` may grow or shrink (said in one line), `data` is compared resolved
-RESUME_FREE = ("num_workers", "device", "out_dir", "log_every", "keep_last", "progress", "epochs", "data")
+# settings a resumed run may change; `epochs` and `eval_examples` may (said in one line), `data` is compared resolved
+RESUME_FREE = ("num_workers", "device", "out_dir", "log_every", "keep_last", "progress", "epochs", "eval_examples",
+               "data")
 
 
 def make_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> VisionTrainConfig:
@@ -263,9 +269,11 @@ class VisionTask(Task):
                                                   drop_last=True, persistent_workers=cfg.num_workers > 0)
         n = len(self.loader)
         self.steps_per_epoch = min(n, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else n
-        self.best = 0.0
+        self.best = 0.0  # the best top-1 of the evaluations over the whole split
+        self.epoch = 0  # the epoch in training, whose evaluation follows
 
     def batches(self, epoch: int, start: int):
+        self.epoch = epoch
         self.sampler.set_epoch(epoch)
         dev = self.d.device
         for k, (x, y) in enumerate(self.loader):
@@ -286,15 +294,17 @@ class VisionTask(Task):
 
     def evaluate(self, model) -> dict:
         bf16 = self.cfg.bf16(self.d.device)
-        metrics = evaluate(self.model, self.val_set, self.local_batch, self.d, bf16)
+        limit = 0 if self.epoch + 1 >= self.cfg.epochs else self.cfg.eval_examples  # the last epoch: every image
+        metrics = evaluate(self.model, self.val_set, self.local_batch, self.d, bf16, limit)
         if self.ema is not None:
-            ema = evaluate(self.ema.module, self.val_set, self.local_batch, self.d, bf16)
+            ema = evaluate(self.ema.module, self.val_set, self.local_batch, self.d, bf16, limit)
             metrics |= {f"ema_{k}": v for k, v in ema.items()}
         return metrics
 
     def entry(self, end: EpochEnd) -> dict:
         m = end.metrics
-        self.best = max(self.best, m["acc1"], m.get("ema_acc1", 0.0))
+        if m["val_images"] == len(self.val_set):  # a part of the split is not compared with the whole
+            self.best = max(self.best, m["acc1"], m.get("ema_acc1", 0.0))
         return {"step": end.step, "epoch": end.epoch + 1, "train_loss": end.sums[0] / end.sums[1], "lr": end.lr,
                 "train_images_per_s": end.steps * self.cfg.batch_size / end.train_time, **m}
 
@@ -311,10 +321,12 @@ class VisionTask(Task):
     def load_state(self, state: dict) -> None:
         now = dataclasses.asdict(self.cfg)
         notes = guard.check_resume(f"`out_dir`: {self.cfg.out_dir}", state["config"], now, paths=("data",),
-                                   fixed=[k for k in now if k not in RESUME_FREE], extendable=("epochs",))
+                                   fixed=[k for k in now if k not in RESUME_FREE],
+                                   extendable=("epochs", "eval_examples"))
         if self.d.main and self.cfg.epochs > state["epoch"]:  # else `train` says there is nothing to train
             for note in notes:
-                print(note + " (the cosine schedule is over the new number of epochs)")
+                print(note + (" (the cosine schedule is over the new number of epochs)" if note.startswith("epochs ")
+                              else ""))
         if self.ema is not None:
             if state.get("ema") is None:
                 raise ValueError("`ema_decay`: the checkpoint has no EMA weights; resume with ema_decay=0")
@@ -383,9 +395,11 @@ class VisionTrainer:
 
 
 @torch.no_grad()
-def evaluate(model, dataset, batch_size: int, d: D.Dist, bf16: bool = False) -> dict:
-    """Top-1 / top-5 accuracy (%) and mean loss over the whole split; rank r takes images r, r + world, ..."""
-    part = torch.utils.data.Subset(dataset, range(d.rank, len(dataset), d.world))
+def evaluate(model, dataset, batch_size: int, d: D.Dist, bf16: bool = False, limit: int = 0) -> dict:
+    """Top-1 / top-5 accuracy (%) and mean loss over the split's first `limit` images (0: the whole split); rank r
+    takes images r, r + world, ..."""
+    n = min(limit, len(dataset)) if limit else len(dataset)
+    part = torch.utils.data.Subset(dataset, range(d.rank, n, d.world))
     loader = torch.utils.data.DataLoader(part, batch_size=batch_size, shuffle=False)
     was_training = model.training
     model.eval()

@@ -81,6 +81,26 @@ def test_training_reduces_the_validation_loss(fixture_dir, tmp_path):
     assert kinds.count("val") == 4 and kinds.count("train") == 12
 
 
+def test_eval_examples_limits_each_epochs_evaluation_but_the_last(fixture_dir, tmp_path, capsys):
+    """The first N validation images (every rank its share) after each epoch, the whole split after the last;
+    best_acc1 is the best evaluation of the whole split."""
+    run = tmp_path / "run"
+    trainer = VisionTrainer(fashion_config(fixture_dir, run, "epochs=3", "eval_examples=8", "ema_decay=0.9"),
+                            D.init("cpu"))
+    model, first = D.unwrap(trainer.model), torch.utils.data.Subset(trainer.val_set, range(8))
+    assert evaluate(model, trainer.val_set, 5, trainer.d, limit=8) == evaluate(model, first, 5, trainer.d)
+    result = trainer.train()
+    vals = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["kind"] == "val"]
+    assert [r["val_images"] for r in vals] == [8, 8, 32] and [r["ema_val_images"] for r in vals] == [8, 8, 32]
+    assert result["val_images"] == 32 and result["best_acc1"] == max(result["acc1"], result["ema_acc1"])
+    # a resume may change it, said in one line
+    capsys.readouterr()
+    VisionTrainer(fashion_config(fixture_dir, run, "epochs=4", "ema_decay=0.9"), D.init("cpu"))
+    assert "eval_examples 8 -> 0: the run continues with the new value\n" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="`eval_examples`: expected >= 0"):
+        fashion_config(fixture_dir, run, "eval_examples=-1")
+
+
 def check_resume_trains_the_same_weights(images, tmp_path, between=None):
     """Two epochs straight against one epoch, `between(checkpoint_dir)`, then the second (EMA included)."""
     straight = VisionTrainer(fashion_config(images, tmp_path / "a", "epochs=2", "ema_decay=0.9"), D.init("cpu"))
