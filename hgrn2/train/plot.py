@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from .logger import read_log
@@ -75,11 +76,13 @@ def plot(curves: dict[str, list[dict]], out: str, *, x: str = "step", smooth: in
         if train:
             tokens_per_step = train[-1]["tokens"] / train[-1]["step"]
             xs = [r[x] for r in train]
-            ys = _moving_average([r["loss"] for r in train], smooth)
+            # a non-finite loss is logged as null (strict JSON): NaN again here, a gap in the line
+            ys = _moving_average([math.nan if r["loss"] is None else r["loss"] for r in train], smooth)
             ax_t.plot(xs, ys, label=name)
         if val:
             scale = tokens_per_step if (x == "tokens" and train) else 1
-            ax_v.plot([r["step"] * scale for r in val], [r["val_loss"] for r in val], marker="o", label=name)
+            ax_v.plot([r["step"] * scale for r in val], [math.nan if r["val_loss"] is None else r["val_loss"]
+                                                         for r in val], marker="o", label=name)
     for ax, title in ((ax_t, "training loss"), (ax_v, "validation loss")):
         ax.set_title(title)
         ax.set_xlabel(x)

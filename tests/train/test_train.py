@@ -312,3 +312,14 @@ def test_saved_model_carries_tokenizer_and_special_tokens(text_data, tmp_path, c
     capsys.readouterr()
     assert main(["generate", str(bare), "--prompt", "a", "--prompt", "b", "--device", "cpu"]) == 2
     assert "no padding, end-of-text or unknown token" in capsys.readouterr().err
+
+
+def test_plot_draws_a_logged_non_finite_loss_as_a_gap(tmp_path):
+    """A diverged step's loss is logged as null (strict JSON); smoothing and the validation panel take it as NaN."""
+    pytest.importorskip("matplotlib")
+    from hgrn2.train.plot import plot
+
+    rows = [{"kind": "train", "step": s, "tokens": 10 * s, "loss": loss} for s, loss in ((1, 2.0), (2, None), (3, 1.0))]
+    rows.append({"kind": "val", "step": 3, "tokens": 30, "val_loss": None})
+    plot({"run": rows}, str(tmp_path / "curves.png"), smooth=2)
+    assert (tmp_path / "curves.png").stat().st_size > 0
