@@ -199,8 +199,8 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 def profile_steps(step, n: int, path: str, device: torch.device) -> dict:
     """Run `step(i)` n times under the profiler; per step (ms): the GPU's span, the time any kernel runs, the time
-    only communication kernels run (exposed communication), the optimiser's kernels and idle time. The kernel
-    table goes to `path`.txt."""
+    only communication kernels run (exposed communication), the optimiser's kernels and idle time. The tables by
+    GPU time and by host time go to `path`.txt."""
     from torch.profiler import ProfilerActivity, profile
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -210,9 +210,10 @@ def profile_steps(step, n: int, path: str, device: torch.device) -> dict:
         for i in range(n):
             step(i)
         _sync(device)
-    with open(path + ".txt", "w") as f:
-        f.write(prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
-                                          row_limit=30, max_name_column_width=80))
+    with open(path + ".txt", "w") as f:  # the GPU's time by kernel, then the host's by operator (what it waits on)
+        averages = prof.key_averages()
+        for key in ("self_device_time_total",) * cuda + ("cpu_time_total",):
+            f.write(averages.table(sort_by=key, row_limit=30, max_name_column_width=80) + "\n")
     prof.export_chrome_trace(path + ".json")
     with open(path + ".json") as f:
         kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and "dur" in e]
