@@ -65,6 +65,8 @@ VARIANTS = {
     "fsdp-bf16-never": ("fsdp", "never", "bf16", 1, False, 1),
     "fsdp-bf16-never-p2": ("fsdp", "never", "bf16", 2, False, 1),
     "fsdp-bf16-never-fused": ("fsdp", "never", "bf16", 1, True, 1),
+    "fsdp-never-u3": ("fsdp", "never", "fp32", 1, False, 3),
+    "fsdp-never-whole": ("fsdp", "never", "fp32", 1, False, 10**6),
     "fsdp-bf16-never-u3": ("fsdp", "never", "bf16", 1, False, 3),
     "fsdp-bf16-never-whole": ("fsdp", "never", "bf16", 1, False, 10**6),
 }
