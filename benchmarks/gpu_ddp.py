@@ -191,12 +191,8 @@ def measure_variant(args, cfg, d, variant: str) -> dict:
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -float("inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
+    """The total length the intervals cover."""
+    return sum(b - a for a, b in _merged(intervals))
 
 
 def profile_steps(step, n: int, path: str, device: torch.device) -> dict:

@@ -19,7 +19,8 @@ from .checks import check_values
 # them: `hgrn2 bench train`'s 16K tokens at V = 32000 make 4 chunks (16 at 2**25 elements)
 CHUNK_ELEMENTS = 1 << 27
 # the logits' rows are laid out ROW_ALIGN columns apart (the weight padded with zero rows): cuBLAS's fast GEMMs
-# need 16-byte-aligned rows, and a vocabulary such as GPT-2's 50265 otherwise falls to kernels of a third less speed
+# need 16-byte-aligned rows, and a vocabulary such as GPT-2's 50265 otherwise falls to fallback kernels several
+# times slower
 ROW_ALIGN = 64
 
 

@@ -65,8 +65,8 @@ def run_train(overrides, nproc: int = 1, timeout: int = 300) -> subprocess.Compl
 
 
 def run_command(cmd: list[str], timeout: int, returncode: int = 0) -> subprocess.CompletedProcess:
-    """Run `cmd` and assert it exits with `returncode` (else fail with the end of its output). It gets its own process
-    session, which a timeout kills whole, torchrun's ranks included."""
+    """Run `cmd` and assert it exits with `returncode` (else fail with the end of its output). It runs in its own
+    process group, which a timeout kills whole, torchrun's ranks included."""
     with subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as proc:
         try:
