@@ -260,8 +260,10 @@ def fsdp_table(rec: dict) -> str:
                                       *([("GPU span ms", "span_ms", ".1f"), ("GPU idle ms", "idle_ms", ".1f"),
                                          ("exposed comm. ms", "exposed_comm_ms", ".1f"),
                                          ("optimiser ms", "optimizer_ms", ".1f")] if profiled else [])])
-    saves = format_table(rec.get("checkpoints", []), [("checkpoint", "checkpoint", ""), ("save s", "save_s", ".1f"),
-                                                       ("load s", "load_s", ".1f"), ("GiB", "gib", ".1f")])
+    if not rec.get("checkpoints"):  # a run with --no-checkpoint
+        return f"{head}{runs}"
+    saves = format_table(rec["checkpoints"], [("checkpoint", "checkpoint", ""), ("save s", "save_s", ".1f"),
+                                              ("load s", "load_s", ".1f"), ("GiB", "gib", ".1f")])
     return f"{head}{runs}\n\n{saves}"
 
 

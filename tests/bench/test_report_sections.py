@@ -165,3 +165,11 @@ def test_gate_table_shows_rounds_only_where_a_row_was_confirmed():
     assert "| varlen | 1.0000 | 1.0100 | 1.010 | 15 |" in table
     rec["rows"][1]["rounds"] = 5
     assert "rounds |" not in report.gate_table(rec)
+
+
+def test_fsdp_table_leaves_out_the_checkpoint_table_of_a_run_without_checkpoints():
+    rec = dict(preset="hgrn2-1b", world_size=1, batch=40, seq_len=2048, micro=10, steps=20,
+               rows=[dict(run="1 GPU", tok_per_s=74072.0, peak_gib=47.9)])
+    assert "| checkpoint |" not in report.fsdp_table(rec)
+    rec["checkpoints"] = [dict(checkpoint="sharded", save_s=27.4, load_s=18.8, gib=11.9)]
+    assert "| sharded | 27.4 | 18.8 | 11.9 |" in report.fsdp_table(rec)
