@@ -127,6 +127,14 @@ SECTIONS = {
                       "kernels run and the optimiser's kernels. Checkpoints: model and AdamW state saved and loaded "
                       "the old way (full state dicts gathered to rank 0, torch.save) against the sharded one "
                       "(torch.distributed.checkpoint)."),
+    "engine_speed": ("Training engine: each task's step against the loops it replaced",
+                     "`benchmarks/engine_speed.py`: each task's own command from an older tree (the base: an exported "
+                     "`hgrn2/` of the commit before the training engine) and from this one, in one call on one GPU, "
+                     "the runs of a round one after the other: the language model's tokens/s (hgrn2-0.15b, 16 × 2048 "
+                     "tokens per step, synthetic corpus), LRA ListOps' and image training's (fashion_mnist preset, "
+                     "batch 128) steps/s, read from each run's log over its second half without evaluations; the "
+                     "median over rounds. Rows: the eager step, and the CUDA-graph step where the task's shapes "
+                     "allow one (images: against the base's eager step, since its loop had none)."),
     "convert_fla": ("fla checkpoint conversion parity",
                     "fla's HGRN2ForCausalLM with random weights (bounds and norms randomised too), converted by "
                     "`hgrn2 convert-fla`: logits of both against the fp64 reference and each other (relative L2), "
@@ -570,6 +578,13 @@ def gate_table(rec: dict) -> str:
         ("fla ms", "fla_ms", ".4f"), ("tree / fla", "tree_vs_fla", ".3f"), ("max rel. diff", "max_rel_diff", ".1e")])
 
 
+def engine_speed_table(rec: dict) -> str:
+    head = f"Base: `{rec['base']}`; {rec['rounds']} round(s).\n\n"
+    return head + format_table(rec["rows"], [
+        ("task", "task", ""), ("this tree's step", "step", ""), ("unit", "unit", ""), ("base", "base", ".1f"),
+        ("this tree", "tree", ".1f"), ("÷ base", "ratio", ".3f")])
+
+
 def generic_table(rec: dict) -> str:
     keys = [k for k, v in rec["rows"][0].items() if isinstance(v, (str, int, float, bool))] if rec["rows"] else []
     return format_table(rec["rows"], [(k, k, ".4g" if isinstance(rec["rows"][0][k], float) else "") for k in keys])
@@ -582,7 +597,7 @@ TABLES = {"ops": ops_tables, "decode": decode_table, "layer": lambda rec: format
     "lra_share": lambda rec: format_table(rec["rows"], LRA_SHARE_COLUMNS),
     "convert_fla": convert_table, "eval_ppl": eval_ppl_table, "eval_needle": eval_needle_table, "lra": lra_table,
     "vision": vision_table, "generate": generate_table, "tests": tests_table, "train_parity": parity_table,
-    "gate": gate_table, "small_heads": lambda rec: format_table(rec["rows"], [
+    "gate": gate_table, "engine_speed": engine_speed_table, "small_heads": lambda rec: format_table(rec["rows"], [
         ("directions", "directions", ""), ("path", "path", ""), ("fwd ms", "fwd_ms", ".3f"),
         ("fwd+bwd ms", "fwd_bwd_ms", ".3f"), ("max rel. diff", "max_rel_diff", ".1e")])}
 

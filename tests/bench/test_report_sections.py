@@ -173,3 +173,13 @@ def test_fsdp_table_leaves_out_the_checkpoint_table_of_a_run_without_checkpoints
     assert "| checkpoint |" not in report.fsdp_table(rec)
     rec["checkpoints"] = [dict(checkpoint="sharded", save_s=27.4, load_s=18.8, gib=11.9)]
     assert "| sharded | 27.4 | 18.8 | 11.9 |" in report.fsdp_table(rec)
+
+
+def test_engine_speed_table_names_the_base_and_each_rows_step():
+    rec = dict(base="/tmp/base", rounds=2, rows=[
+        dict(task="LRA ListOps hgrn2", step="eager", unit="steps/s", base=30.0, tree=33.0, ratio=1.1),
+        dict(task="image training fashion_mnist", step="CUDA graph", unit="steps/s", base=50.0, tree=100.0, ratio=2.0)])
+    text = report.engine_speed_table(rec)
+    assert text.startswith("Base: `/tmp/base`; 2 round(s).")
+    assert "| image training fashion_mnist | CUDA graph | steps/s | 50.0 | 100.0 | 2.000 |" in text
+    assert "engine_speed" in report.SECTIONS and "engine_speed" in report.TABLES
