@@ -12,8 +12,9 @@ the task's shapes allow one (images: against the base's eager step, since its lo
 Each run is a subprocess with PYTHONPATH set to its tree. Its speed comes from its own log.jsonl, which both trees
 write the same way: the "train" records' step and time, over the intervals of the run's second half (compiling and
 the allocator's warm-up fall in the first) that hold no evaluation; the median interval's steps/s. The result goes
-to --out (default benchmarks/results/<device>/)engine_speed.json. A CPU check: --device cpu --quick (tiny shapes,
-the record marked quick).
+to --out (default benchmarks/results/<device>/)engine_speed.json, rewritten after each task; `--add` keeps the rows of
+the tasks not run now from the record already there (one measurement split over calls). A CPU check: --device cpu
+--quick (tiny shapes, the record marked quick).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def run_once(task: str, which: str, tree: str, graph: bool | None, work: Path, a
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-dir", required=True, help="folder holding the older tree's hgrn2/ package")
+    ap.add_argument("--base-label", help="what the base is, for the record (default: --base-dir), e.g. its commit")
     ap.add_argument("--tasks", default="lm,lra,vision", help="comma-separated: " + ", ".join(TASKS))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -110,6 +112,8 @@ def main() -> None:
     ap.add_argument("--fashion-mnist", default=FASHION_MNIST, help="folder of the four Fashion-MNIST idx files")
     ap.add_argument("--quick", action="store_true", help="tiny shapes and few steps (a smoke run, marked quick)")
     ap.add_argument("--work", help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--add", action="store_true",
+                    help="keep the other tasks' rows of the record in --out (a measurement split over several calls)")
     add_output_argument(ap)
     args = ap.parse_args()
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -123,6 +127,9 @@ def main() -> None:
         ap.error("--rounds: at least 1")
     if "vision" in tasks and not Path(args.fashion_mnist).is_dir():
         ap.error(f"--fashion-mnist: no folder {args.fashion_mnist} (Debian package dataset-fashion-mnist)")
+    kept, command = _kept_rows(args, tasks) if args.add else ([], command_of(args))
+    env = environment(args.device)
+    rows = list(kept)
     with tempfile.TemporaryDirectory(prefix="engine-speed-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -130,12 +137,26 @@ def main() -> None:
             from gpu_ddp import corpus
 
             corpus(str(work / "corpus"), vocab=256 if args.quick else 32000, n_train=4_000_000, n_val=50_000)
-        rows = measure(tasks, str(base), work, args)
-    env = environment(args.device)
-    path = write_result(args.out, "engine_speed", env, rows, command_of(args), quick=args.quick,
-                        base=str(args.base_dir), rounds=args.rounds)
+        for task in tasks:  # the record is rewritten after each task: a run cut short keeps the tasks it finished
+            rows += measure([task], str(base), work, args)
+            path = write_result(args.out, "engine_speed", env, rows, command, quick=args.quick,
+                                base=args.base_label or str(args.base_dir), rounds=args.rounds)
     print(format_table(rows, COLUMNS))
     print(f"wrote {path}")
+
+
+def _kept_rows(args, tasks: list[str]) -> tuple[list[dict], str]:
+    """--add: the rows of the record at --out of the tasks not run now (same base and rounds), and both commands."""
+    path = Path(args.out or "") / "engine_speed.json" if args.out else None
+    if path is None or not path.is_file():
+        raise SystemExit(f"--add: no engine_speed.json in --out {args.out!r} to add to")
+    rec = json.loads(path.read_text())
+    same = (rec.get("base"), rec.get("rounds"), rec.get("quick")) == (args.base_label or str(args.base_dir),
+                                                                        args.rounds, args.quick)
+    if not same:
+        raise SystemExit(f"--add: {path} was measured with another --base-dir, --rounds or --quick")
+    now = {TASKS[t][0] for t in tasks}
+    return [r for r in rec["rows"] if r["task"] not in now], f"{rec['command']} && {command_of(args)}"
 
 
 COLUMNS = [("task", "task", ""), ("this tree's step", "step", ""), ("unit", "unit", ""), ("base", "base", ".1f"),

@@ -53,3 +53,19 @@ def test_language_model_and_listops_on_the_cpu(tmp_path):
     assert [(r["task"].split()[0], r["step"]) for r in rec["rows"]] == [("language", "eager"), ("LRA", "eager")]
     for r in rec["rows"]:  # the base is this tree: both read a positive speed from their own log
         assert r["base"] > 0 and r["tree"] > 0 and r["ratio"] == pytest.approx(r["tree"] / r["base"])
+
+
+def test_add_keeps_the_other_tasks_rows_and_refuses_another_base(tmp_path):
+    import argparse
+
+    module = _script()
+    rows = [{"task": module.TASKS["lm"][0], "step": "eager"}, {"task": module.TASKS["lra"][0], "step": "eager"}]
+    (tmp_path / "engine_speed.json").write_text(json.dumps(
+        {"base": "9f13181", "rounds": 2, "quick": False, "command": "first", "rows": rows}))
+    args = argparse.Namespace(out=str(tmp_path), base_label="9f13181", base_dir="/b", rounds=2, quick=False)
+    kept, command = module._kept_rows(args, ["lra"])
+    assert kept == rows[:1] and command.startswith("first && ")
+    with pytest.raises(SystemExit, match="another --base-dir"):
+        module._kept_rows(argparse.Namespace(**{**vars(args), "rounds": 3}), ["lra"])
+    with pytest.raises(SystemExit, match="no engine_speed.json"):
+        module._kept_rows(argparse.Namespace(**{**vars(args), "out": str(tmp_path / "none")}), ["lra"])
