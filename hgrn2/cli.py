@@ -38,9 +38,9 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "lm-eval"): ("hgrn2.eval.harness", "lm-evaluation-harness tasks on a saved model"),
     ("eval", "needle"): ("hgrn2.eval.needle", "needle-in-a-haystack grid (context length x depth) and heatmap"),
     ("eval", "scrolls"): ("hgrn2.eval.scrolls", "SCROLLS-format long-document tasks scored by ROUGE-1/2/L"),
-    ("mqar",): ("hgrn2.train.mqar", "multi-query associative recall sweep (the paper's MQAR figure)"),
-    ("ablate",): ("hgrn2.train.ablate", "the paper's LM ablations (expand ratio, PESE, HGRN1, lower bound)"),
-    ("lra",): ("hgrn2.train.lra", "Long Range Arena: train, evaluate, resume; --report for the paper's table"),
+    ("mqar",): ("hgrn2.experiments.mqar", "multi-query associative recall sweep (the paper's MQAR figure)"),
+    ("ablate",): ("hgrn2.experiments.ablate", "the paper's LM ablations (expand ratio, PESE, HGRN1, lower bound)"),
+    ("lra",): ("hgrn2.experiments.lra", "Long Range Arena: train, evaluate, resume; --report for the paper's table"),
     ("vision",): ("hgrn2.train.vision", "image classification: `vision train` (works under torchrun), `eval`, "
                                         "`report`"),
 }

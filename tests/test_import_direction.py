@@ -1,5 +1,5 @@
 """The package's layering: a module imports only from its own folder or from folders to its left in
-ops → layers → models → data → train / eval / bench → the top-level modules (cli.py, info.py)."""
+ops → layers → models → data → train / eval / bench → experiments → the top-level modules (cli.py, info.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hgrn2"
 # train, eval and bench share a rank: none of them may import another.
-RANK = {"ops": 0, "layers": 1, "models": 2, "data": 3, "train": 4, "eval": 4, "bench": 4}
+RANK = {"ops": 0, "layers": 1, "models": 2, "data": 3, "train": 4, "eval": 4, "bench": 4, "experiments": 5}
 TOP = max(RANK.values()) + 1  # modules directly in hgrn2/ (the CLI and its commands)
 # the sideways imports: evaluation and training results are written as benchmark records, in the format
 # bench/common.py owns; the training benchmark times the trainer's CUDA-graph step itself, and the LRA sharing

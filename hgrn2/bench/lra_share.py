@@ -100,9 +100,8 @@ def _worker(spec: dict, rank: int) -> None:
     from hgrn2.models.lra import LRAClassifier
 
     parser = argparse.ArgumentParser()
-    lra.add_arguments(parser)
-    opts = [spec["task"]] + (["--model-options", json.dumps({"hidden_size": 8, "num_layers": 1})] if spec["quick"]
-                             else [])
+    lra.add_run_arguments(parser)
+    opts = ["--model-options", json.dumps({"hidden_size": 8, "num_layers": 1})] if spec["quick"] else []
     cfg, tr, _ = lra.build(spec["task"], spec["model"], parser.parse_args(opts))
     device = torch.device(spec["device"])
     batch, length = (2, 64) if spec["quick"] else (tr["batch_size"], lra_tasks.TASKS[spec["task"]].max_len)

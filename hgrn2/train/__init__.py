@@ -1,2 +1,3 @@
-"""Training: language models (config, trainer, optimisers, checkpoints, distributed, CUDA-graph steps) and the
-experiment commands (MQAR and the ablations over `sweep.py`, LRA, images)."""
+"""Training: one engine (`engine.py`: the step, schedule, distribution, checkpoints, exact resume, guarantees) and
+its tasks: the language model (config, trainer, optimisers), MQAR, LRA and image-classification runs. Commands over
+many runs (sweeps, ablations, the LRA table) are in `hgrn2.experiments`."""

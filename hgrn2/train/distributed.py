@@ -171,3 +171,8 @@ def gather_objects(obj, d: Dist) -> list:
 def barrier(d: Dist) -> None:
     if d.world > 1:
         dist.barrier()
+
+
+def main_process() -> bool:
+    """False on torchrun's ranks other than 0, which leave tables and records to rank 0."""
+    return int(os.environ.get("RANK", "0")) == 0

@@ -60,7 +60,6 @@ from .engine import Engine, EpochEnd, Task
 from .logger import read_log
 from .optim import build_optimizer
 from .plot import pyplot
-from .sweep import main_process
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "vision")
 FASHION_MNIST_MEAN_STD = (0.2860, 0.3530)
@@ -452,7 +451,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
         return 0
     status = guard.train_command("hgrn2 vision train", lambda: VisionTrainer(cfg, D.init(cfg.device)))
-    if status == 0 and main_process() and args.record is not None:
+    if status == 0 and D.main_process() and args.record is not None:
         return run_report(argparse.Namespace(**{**vars(args), "run": cfg.out_dir}))
     return status
 

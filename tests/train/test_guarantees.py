@@ -406,7 +406,7 @@ def test_a_second_process_on_a_run_directory_is_refused(task, corpus, images, tm
         where, call = out, lambda: mqar_run(tiny_spec(epochs=1), "cpu", data_dir=tmp_path,  # noqa: E731
                                             checkpoint_dir=out)
     else:
-        from hgrn2.train.ablate import LMRun, train_lm
+        from hgrn2.experiments.ablate import LMRun, train_lm
 
         spec = LMRun(model={"hidden_size": 32, "num_hidden_layers": 1, "expand_ratio": 16},
                      train={"max_steps": 2, "seq_len": 32, "batch_size": 4, "micro_batch_size": 4, "eval_every": 0,

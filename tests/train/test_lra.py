@@ -14,9 +14,10 @@ import yaml
 from hgrn2.bench.common import seeds_cell
 from hgrn2.bench.report import lra_table as report_lra_table
 from hgrn2.cli import main
+from hgrn2.experiments.lra import report
 from hgrn2.models.lra import MIXERS, LRAClassifier, LRAModelConfig
 from hgrn2.train import checkpoint, sharded
-from hgrn2.train.lra import build, build_lra_optimizer, load_preset, report
+from hgrn2.train.lra import build, build_lra_optimizer, load_preset
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lra"
 FASHION = FIX / "fashion-mnist"
@@ -663,7 +664,7 @@ def test_concurrent_names_a_failing_run_and_trains_the_others(tmp_path, capsys):
 
 
 def test_gpu_minutes_sum_each_epochs_wall_time_over_the_runs_gpus():
-    from hgrn2.train.lra import gpu_minutes
+    from hgrn2.experiments.lra import gpu_minutes
 
     history = [{"epoch": 1, "epoch_time": 30.0}, {"epoch": 2, "epoch_time": 90.0}]
     np.testing.assert_allclose(gpu_minutes({"history": history, "world_size": 4}), [2.0, 8.0])

@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hgrn2.cli import main as cli_main
+from hgrn2.experiments import mqar as sweep_mod
 from hgrn2.models.zoology import ZoologyLM
-from hgrn2.train import mqar as sweep_mod
 from hgrn2.train.mqar import RunSpec, train_run
 
 STAND_IN = "tests.train.test_mqar:ShiftedKeyAttention"

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from hgrn2.cli import main as cli_main
+from hgrn2.experiments import ablate
 from hgrn2.models.presets import PRESETS
-from hgrn2.train import ablate
 from hgrn2.train.config import PRESET_DIR
 from tests.train.helpers import make_corpus
 

@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hgrn2.data.files import write_json
+from hgrn2.train.distributed import main_process
 from hgrn2.train.guard import RunError, RunLock
 
 REPORT_SECONDS = 0.5  # a worker sends its step count at most this often
@@ -81,11 +82,6 @@ class StepCounter:
         if self.pending:
             self.report(self.pending)
         self.pending, self.last = 0, time.time()
-
-
-def main_process() -> bool:
-    """False on torchrun's ranks other than 0, which leave the sweep's tables to rank 0."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _ranks() -> tuple[int, int]:

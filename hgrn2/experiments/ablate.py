@@ -13,7 +13,7 @@ Recipes (hgrn2/configs/ablate.yaml): `expand` (perplexity against the expand rat
 from the Debian documentation packages python3-doc and linux-doc, with a BPE trained on it; the whole set in
 minutes on one GPU) and `smoke` (seconds on a CPU, for tests).
 
-Every run is the library's `Trainer` (hgrn2.train.trainer) over `hgrn2.train.sweep`: resumable (a killed sweep
+Every run is the library's `Trainer` (hgrn2.train.trainer) over `hgrn2.experiments.sweep`: resumable (a killed sweep
 continues from each run's last checkpoint), several runs at once on one device (`--concurrent`), a time budget
 (`--max-minutes`; cut runs are marked * and continue on the next call). Output: `OUT/runs/*.json` (one per run),
 `OUT/<recipe>.txt` (table), `OUT/<recipe>.png` (plot), `OUT/results.json` (every recipe's rows). `--record`
@@ -39,9 +39,10 @@ import yaml
 
 from hgrn2.bench.common import add_record_argument, command_of, environment, runs_environment, write_result
 from hgrn2.data.files import write_json
+from hgrn2.experiments.sweep import best_device, read_result, sweep
 from hgrn2.models.device import device_name
+from hgrn2.train.distributed import main_process
 from hgrn2.train.plot import pyplot
-from hgrn2.train.sweep import best_device, main_process, read_result, sweep
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "ablate.yaml"
 SOURCES = ("debian-docs", "python-docs")
