@@ -8,8 +8,14 @@
                  the idle time spent waiting for a launch (the kernel after the gap was launched after the one
                  before ended), i.e. whether the step is bound by the GPU or by the CPU that launches its kernels.
 
+--target rows    the recurrence rows of `hgrn2 bench gate` named by --rows (e.g. "fast forgetting,closed gates"),
+                 one call each under torch.profiler: every kernel in launch order with its device time per step
+                 (a kernel launched twice, like the small-gates dβ kernel's two forms, as name#1 and name#2), so
+                 that a row's time against its twin splits into the launches that differ.
+
     hgrn2 bench profile --target layer
     hgrn2 bench profile --target train --models hgrn2,fla [--trace-dir DIR]
+    hgrn2 bench profile --target rows --rows "fast forgetting,fast forgetting β ≥ 0.01"
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ PHASES = ("forward", "backward", "optimizer")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     train_bench.add_arguments(parser)  # the model of `bench train` (--models, --hidden, ..., --quick, --out)
     parser.set_defaults(shapes="8x2048", models="hgrn2,fla")
-    parser.add_argument("--target", choices=("layer", "train"), default="layer")
+    parser.add_argument("--target", choices=("layer", "train", "rows"), default="layer")
+    parser.add_argument("--rows", default=None, help="--target rows: the gate's rows, comma-separated (default: all "
+                                                     "of the recurrence)")
     parser.add_argument("--shape", default=None, help="BATCHxSEQ (default: 8x2048; --quick: 1x64)")
     parser.add_argument("--layer-hidden", type=int, default=2048, help="--target layer: the layer's width")
     parser.add_argument("--profiled-steps", type=int, default=5, help="steps under the profiler (tables per step)")
@@ -79,6 +87,57 @@ def kernel_table(step, steps: int, cuda: bool) -> list[tuple[str, float, int]]:
             us[e.key] += e.self_cpu_time_total / steps
             calls[e.key] += e.count
     return sorted(((n, us[n], calls[n] // steps) for n in us), key=lambda r: -r[1])
+
+
+def kernel_sequence(step, steps: int) -> list[tuple[str, float]]:
+    """[(kernel, µs)] of one CUDA `step` in launch order, each averaged over `steps` profiled steps; a name that
+    recurs within a step gets its occurrence, name#k."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    return launch_order([(e.name, e.device_time) for e in events], steps)
+
+
+def launch_order(kernels: list[tuple[str, float]], steps: int) -> list[tuple[str, float]]:
+    """`kernels` [(name, µs)] of `steps` equal steps in launch order → one step's [(label, mean µs)], a name's
+    k-th launch within a step labelled name#k (k > 1)."""
+    per_step = len(kernels) // steps
+    out: dict[str, float] = {}
+    for k in range(steps):
+        seen: dict[str, int] = defaultdict(int)
+        for name, us in kernels[k * per_step:(k + 1) * per_step]:
+            seen[name] += 1
+            label = name if seen[name] == 1 else f"{name}#{seen[name]}"
+            out[label] = out.get(label, 0.0) + us / steps
+    return list(out.items())
+
+
+def profile_rows(args, device) -> list[dict]:
+    """The gate's recurrence rows (`hgrn2.bench.gate.rows_spec`): each one's timed ms and, on CUDA, its kernels in
+    launch order (on a CPU, its operators' self time)."""
+    from hgrn2 import ops
+    from hgrn2.bench import gate
+
+    cuda = device.type == "cuda"
+    spec = gate.select_rows(gate.rows_spec(args.quick, device, torch.bfloat16 if cuda else torch.float32), args.rows)
+    spec = [s for s in spec if "inputs" in s]  # the recurrence's rows (not the layer or cross entropy)
+    if not spec:
+        raise ValueError("--rows: names no row of the recurrence")
+    rows = []
+    for s in spec:
+        inputs = s["inputs"]
+        step = gate.op_call(ops, inputs, torch.randn_like(inputs[2]), grad=s["grad"], **s.get("kw", {}))
+        ms = time_ms(step, device=device, inputs=inputs, warmup=2 if args.quick else 20, rep=3 if args.quick else 100)
+        table = (kernel_sequence(step, args.profiled_steps) if cuda
+                 else [(n, us) for n, us, _ in kernel_table(step, args.profiled_steps, cuda)])
+        rows += [{"row": s["name"], "kernel": name, "us_per_step": us} for name, us in table]
+        rows.append({"row": s["name"], "kernel": "(timed)", "us_per_step": 1e3 * ms})
+    return rows
 
 
 def profile_layers(args, device) -> list[dict]:
@@ -215,13 +274,15 @@ def run(args: argparse.Namespace) -> int:
         args.hidden, args.layers, args.expand, args.intermediate, args.vocab = 64, 2, 16, 128, 256
         args.warmup, args.steps, args.rounds, args.profiled_steps = 1, 2, 1, 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = (profile_layers if args.target == "layer" else profile_train)(args, device)
+    rows = {"layer": profile_layers, "train": profile_train, "rows": profile_rows}[args.target](args, device)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "command_line")}
     path = write_result(args.out, f"profile_{args.target}", environment(device), rows, command_of(args),
                         quick=args.quick, args=settings)
     print(f"wrote {path}")
     if args.target == "layer":
         print(format_table(rows, [("model", "model", ""), ("part", "part", ""), ("µs per step", "us_per_step", ".1f")]))
+    elif args.target == "rows":
+        print(format_table(rows, [("row", "row", ""), ("kernel", "kernel", ""), ("µs per step", "us_per_step", ".1f")]))
     else:
         print(format_table(rows, [("model", "model", ""), ("part", "part", ""), ("ms", "ms", ".2f"),
                                   ("kernels", "kernels", "d"), ("busy ms", "busy_ms", ".2f"),

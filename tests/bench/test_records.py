@@ -57,6 +57,7 @@ def test_report_rejects_a_record_without_its_keys(tmp_path):
     (["bench", "accuracy", "--quick", "--device", "cpu", "--impls", "chunk"], "accuracy"),
     (["bench", "profile", "--quick", "--target", "layer"], "profile_layer"),
     (["bench", "profile", "--quick", "--target", "train", "--models", "hgrn2"], "profile_train"),
+    (["bench", "profile", "--quick", "--target", "rows", "--rows", "small,fast"], "profile_rows"),
     (["bench", "memory", "--device", "cpu", "--hidden", "128", "--seq", "16"], "memory"),
     pytest.param(["bench", "lra-share", "--quick", "--device", "cpu"], "lra_share", marks=pytest.mark.slow),
 ])
