@@ -18,7 +18,6 @@ nothing. A step whose loss or gradient norm is not finite stops the run before a
 `--record` writes into the record wherever it runs.
 """
 
-
 from __future__ import annotations
 
 import argparse

@@ -1,8 +1,8 @@
 """Long Range Arena runs on the training engine: a task's preset (the authors' per-task settings, per-model and
 ablation variants, command-line overrides), its data on the device, the task (`LRATask`) and `train_run`, which
 trains one (task, model, variant, seed) run in its folder and resumes it exactly. The command that trains several,
-side by side or under torchrun, and reports them is `hgrn2 lra` (`hgrn2.experiments.lra`); its options are
-`add_arguments` here, which the LRA benchmarks read too."""
+side by side or under torchrun, and reports them is `hgrn2 lra` (`hgrn2.experiments.lra`); the options of one run
+are `add_run_arguments` here, which the LRA benchmarks parse too."""
 
 from __future__ import annotations
 
