@@ -120,7 +120,7 @@ def launch_order(kernels: list[tuple[str, float]], steps: int) -> list[tuple[str
 def profile_rows(args, device) -> list[dict]:
     """The gate's recurrence rows (`hgrn2.bench.gate.rows_spec`): each one's timed ms and, on CUDA, its kernels in
     launch order (on a CPU, its operators' self time)."""
-    from hgrn2 import ops
+    import hgrn2.ops as ops
     from hgrn2.bench import gate
 
     cuda = device.type == "cuda"
