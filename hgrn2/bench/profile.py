@@ -8,10 +8,9 @@
                  the idle time spent waiting for a launch (the kernel after the gap was launched after the one
                  before ended), i.e. whether the step is bound by the GPU or by the CPU that launches its kernels.
 
---target rows    the recurrence rows of `hgrn2 bench gate` named by --rows (e.g. "fast forgetting,closed gates"),
-                 one call each under torch.profiler: every kernel in launch order with its device time per step
-                 (a kernel launched twice, like the small-gates dβ kernel's two forms, as name#1 and name#2), so
-                 that a row's time against its twin splits into the launches that differ.
+--target rows    the recurrence rows of `hgrn2 bench gate` named by --rows (e.g. "fast forgetting,closed gates")
+                 under torch.profiler: each row's kernels in launch order, µs per step each (a kernel's k-th
+                 launch within a step as name#k).
 
     hgrn2 bench profile --target layer
     hgrn2 bench profile --target train --models hgrn2,fla [--trace-dir DIR]

@@ -13,7 +13,7 @@ Each finished run is saved atomically as `OUT/runs/<run id>.json`; a sweep skips
 complete, so a killed sweep continues where it stopped. With `concurrent` > 1 the runs train in worker processes
 that share the device(s) (small models leave a GPU mostly idle); `cuda` with several GPUs spreads them over all.
 Under torchrun every process trains its share of the runs (rank r: runs r, r + world, ...; `cuda`: its local GPU),
-then all wait for each other and read every result; only rank 0 (`main_process()`) writes the tables.
+then all wait for each other and read every result; only rank 0 (`distributed.main_process()`) writes the tables.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import torch
 from tqdm.auto import tqdm
 
 from hgrn2.data.files import write_json
-from hgrn2.train.distributed import main_process
 from hgrn2.train.guard import RunError, RunLock
 
 REPORT_SECONDS = 0.5  # a worker sends its step count at most this often
@@ -227,4 +226,4 @@ def _sweep(specs, out, device, train_fn, concurrent, max_minutes, name, summary,
 
 
 __all__ = ["sweep", "run_and_save", "StepCounter", "read_result", "finished_results", "best_device",
-           "devices", "main_process"]
+           "devices"]

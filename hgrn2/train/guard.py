@@ -33,7 +33,9 @@ class Diverged(RunError):
 
 def print_error(name: str, e: BaseException) -> None:
     """`NAME: error: E` on stderr; on rank 0 alone where every rank of a torchrun launch raised the same error."""
-    if getattr(e, "every_rank", False) and int(os.environ.get("RANK", "0")) != 0:
+    from . import distributed as D
+
+    if getattr(e, "every_rank", False) and not D.main_process():
         return
     print(f"{name}: error: {e}", file=sys.stderr)
 
