@@ -489,10 +489,7 @@ def _pair_grads(o, g, i, dy, lb, h, dh, n, i_h, tp, kp, valid, scale, H: tl.cons
     w = tl.sum(tl.where(ok & (rows[:, None] == tp[None, :]), s_neg, 0.0), 0)  # ∂f/∂β = σ(−g)
     d_f = tl.zeros([NP], dtype=tl.float32)
     for j in range(0, tl.cdiv(V, BVS)):
-        cv = j * BVS + tl.arange(0, BVS)
-        offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
-        v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
-        dy_j = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
+        cv, v, dy_j = _v_dy_block(i, dy, n, j, H, V, BT, BVS, I_ACT)
         mp = valid[:, None] & (cv < V)[None, :]
         s_off = cv[None, :] * K + kp[:, None]  # channel k of the states [V, K], one row per pair
         v_t = tl.where(mp, act(tl.load(i + tp[:, None] * (H * V) + cv[None, :], mask=mp, other=0.0).to(tl.float32),
@@ -557,10 +554,7 @@ def _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, 
     Yh = tl.zeros([BT, BK], dtype=tl.float32)
     hd = tl.zeros([BK], dtype=tl.float32)
     for j in range(0, tl.cdiv(V, BVS)):
-        cv = j * BVS + tl.arange(0, BVS)
-        offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
-        v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
-        dy_j = tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
+        cv, v, dy_j = _v_dy_block(i, dy, n, j, H, V, BT, BVS, I_ACT)
         s_off = cv[:, None] * K + ck[None, :]
         s_mask = (cv < V)[:, None] & (ck < K)[None, :]
         S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
@@ -589,6 +583,17 @@ def _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, 
                    + tl.sum(tl.dot(M, G, input_precision=SPREC) * N, 1))
             acc += tl.where(cols == c, tl.sum(_column(w, cols, c) * d_f, 0), 0.0)
     return acc
+
+
+@triton.jit
+def _v_dy_block(i, dy, n, j, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BVS: tl.constexpr,
+                I_ACT: tl.constexpr):
+    """V sub-block j of a chunk (pointers at its first row and head): its columns cv, the values v = act(i) and dy,
+    [BT, BVS] each in fp32 (zero outside the chunk's n rows and V)."""
+    cv = j * BVS + tl.arange(0, BVS)
+    offv, mtv = chunk_tile(n, cv, H, V, BVS, BT)
+    v = tl.where(mtv, act(tl.load(i + offv, mask=mtv, other=0.0).to(tl.float32), I_ACT), 0.0)
+    return cv, v, tl.load(dy + offv, mask=mtv, other=0.0).to(tl.float32)
 
 
 @triton.jit
