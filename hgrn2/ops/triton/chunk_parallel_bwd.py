@@ -547,8 +547,8 @@ def _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, 
 
         γ_t (α_t Σ_v dh_c ⊙ h_c + (Ñ Vd)_t) + α_t (M Yh)_t + Σ_s (M G)[t, s] Ñ[t, s],
 
-    one [BT, BT] product per channel that holds a small gate. Each exponent of M and N is a scan over the rows it
-    spans, as in the pair form. Returns the block's dβ share [BK]."""
+    one [BT, BT] product per channel that holds a small gate. Each exponent of M and N is a sum of log f over
+    the rows it spans, as in the pair form (`_channel_decays`). Returns the block's dβ share [BK]."""
     G = tl.zeros([BT, BT], dtype=tl.float32)
     Vd = tl.zeros([BT, BK], dtype=tl.float32)
     Yh = tl.zeros([BT, BK], dtype=tl.float32)
@@ -563,26 +563,64 @@ def _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, 
         Vd = tl.dot(v, dS, Vd, input_precision=SPREC)
         Yh = tl.dot(dy_j, S, Yh, input_precision=SPREC)
         hd += tl.sum(dS * S, 0)
-    later = rows[None, :] > rows[:, None]  # [t, u]: u > t
-    earlier = rows[None, :] < rows[:, None]  # [t, s]: s < t
     diag = rows[None, :] == rows[:, None]
     acc = tl.zeros([BK], dtype=tl.float32)
     for c in range(0, BK):
         if (chans >> c) & 1:
-            a_c = _column(a, cols, c)
-            M = tl.where(later | diag, fast_exp(tl.cumsum(tl.where(later, a_c[None, :], 0.0), 1))
-                         * _column(q, cols, c)[None, :], 0.0)
-            span = tl.cumsum(tl.where(rows[None, :] + 1 < rows[:, None], _column(a_next, cols, c)[None, :], 0.0), 1,
-                             reverse=True)
-            N = tl.where(earlier, fast_exp(span) * _column(k, cols, c)[None, :], tl.where(diag, -1.0, 0.0))  # Ñ
-            alpha = fast_exp(tl.sum(tl.where(earlier, a_c[None, :], 0.0), 1))  # e^{b_{t−1}}
-            gamma = fast_exp(tl.sum(tl.where(later, a_c[None, :], 0.0), 1))  # e^{b_last − b_t}
+            P, Q, alpha, gamma = _channel_decays(_column(a, cols, c), _column(a_next, cols, c), BT)
+            M = P * _column(q, cols, c)[None, :]
+            N = Q * _column(k, cols, c)[None, :] - tl.where(diag, 1.0, 0.0)  # Ñ
             hd_c = tl.sum(tl.where(cols == c, hd, 0.0), 0)
             d_f = (gamma * (alpha * hd_c + tl.sum(N * _column(Vd, cols, c)[None, :], 1))
                    + alpha * tl.sum(M * _column(Yh, cols, c)[None, :], 1)
                    + tl.sum(tl.dot(M, G, input_precision=SPREC) * N, 1))
             acc += tl.where(cols == c, tl.sum(_column(w, cols, c) * d_f, 0), 0.0)
     return acc
+
+
+@triton.jit
+def _channel_decays(a, a_next, BT: tl.constexpr):
+    """One channel's decays over a chunk from its log f a [BT] (a_next[s] = a[s + 1]), every exponent a sum of log f
+    over the rows it spans (each ≤ 0: no sum is a difference, so none cancels):
+
+        P[t, u] = e^{Σ_{t<τ≤u} a_τ} (u ≥ t),  Q[t, s] = e^{Σ_{s<τ<t} a_τ} (s < t),  0 elsewhere,
+        alpha_t = e^{Σ_{τ<t} a_τ},  gamma_t = e^{Σ_{τ>t} a_τ}.
+
+    In 16-row sub-blocks: a pair in one sub-block takes a row scan of that sub-block ([NB, 16, 16] in all, a quarter
+    of a [BT, BT] scan at BT 64); a pair across sub-blocks is the product e^{rest of the first} · e^{blocks between}
+    · e^{start of the second}, exps of vectors and of an [NB, NB] table. Each factor is at least the product, so none
+    underflows where the product does not."""
+    SB: tl.constexpr = 16
+    NB: tl.constexpr = BT // SB
+    p = tl.arange(0, SB)
+    x = p[None, :, None]  # the row within its sub-block
+    y = p[None, None, :]  # the row summed over
+    A = tl.reshape(a, (NB, SB))[:, None, :]
+    incl = tl.sum(tl.where(y <= x, A, 0.0), 2)  # [NB, SB]: Σ_{start ≤ τ ≤ x}
+    excl = tl.sum(tl.where(y < x, A, 0.0), 2)  # Σ_{start ≤ τ < x}
+    rest = tl.sum(tl.where(y > x, A, 0.0), 2)  # Σ_{x < τ ≤ end}
+    total = tl.sum(tl.reshape(a, (NB, SB)), 1)  # [NB]
+    b = tl.arange(0, NB)
+    # [j, k]: the sub-blocks strictly between j and k (j < k)
+    between = tl.sum(tl.where((b[None, None, :] > b[:, None, None]) & (b[None, None, :] < b[None, :, None]),
+                              total[None, None, :], 0.0), 2)
+    before = tl.sum(tl.where(b[None, :] < b[:, None], total[None, :], 0.0), 1)
+    after = tl.sum(tl.where(b[None, :] > b[:, None], total[None, :], 0.0), 1)
+    in_p = fast_exp(tl.cumsum(tl.where(y > x, A, 0.0), 2))  # [NB, t, u]: Σ_{t<τ≤u} for u > t
+    in_q = fast_exp(tl.cumsum(tl.where(y + 1 < x, tl.reshape(a_next, (NB, SB))[:, None, :], 0.0), 2,
+                              reverse=True))  # [NB, t, s]: Σ_{s<τ<t} for s < t
+    e_rest, e_between = fast_exp(rest), fast_exp(between)
+    b1, t4 = b[:, None, None, None], p[None, :, None, None]  # the row's sub-block and place
+    b2, u4 = b[None, None, :, None], p[None, None, None, :]  # the column's
+    P = tl.where(b1 == b2, tl.where(u4 > t4, in_p[:, :, None, :], tl.where(u4 == t4, 1.0, 0.0)),
+                 tl.where(b2 > b1, e_rest[:, :, None, None] * e_between[:, None, :, None]
+                          * fast_exp(incl)[None, None, :, :], 0.0))
+    Q = tl.where(b1 == b2, tl.where(u4 < t4, in_q[:, :, None, :], 0.0),
+                 tl.where(b2 < b1, fast_exp(excl)[:, :, None, None] * tl.trans(e_between)[:, None, :, None]
+                          * e_rest[None, None, :, :], 0.0))
+    alpha = tl.reshape(fast_exp(before[:, None] + excl), (BT,))
+    gamma = tl.reshape(fast_exp(rest + after[:, None]), (BT,))
+    return tl.reshape(P, (BT, BT)), tl.reshape(Q, (BT, BT)), alpha, gamma
 
 
 @triton.jit
