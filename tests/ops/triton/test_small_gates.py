@@ -4,9 +4,12 @@ A bound that needs a gradient always takes the chunk-parallel kernels (`hgrn2_fu
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from hgrn2.ops.triton import chunk_parallel as cp
 from hgrn2.ops.triton.chunk_parallel import hgrn2_chunk_parallel_triton
+from hgrn2.ops.triton.chunk_parallel_bwd import _channel_decays
 from hgrn2.ops.triton.config import launch_config
 from hgrn2.ops.triton.fused_chunk import hgrn2_fused_chunk_triton
 
@@ -220,3 +223,45 @@ def test_gpu_cuda_graph_is_exact():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, _bound_grad(hgrn2_chunk_parallel_triton, o, g, i, beta, dy))
+
+
+@triton.jit
+def _decays_kernel(a_ptr, p_ptr, q_ptr, al_ptr, ga_ptr, BT: tl.constexpr):
+    r = tl.arange(0, BT)
+    a = tl.load(a_ptr + r)
+    a_next = tl.load(a_ptr + r + 1, mask=r + 1 < BT, other=0.0)
+    P, Q, alpha, gamma = _channel_decays(a, a_next, BT)
+    tl.store(p_ptr + r[:, None] * BT + r[None, :], P)
+    tl.store(q_ptr + r[:, None] * BT + r[None, :], Q)
+    tl.store(al_ptr + r, alpha)
+    tl.store(ga_ptr + r, gamma)
+
+
+@pytest.mark.parametrize("BT", [32, 64])
+def test_channel_decays_against_their_definitions(BT):
+    """`_channel_decays` (16-row sub-blocks: row scans inside one, products of exps across) against the decays
+    summed in fp64 from their definitions, on log f from -80 (closed) to near 0 with the chunk cut short (rows past
+    n hold 0, as the kernel masks them): every entry that is not negligible within 1e-5."""
+    gen = torch.Generator().manual_seed(BT)
+    scales = torch.tensor([0.01, 1.0, 80.0], dtype=torch.float64)
+    for top in (3, 2):  # log f up to -80 (closed gates) and up to -1 (decays that stay visible across the chunk)
+        a = -torch.rand(BT, generator=gen, dtype=torch.float64) * scales[torch.randint(0, top, (BT,), generator=gen)]
+        a[BT - 5:] = 0.0  # past the chunk's end
+        _check_decays(a, BT)
+
+
+def _check_decays(a: torch.Tensor, BT: int) -> None:
+    a = a.float().double()  # the kernel's inputs, exactly
+    outs = [torch.empty(BT, BT, device=DEV), torch.empty(BT, BT, device=DEV), torch.empty(BT, device=DEV),
+            torch.empty(BT, device=DEV)]
+    _decays_kernel[(1,)](a.float().to(DEV), *outs, BT=BT)
+    c = torch.cat([a.new_zeros(1), a.cumsum(0)])  # c[x] = Σ_{τ<x} a_τ (fp64: the differences are exact enough)
+    t, u = torch.arange(BT)[:, None], torch.arange(BT)[None, :]
+    P = torch.where(u >= t, (c[u + 1] - c[t + 1]).exp(), 0.0)  # Σ_{t<τ≤u}
+    Q = torch.where(u < t, (c[t] - c[u + 1]).exp(), 0.0)  # Σ_{s<τ<t}, s = u
+    alpha, gamma = c[:BT].exp(), (c[BT] - c[1:]).exp()
+    for got, want in zip(outs, (P, Q, alpha, gamma)):
+        got = got.double().cpu()
+        big = want > 1e-30
+        assert ((got - want).abs()[big] / want[big]).max() < 1e-5
+        assert (got[~big].abs() < 1e-25).all()
