@@ -28,7 +28,10 @@ def mps_daemon(what: str = "--mps"):
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            started = subprocess.run([exe, "-d"], capture_output=True, text=True, check=False)
+            # clients number devices within the daemon's view: a daemon that sees every device leaves their
+            # CUDA_VISIBLE_DEVICES meaning what it means without MPS
+            daemon_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+            started = subprocess.run([exe, "-d"], env=daemon_env, capture_output=True, text=True, check=False)
             if started.returncode:
                 why = (started.stderr or started.stdout).strip().splitlines() or [f"exit {started.returncode}"]
                 raise RuntimeError(f"`{what}`: {CONTROL} -d failed: {why[-1]}")

@@ -13,7 +13,8 @@ from hgrn2.train.mps import mps_daemon
 STAND_IN = """#!/bin/sh
 if [ "$1" = "-d" ]; then
   [ -n "$FAIL" ] && { echo "An instance of this daemon is already running" >&2; exit 1; }
-  echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> "$LOG"; touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+  echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY${CUDA_VISIBLE_DEVICES+ sees}" >> "$LOG"
+  touch "$CUDA_MPS_PIPE_DIRECTORY/control"
 else
   read command; echo "$command" >> "$LOG"; rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
 fi
@@ -44,6 +45,16 @@ def test_processes_started_inside_find_the_daemon_which_stops_after(control):
     assert start == f"start {pipe} {os.path.join(os.path.dirname(pipe), 'log')}" and stop == "quit"
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ and os.environ["CUDA_MPS_LOG_DIRECTORY"] == "/elsewhere"
     assert not os.path.exists(pipe)  # its temporary folder is gone
+
+
+def test_the_daemon_sees_every_device_and_the_clients_keep_their_choice(control, monkeypatch):
+    """MPS clients number devices within the daemon's view: a daemon started under CUDA_VISIBLE_DEVICES=1 would leave
+    a client asking for device 1 with none."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with mps_daemon():
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    start = control.read_text().splitlines()[0]
+    assert start.startswith("start ") and " sees " not in start
 
 
 def test_the_daemon_stops_when_the_block_fails(control):
