@@ -127,6 +127,7 @@ def main() -> None:
         ap.error("--rounds: at least 1")
     if "vision" in tasks and not Path(args.fashion_mnist).is_dir():
         ap.error(f"--fashion-mnist: no folder {args.fashion_mnist} (Debian package dataset-fashion-mnist)")
+    args.fashion_mnist = str(Path(args.fashion_mnist).resolve())  # the runs start in their own folder
     kept, command = _kept_rows(args, tasks) if args.add else ([], command_of(args))
     env = environment(args.device)
     rows = list(kept)
