@@ -55,6 +55,17 @@ def test_language_model_and_listops_on_the_cpu(tmp_path):
         assert r["base"] > 0 and r["tree"] > 0 and r["ratio"] == pytest.approx(r["tree"] / r["base"])
 
 
+@pytest.mark.slow
+def test_images_read_a_fashion_mnist_folder_given_relative_to_the_caller(tmp_path):
+    # the runs start in their own folder, so a relative --fashion-mnist must be resolved first
+    run_command([sys.executable, f"{ROOT}/benchmarks/engine_speed.py", "--base-dir", str(ROOT), "--device", "cpu",
+                 "--quick", "--rounds", "1", "--tasks", "vision", "--fashion-mnist", "tests/fixtures/lra/fashion-mnist",
+                 "--out", str(tmp_path)], timeout=600)
+    rec = json.loads((tmp_path / "engine_speed.json").read_text())
+    assert [(r["task"].split()[0], r["step"]) for r in rec["rows"]] == [("image", "eager")]
+    assert rec["rows"][0]["base"] > 0 and rec["rows"][0]["tree"] > 0
+
+
 def test_add_keeps_the_other_tasks_rows_and_refuses_another_base(tmp_path):
     import argparse
 
