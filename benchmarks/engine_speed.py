@@ -3,8 +3,9 @@
 Each task's own command, once from an older tree (--base-dir: an exported `hgrn2/` of a commit before the engine)
 and once from this one, on the same GPU in one call, the runs of a round one after the other and rounds repeated:
 the language model's tokens/s (the hgrn2-0.15b preset on a synthetic corpus), LRA ListOps' training steps/s and
-image training's steps/s (the fashion_mnist preset at batch 128). Rows: the eager step, and the CUDA-graph step where
-the task's shapes allow one (images: against the base's eager step, since its loop had no graph).
+image training's steps/s (the fashion_mnist preset at batch 128). Rows: the eager step, and the CUDA-graph step
+(ListOps and images: against the base's eager step, since their loops had no graph; ListOps' graph step pads every
+batch to the whole length).
 
     git archive 9f13181 hgrn2 | tar x -C /tmp/base      # the commit before the engine's first
     python3 benchmarks/engine_speed.py --base-dir /tmp/base [--rounds 2] [--tasks lm,lra,vision]
@@ -66,7 +67,7 @@ def lra_run(which: str, work: Path, out: Path, args, graph: bool | None) -> tupl
              "--max-steps", str(steps), "--log-every", "3" if args.quick else "20", "--device", args.device,
              *(["--batch-size", "4"] if args.quick else []),
              "--data-dir", str(work / f"lra-data-{which}"),
-             "--workers", str(args.workers)],
+             "--workers", str(args.workers), *(["--cuda-graph"] if graph else [])],
             out / "listops-hgrn2" / "log.jsonl", 1)
 
 
@@ -82,9 +83,9 @@ TASKS = {"lm": ("language model hgrn2-0.15b", "tokens/s", lm_run),
          "lra": ("LRA ListOps hgrn2", "steps/s", lra_run),
          "vision": ("image training fashion_mnist", "steps/s", vision_run)}
 # per task, the rows: (step, the base tree's cuda_graph, this tree's); None: the key is not passed (the base's loop
-# had none, or the task has no graph: a token task pads each batch to its own longest sequence)
+# had none; ListOps' graph pads every batch to the whole length, against the base's eager step on trimmed batches)
 ROWS = {"lm": [("eager", False, False), ("CUDA graph", True, True)],
-        "lra": [("eager", None, None)],
+        "lra": [("eager", None, None), ("CUDA graph", None, True)],
         "vision": [("eager", None, False), ("CUDA graph", None, True)]}
 
 

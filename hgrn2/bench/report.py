@@ -133,8 +133,8 @@ SECTIONS = {
                      "the runs of a round one after the other: the language model's tokens/s (hgrn2-0.15b, 16 × 2048 "
                      "tokens per step, synthetic corpus), LRA ListOps' and image training's (fashion_mnist preset, "
                      "batch 128) steps/s, read from each run's log over its second half without evaluations; the "
-                     "median over rounds. Rows: the eager step, and the CUDA-graph step where the task's shapes "
-                     "allow one (images: against the base's eager step, since its loop had none)."),
+                     "median over rounds. Rows: the eager step, and the CUDA-graph step (ListOps on batches padded "
+                     "to the whole length, and images, against the base's eager step, since their loops had none)."),
     "convert_fla": ("fla checkpoint conversion parity",
                     "fla's HGRN2ForCausalLM with random weights (bounds and norms randomised too), converted by "
                     "`hgrn2 convert-fla`: logits of both against the fp64 reference and each other (relative L2), "

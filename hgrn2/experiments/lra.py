@@ -162,11 +162,12 @@ def _seeds(args: argparse.Namespace) -> list[int]:
 
 
 def _check_graphable(built: dict) -> None:
-    """A CUDA graph replays one shape: the token tasks pad each batch to its longest sequence."""
+    """A CUDA graph replays one shape: token batches keep their task's whole length, the positions past a batch's
+    longest sequence masked, and per-group BatchNorm statistics (bn_group) would count those positions."""
     for (task, _, _), (cfg, _, _) in built.items():
-        if cfg.vocab_size is not None:
-            raise ValueError(f"`--cuda-graph`: task {task!r} pads each batch to its longest sequence (the shapes "
-                             "vary); graphs need the pixel tasks image, pathfinder, pathx or fashion_mnist")
+        if cfg.vocab_size is not None and cfg.bn_group is not None:
+            raise ValueError(f"`--cuda-graph`: task {task!r} with bn_group {cfg.bn_group}: its batches would be padded "
+                             "to the whole length, and per-group BatchNorm statistics cannot leave that padding out")
 
 
 def run(args: argparse.Namespace) -> int:

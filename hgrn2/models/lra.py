@@ -391,8 +391,15 @@ class LRAEncoder(nn.Module):
         use_lb = cfg.use_lower_bound and cfg.mixer != "attention" and cfg.num_layers > 1
         self.lower_bounds = nn.Parameter(torch.zeros(cfg.num_layers, d)) if use_lb else None
 
-    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
+        """`valid` [B, T] bool: the positions the batch would hold if padded to its longest sequence only; a batch
+        padded further (one shape for every batch, as a CUDA graph needs) passes it, and the model computes what it
+        computes on the shorter batch. None: every position."""
         T = inputs.shape[1]
+        if valid is not None and self.cfg.bn_group is not None:
+            raise ValueError("`valid`: BatchNorm statistics per bn_group are taken over every position; a batch "
+                             "padded past its longest sequence needs bn_group None")
         if T > self.cfg.max_len:
             raise ValueError(f"`inputs`: {T} positions exceed max_len={self.cfg.max_len}")
         x = self.embed(inputs if self.cfg.vocab_size else inputs.to(self.embed.weight.dtype))
@@ -401,9 +408,9 @@ class LRAEncoder(nn.Module):
         x = self.drop(x)
         betas = layer_bounds(lower_bounds_from_logits(self.lower_bounds) if self.lower_bounds is not None else None,
                              len(self.layers))
-        valid = None
         if self.cfg.pad_group is not None and attention_mask is not None:
-            valid = group_padding(attention_mask, self.cfg.pad_group)
+            group = group_padding(attention_mask, self.cfg.pad_group)
+            valid = group if valid is None else valid & group
         mixer_mask = attention_mask if self.cfg.mask_padding else valid
         for layer, beta in zip(self.layers, betas):
             x = layer(x, beta, mixer_mask, valid)
@@ -432,7 +439,8 @@ def pool(x: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
 
 
 class LRAClassifier(nn.Module):
-    """`logits = model(inputs, mask)`; with `cfg.dual`, inputs/mask are pairs ([2, B, T] or a tuple of two)."""
+    """`logits = model(inputs, mask[, valid])`; with `cfg.dual`, inputs/mask/valid are pairs ([2, B, T] or a tuple of
+    two). `valid`: see `LRAEncoder.forward`."""
 
     def __init__(self, cfg: LRAModelConfig):
         super().__init__()
@@ -445,15 +453,20 @@ class LRAClassifier(nn.Module):
             self.head = nn.Linear(d, cfg.num_classes)
 
     def forward(self, inputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-                attention_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+                valid: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if not self.cfg.dual:
-            return self.head(self.encoder(inputs, attention_mask))
+            return self.head(self.encoder(inputs, attention_mask, valid))
         a, b = inputs[0], inputs[1]
-        masks = (None, None) if attention_mask is None else (attention_mask[0], attention_mask[1])
         # both documents in one batch, so batch statistics (BatchNorm) see them together as in the LRA code
-        feats = self.encoder(torch.cat([a, b]), None if masks[0] is None else torch.cat(masks))
+        feats = self.encoder(torch.cat([a, b]), _joined(attention_mask), _joined(valid))
         fa, fb = feats.chunk(2)
         return self.head(torch.cat([fa, fb, fa - fb, fa * fb], -1))
+
+
+def _joined(pair) -> torch.Tensor | None:
+    """A pair's two [B, ...] tensors as one [2B, ...] batch; None stays None."""
+    return None if pair is None else torch.cat([pair[0], pair[1]])
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -55,25 +55,31 @@ def load_preset(task: str, config_dir: str | Path = CONFIG_DIR) -> dict:
 
 
 def batch_tensors(split: Split, idx: np.ndarray, pixels: tuple[float, float] | None, device: torch.device,
-                  crop_flip: np.ndarray | None = None):
-    """(inputs, mask or None, labels) for the examples `idx`, trimmed to the batch's longest sequence.
+                  crop_flip: np.ndarray | None = None, full_length: bool = False):
+    """(inputs, mask or None, valid or None, labels) for the examples `idx`, trimmed to the batch's longest sequence.
 
     `pixels`: a pixel task's grey (mean, std) (`TaskInfo.grey_norm`), None for tokens. Pixels become floats
     [B, T, C] (`images.to_float`), first cropped and flipped by crop_flip[idx] where given
-    (`images.crop_flip_params` of the split); token pairs (retrieval) become [2, B, T]."""
+    (`images.crop_flip_params` of the split); token pairs (retrieval) become [2, B, T]. `full_length`: tokens keep
+    the split's whole length (one shape for every batch, for a CUDA graph) and `valid` marks the positions before
+    the batch's longest sequence (`LRAClassifier.forward`)."""
     labels = _to_device(torch.from_numpy(split.labels[idx]), device)
     if pixels is not None:
         x = split.inputs[idx]
         if crop_flip is not None:
             x = images.random_crop_flip(x, crop_flip[idx])
-        return _to_device(torch.from_numpy(images.to_float(x, pixels)), device), None, labels
+        return _to_device(torch.from_numpy(images.to_float(x, pixels)), device), None, None, labels
     lengths = split.lengths[idx]
     T = int(lengths.max())
-    x = torch.from_numpy(split.inputs[idx][..., :T])
-    mask = torch.arange(T)[None] < torch.from_numpy(lengths)[..., None]
+    x = torch.from_numpy(split.inputs[idx] if full_length else split.inputs[idx][..., :T])
+    positions = torch.arange(x.shape[-1])
+    mask = positions[None] < torch.from_numpy(lengths)[..., None]
+    valid = (positions < T).expand(mask.shape) if full_length else None
     if x.ndim == 3:  # pairs [B, 2, T] -> [2, B, T]
         x, mask = x.transpose(0, 1), mask.transpose(0, 1)
-    return _to_device(x, device), _to_device(mask, device), labels
+        valid = None if valid is None else valid.transpose(0, 1)
+    valid = None if valid is None else _to_device(valid, device)
+    return _to_device(x, device), _to_device(mask, device), valid, labels
 
 
 def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -97,7 +103,7 @@ def evaluate(model, split: Split, pixels: tuple[float, float] | None, batch_size
     idx = np.arange(d.rank, len(split.labels), d.world)
     stats = torch.zeros(3, dtype=torch.float64, device=d.device)
     for k in range(0, len(idx), batch_size):
-        x, mask, y = batch_tensors(split, idx[k:k + batch_size], pixels, d.device)
+        x, mask, _, y = batch_tensors(split, idx[k:k + batch_size], pixels, d.device)
         with torch.autocast(d.device.type, torch.bfloat16, enabled=amp):
             logits = model(x, mask).float()
         stats += _sums(F.cross_entropy(logits, y, reduction="sum"), logits, y)
@@ -283,13 +289,14 @@ def train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.Di
 class LRATask(Task):
     """An LRA task on the training engine: batches of a per-epoch permutation (seeded by the seed and the epoch,
     so that any iteration can be the first), cross entropy, accuracy on the validation and test splits; the
-    checkpoints also keep the run's settings."""
+    checkpoints also keep the run's settings. `full_length`: token batches keep the split's whole length
+    (`batch_tensors`), so that every training step has one shape (a CUDA graph)."""
 
     def __init__(self, model, data: dict, pixels, batch: int, d: distributed.Dist, seed: int, augment: bool,
-                 settings: dict, epochs: int, amp: bool, run_dir: Path):
+                 settings: dict, epochs: int, amp: bool, run_dir: Path, full_length: bool = False):
         self.model, self.data, self.pixels, self.batch, self.d = model, data, pixels, batch, d
         self.seed, self.augment, self.settings, self.epochs, self.amp = seed, augment, settings, epochs, amp
-        self.run_dir = run_dir
+        self.run_dir, self.full_length = run_dir, full_length
         self.per_rank = batch // d.world
         self.steps_per_epoch = len(data["train"].labels) // batch
 
@@ -299,10 +306,10 @@ class LRATask(Task):
         crop_flip = images.crop_flip_params(len(split.labels), self.seed, epoch) if self.augment else None
         for it in range(start, self.steps_per_epoch):
             idx = order[it * b + r * self.per_rank: it * b + (r + 1) * self.per_rank]
-            yield batch_tensors(split, idx, self.pixels, self.d.device, crop_flip)
+            yield batch_tensors(split, idx, self.pixels, self.d.device, crop_flip, self.full_length)
 
-    def loss(self, model, x, mask, y):
-        logits = model(x, mask).float()
+    def loss(self, model, x, mask, valid, y):
+        logits = model(x, mask, valid).float()
         loss = F.cross_entropy(logits, y)
         return loss, _sums(loss.detach().double() * len(y), logits, y)
 
@@ -376,7 +383,7 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
     settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task),
                                     {"data": lra_tasks.fingerprint(data)})
     lra = LRATask(model, data, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"], amp,
-                  run_dir)
+                  run_dir, full_length=args.cuda_graph and pixels is None)
 
     def schedule(step: int, epoch: int) -> float:
         return lr_at(step, schedule="cosine", lr=tr["lr"], warmup_steps=tr["warmup_steps"],
@@ -470,8 +477,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-seed", type=int, default=SEED_DEFAULTS["data_seed"], help="seed of the generated data sets")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--cuda-graph", action="store_true",
-                   help="replay each training step as one CUDA graph (one GPU; the pixel tasks image, pathfinder, "
-                        "pathx and fashion_mnist, whose batches all have one shape)")
+                   help="replay each training step as one CUDA graph (one GPU). Token tasks then pad every training "
+                        "batch to the task's whole length and mask the positions past its longest sequence, so the "
+                        "model computes what it would on the shorter batch")
 
 
 def check_at_least(flag: str, value, low: float | None) -> None:

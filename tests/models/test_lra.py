@@ -390,6 +390,50 @@ def test_pad_group_pads_each_group_as_one_gpu_of_a_data_parallel_launch_would():
             LRAModelConfig(**bad)
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("mask_padding, pad_group", [(False, None), (True, None), (False, 2)])
+def test_a_batch_padded_past_its_longest_with_valid_computes_the_trimmed_batch(mixer, mask_padding, pad_group):
+    """One shape for every batch (a CUDA graph's): padded to the whole length with `valid` marking the positions
+    before the batch's longest, the training forward gives the trimmed batch's logits, parameter gradients and
+    BatchNorm statistics, whatever the positions past the longest hold."""
+    torch.manual_seed(0)
+    lengths, T, full = torch.tensor([9, 12, 4, 6, 5]), 12, 20
+    mask = torch.arange(full)[None] < lengths[:, None]
+    ids = torch.randint(1, 11, (5, full)).masked_fill(~mask, 0)
+    valid = (torch.arange(full) < T).expand(5, full)
+    cfg = LRAModelConfig(mixer=mixer, num_classes=3, vocab_size=11, hidden_size=8, num_layers=2, num_heads=2,
+                         expand_ratio=2, mask_padding=mask_padding, pad_group=pad_group, max_len=full)
+    models = [LRAClassifier(cfg).double().train() for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    junk = ids.clone()
+    junk[:, T:] = torch.randint(1, 11, (5, full - T))  # nothing past the longest may matter
+    trimmed = models[0](ids[:, :T], mask[:, :T])
+    padded = models[1](junk, mask, valid)
+    assert torch.allclose(padded, trimmed, atol=1e-10)
+    grads = [torch.autograd.grad(y.sin().sum(), list(m.parameters()), allow_unused=True)
+             for m, y in zip(models, (trimmed, padded))]
+    for (name, _), a, b in zip(models[0].named_parameters(), *grads):
+        assert (a is None) == (b is None), name
+        assert a is None or torch.allclose(a, b, atol=1e-7), name
+    for (name, a), b in zip(models[0].named_buffers(), models[1].buffers()):
+        assert torch.allclose(a.double(), b.double(), atol=1e-12), name
+    with pytest.raises(ValueError, match="`valid`: .*bn_group None"):
+        LRAClassifier(LRAModelConfig(**{**cfg.to_dict(), "pad_group": None, "bn_group": 2}))(junk, mask, valid)
+
+
+def test_pairs_padded_past_their_longest_with_valid_compute_the_trimmed_pairs():
+    torch.manual_seed(0)
+    lengths, T, full = torch.tensor([[9, 3], [5, 10], [4, 4]]), 10, 16
+    mask = (torch.arange(full) < lengths[..., None]).transpose(0, 1)  # [2, B, full]
+    ids = torch.randint(1, 11, (2, 3, full)).masked_fill(~mask, 0)
+    valid = (torch.arange(full) < T).expand(mask.shape)
+    cfg = LRAModelConfig(num_classes=2, vocab_size=11, hidden_size=8, num_layers=1, expand_ratio=2,
+                         mask_padding=False, dual=True, max_len=full)
+    model = LRAClassifier(cfg).double().train()
+    got = model(ids.masked_fill(~valid, 5), mask, valid)
+    assert torch.allclose(got, model(ids[..., :T], mask[..., :T]), atol=1e-10)
+
+
 def _masked_norm_rank(rank: int, path: str, out: str) -> None:
     import torch.distributed as dist
 

@@ -17,7 +17,8 @@ from hgrn2.cli import main
 from hgrn2.experiments.lra import report
 from hgrn2.models.lra import MIXERS, LRAClassifier, LRAModelConfig
 from hgrn2.train import checkpoint, sharded
-from hgrn2.train.lra import build, build_lra_optimizer, load_preset
+from hgrn2.train.lra import LRATask, build, build_lra_optimizer, load_preset
+from tests.train.helpers import losses
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lra"
 FASHION = FIX / "fashion-mnist"
@@ -144,13 +145,35 @@ def test_training_batches_alone_are_cropped_and_flipped():
     split = readers.read_image(FIX, grayscale=False)["train"]
     idx = np.array([4, 1, 7])
     params = images.crop_flip_params(len(split.labels), seed=1, epoch=0)
-    x, mask, y = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"), params)
+    x, mask, valid, y = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"), params)
     want = images.to_float(images.random_crop_flip(split.inputs[idx], params[idx]))
-    assert mask is None and torch.equal(x, torch.from_numpy(want)) and x.shape == (3, 1024, 3)
+    assert mask is None and valid is None and torch.equal(x, torch.from_numpy(want)) and x.shape == (3, 1024, 3)
     assert torch.equal(y, torch.from_numpy(split.labels[idx]))
-    plain, _, y_plain = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"))
+    plain, _, _, y_plain = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"))
     assert torch.equal(plain, torch.from_numpy(images.to_float(split.inputs[idx]))) and torch.equal(y_plain, y)
     assert not torch.equal(plain, x)
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_token_batches_trimmed_or_whole_length_with_the_positions_they_would_hold(pairs):
+    from hgrn2.data.lra.readers import Split
+    from hgrn2.train.lra import batch_tensors
+
+    rng = np.random.default_rng(0)
+    lengths = np.array([[3, 7], [5, 2], [6, 6]]) if pairs else np.array([3, 7, 5, 2])
+    inputs = rng.integers(1, 9, (*lengths.shape, 10))
+    inputs[np.arange(10) >= lengths[..., None]] = 0
+    split = Split(inputs=inputs, lengths=lengths, labels=np.arange(len(lengths)))
+    idx = np.array([2, 0])
+    x, mask, valid, y = batch_tensors(split, idx, None, torch.device("cpu"))
+    T = int(lengths[idx].max())
+    assert valid is None and x.shape[-1] == mask.shape[-1] == T and torch.equal(y, torch.tensor([2, 0]))
+    fx, fmask, fvalid, fy = batch_tensors(split, idx, None, torch.device("cpu"), full_length=True)
+    assert fx.shape[-1] == fmask.shape[-1] == fvalid.shape[-1] == 10 and torch.equal(fy, y)
+    assert torch.equal(fx[..., :T], x) and torch.equal(fmask[..., :T], mask) and not fmask[..., T:].any()
+    assert fvalid.shape == fmask.shape and torch.equal(fvalid, (torch.arange(10) < T).expand(fmask.shape))
+    if pairs:
+        assert x.shape[:2] == (2, 2) and torch.equal(x[1, 0], torch.from_numpy(inputs[2, 1, :T]))
 
 
 def _image_cli(out: Path, *extra: str) -> None:
@@ -272,8 +295,8 @@ def test_bad_arguments(tmp_path):
         main(["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path), "--batch-size", "1000",
               "--device", "cpu"])
     assert "hgrn2 (here)" not in report(tmp_path / "nothing")
-    with pytest.raises(ValueError, match="`--cuda-graph`: task 'listops' pads each batch"):
-        main(["lra", "listops", "--cuda-graph", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="`--cuda-graph`: task 'listops' with bn_group 16"):
+        main(["lra", "listops", "--cuda-graph", "--out", str(tmp_path), "--model-options", '{"bn_group": 16}'])
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="`--cuda-graph`: needs one CUDA device"):
             main(["lra", "fashion_mnist", "--data", str(FASHION), "--out", str(tmp_path), "--cuda-graph"])
@@ -337,6 +360,40 @@ def test_graphed_steps_train_as_the_eager_ones(tmp_path):
             continue  # its gradient is rounding noise, which AdamW scales up to steps of lr in either direction
         torch.testing.assert_close(weights[1][name], w, rtol=1e-4, atol=3e-4,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+def _listops_losses(out: Path, data: Path, device: str, *extra: str) -> dict:
+    assert main(["lra", "listops", "--examples", "60", "--workers", "1", "--data-dir", str(data), "--out", str(out),
+                 "--batch-size", "4", "--epochs", "1", "--warmup-steps", "2", "--schedule-steps", "20", "--lr", "3e-3",
+                 "--device", device, "--log-every", "1", "--ckpt-every", "0", "--precision", "fp32", "--model-options",
+                 json.dumps({"hidden_size": 16, "num_layers": 2, "embed_dropout": 0.0}), *extra]) == 0
+    return losses(out / "listops-hgrn2")
+
+
+def test_whole_length_token_batches_train_as_the_trimmed_ones(tmp_path, monkeypatch):
+    """The batches a CUDA graph takes, on the CPU without one: every ListOps batch padded to the whole length (the
+    positions past its longest masked) trains as the trimmed batches do, step by step."""
+    trimmed = _listops_losses(tmp_path / "trimmed", tmp_path / "data", "cpu")
+    init = LRATask.__init__
+    monkeypatch.setattr(LRATask, "__init__", lambda self, *a, full_length=False, **k: init(self, *a, **k,
+                                                                                           full_length=True))
+    whole = _listops_losses(tmp_path / "whole", tmp_path / "data", "cpu")
+    assert len(trimmed) > 10 and trimmed.keys() == whole.keys()
+    for step, loss in trimmed.items():
+        assert whole[step] == pytest.approx(loss, rel=1e-4), step
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_token_steps_train_as_the_eager_ones(tmp_path):
+    """--cuda-graph on ListOps (whose preset scans read the padding): batches padded to the whole length, the
+    positions past each batch's longest masked, train as the eager run's trimmed batches (fp32, no dropout), step by
+    step. Reading those positions would move the losses by far more than the rounding of another chunking."""
+    eager = _listops_losses(tmp_path / "eager", tmp_path / "data", "cuda")
+    graphed = _listops_losses(tmp_path / "graph", tmp_path / "data", "cuda", "--cuda-graph")
+    assert len(eager) > 10 and eager.keys() == graphed.keys()
+    for step, loss in eager.items():
+        assert graphed[step] == pytest.approx(loss, rel=1e-3), step
 
 
 @pytest.mark.parametrize("flag, value", [("--epochs", "0"), ("--lr", "0"), ("--batch-size", "-2"),
