@@ -165,7 +165,7 @@ def _decay(g, lower_bound, chunks, n_chunks, T, NT, bt, cfg, dt, flag_small=Fals
     fb = torch.zeros(_fb_size(n_chunks, H), device=g.device, dtype=torch.int32)
     flag_small = flag_small and lower_bound is not None
     fz = torch.zeros(1 + 2 * n_chunks * H if flag_small else 0, device=g.device, dtype=torch.int32)
-    bk = min(64, max(16, next_pow2(K)))
+    bk = min(cfg.block_k_decay, max(16, next_pow2(K)))
     chunk_parallel_decay_kernel[(n_chunks, H, cdiv(K, bk))](
         g, lower_bound, bb, fb, fz, chunks, T, NT, n_chunks, H=H, K=K, BT=bt, BK=bk,
         HAS_LB=lower_bound is not None, VARLEN=chunks is not None, CHUNK_SPREAD=cfg.chunk_max_spread,

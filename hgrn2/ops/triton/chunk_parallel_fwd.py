@@ -127,6 +127,17 @@ def _bit_or(a, b):
 
 
 @triton.jit
+def _flag_small(f, mtk, ck, fz, i_c, i_h, NC, H: tl.constexpr):
+    """Lists the chunk and head in fz when the gates f [BT, BK] of the channels ck hold one below SMALL_F (the
+    decay kernel's FLAG_SMALL)."""
+    small = tl.max(tl.where(mtk & (f < SMALL_F), 1, 0), 0)  # per channel
+    if tl.max(small, 0) > 0:
+        groups = tl.reduce(tl.where(small > 0, 1 << tl.minimum(ck // SMALL_GROUP, 31), 0), 0, _bit_or)
+        if tl.atomic_or(fz + 1 + i_c * H + i_h, groups) == 0:
+            tl.store(fz + 1 + NC * H + tl.atomic_add(fz, 1), i_c * H + i_h)
+
+
+@triton.jit
 def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.constexpr, K: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, HAS_LB: tl.constexpr, VARLEN: tl.constexpr,
                     CHUNK_SPREAD: tl.constexpr, HALF_SPREAD: tl.constexpr, FLAG_SMALL: tl.constexpr):
@@ -151,20 +162,14 @@ def chunk_parallel_decay_kernel(g, lb, bb, fb, fz, chunks, T, NT, NC, H: tl.cons
     offk, mtk = chunk_tile(n, ck, H, K, BK, BT)
     g, bb = g + (t0 * H + i_h) * K, bb + (t0 * H + i_h) * K
     beta = load_beta(lb, i_h, K, ck, HAS_LB)
-    lowest = 1.0  # the K-block's lowest bound (a scalar: β itself is not held past the gate math)
-    if FLAG_SMALL:
-        lowest = tl.min(tl.where(ck < K, beta, 1.0), 0)
     a, _, _, _, f = gates(tl.load(g + offk, mask=mtk, other=0.0).to(tl.float32), beta, HAS_LB)
+    if FLAG_SMALL:
+        # f ≥ β: a K-block whose bounds all reach SMALL_F holds no small gate and skips the tile's reductions.
+        # Flagged before the scan, so that the tile of f is dead there (held across it, it takes registers).
+        if tl.min(tl.where(ck < K, beta, 1.0), 0) < SMALL_F:
+            _flag_small(f, mtk, ck, fz, i_c, i_h, NC, H)
     b = tl.cumsum(tl.where(mtk, a, 0.0), 0)
     tl.store(bb + offk, b, mask=mtk)
-    if FLAG_SMALL:
-        # f ≥ β: a K-block whose bounds all reach SMALL_F holds no small gate and skips the tile's reductions
-        if lowest < SMALL_F:
-            small = tl.max(tl.where(mtk & (f < SMALL_F), 1, 0), 0)  # per channel
-            if tl.max(small, 0) > 0:
-                groups = tl.reduce(tl.where(small > 0, 1 << tl.minimum(ck // SMALL_GROUP, 31), 0), 0, _bit_or)
-                if tl.atomic_or(fz + 1 + i_c * H + i_h, groups) == 0:
-                    tl.store(fz + 1 + NC * H + tl.atomic_add(fz, 1), i_c * H + i_h)
     # the verdict from the chunk's last row, read back (a reduction of the tile in registers would take it in a
     # second layout, and the compiler would redo the gate math for it: twice the instructions)
     tl.debug_barrier()

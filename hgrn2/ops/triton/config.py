@@ -110,6 +110,7 @@ class ChunkParallelConfig(_Config):
     block_k_bwd: int = _knob(32, "block")  # K-block of the parallel backward kernel
     block_v: int | None = _knob(None, "block?")  # V-block of the parallel kernels (None: 128; fp32: 32)
     block_k_seq: int | None = _knob(64, "block?")  # widest K-block of the sequential walks (None: K)
+    block_k_decay: int = _knob(32, "block")  # K-block of the decay kernel (the rounding of its scan follows it)
     block_v_seq: int | None = _knob(None, "block?")  # widest V-block of the sequential walks (None: 128; fp32: 64)
     # the sequential walks' blocks shrink (K first) while their programs fill less than this share of the SMs
     seq_split_below: float = _knob(0.5, "share")

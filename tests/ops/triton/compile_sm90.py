@@ -247,8 +247,8 @@ def _chunk_parallel_variants():
         for varlen in (False, True):
             yield (f"decay {dt} varlen={varlen}", f.chunk_parallel_decay_kernel,
                    dict(g=f"*{dt}", lb="*fp32", fz="*i32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
-                   dict(H=16, K=128, BT=common["BT"], BK=64, HAS_LB=not varlen, VARLEN=varlen, CHUNK_SPREAD=120.0,
-                        HALF_SPREAD=120.0, FLAG_SMALL=not varlen), 4)
+                   dict(H=16, K=128, BT=common["BT"], BK=ChunkParallelConfig().block_k_decay, HAS_LB=not varlen,
+                        VARLEN=varlen, CHUNK_SPREAD=120.0, HALF_SPREAD=120.0, FLAG_SMALL=not varlen), 4)
         # dβ at small gates, both forms at the default blocks (the pair form over K = 128, the channel form in
         # K-blocks of 16; all of V in sub-blocks of 32), fp16 inputs (fp32 dot operands, bf16's SPREC) beside fp32's
         for sdt in (dt, "fp16") if dt == "fp32" else (dt,):

@@ -29,12 +29,12 @@ def test_defaults_are_the_tuned_settings():
             f.num_stages_fwd, f.num_stages_bwd, f.split_below_fwd, f.split_below_bwd, f.max_spread,
             f.fp32_dot_precision) == (32, None, None, 128, 128, None, None, None, None, 0.5, 0.5, 60.0, "ieee")
     p = ChunkParallelConfig()
-    assert (p.block_t, p.block_t_fp32, p.block_k, p.block_k_bwd, p.block_v, p.block_k_seq, p.block_v_seq,
-            p.seq_split_below, p.num_warps, p.num_warps_bwd, p.num_warps_seq, p.maxnreg_seq, p.state_dtype,
-            p.save_a, p.save_b, p.bwd_split, p.chunk_max_spread, p.walk_max_spread, p.half_max_spread,
+    assert (p.block_t, p.block_t_fp32, p.block_k, p.block_k_bwd, p.block_v, p.block_k_seq, p.block_k_decay,
+            p.block_v_seq, p.seq_split_below, p.num_warps, p.num_warps_bwd, p.num_warps_seq, p.maxnreg_seq,
+            p.state_dtype, p.save_a, p.save_b, p.bwd_split, p.chunk_max_spread, p.walk_max_spread, p.half_max_spread,
             p.half_max_spread_fp32, p.max_spread, p.fp32_dot_precision) == (
-        64, 32, 32, 32, None, 64, None, 0.5, 4, None, None, None, None, True, True, None, 120.0, 256.0, 120.0, -1.0,
-        60.0, "ieee")
+        64, 32, 32, 32, None, 64, 32, None, 0.5, 4, None, None, None, None, True, True, None, 120.0, 256.0, 120.0,
+        -1.0, 60.0, "ieee")
     d = DispatchConfig()
     assert (d.decode_max_t, d.parallel_max_programs, d.parallel_min_t, d.parallel_train_min_work) == (
         16, 64, 1024, 131072)
