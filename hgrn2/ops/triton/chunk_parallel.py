@@ -242,7 +242,8 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     di = torch.empty_like(i)
     dlb = o.new_empty(0)
     if lower_bound is not None:  # every real chunk writes its row: only varlen's padding chunks need the zeros
-        dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(NV, n_chunks, H, K, dtype=torch.float32)
+        # a column per (V-block, chunk), so that their sum reads rows
+        dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(H, K, NV * n_chunks, dtype=torch.float32)
     if b_saved.numel():
         bb, fb = b_saved, fb_saved
     else:
@@ -265,21 +266,22 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
     if fz.numel():
         sprec = state_precision(dt, prec)
         # several programs per SM walk the listed chunks (each one's work is latency-bound), all of K and V each;
-        # they add into V-block 0's rows of dlb, which the parallel launches above have written. The pair form's
+        # they add into V-block 0's columns of dlb, which the parallel launches above have written. The pair form's
         # launch chooses each chunk's form, then the channel form's launch takes the chunks left to it.
         programs = max(1, min(n_chunks * H, max(1, cfg.small_programs_per_sm) * sm_count(o.device)))
         form = torch.empty(n_chunks * H, dtype=torch.int8, device=o.device)  # each listed chunk's form
         for FORM, bk, warps in ((0, min(max(16, next_pow2(K)), 128), cfg.num_warps_small),
                                 (1, bk_small, cfg.num_warps_channels)):
             chunk_parallel_bwd_small_kernel[(programs,)](
-                o, g, i, lower_bound, h, dh, dy, dlb, fz, form, chunks, scale, T, NT, n_chunks, H=H, K=K, V=V, BT=bt,
-                BK=bk, BVS=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None, SPREC=sprec, FORM=FORM,
-                NP=cfg.pairs_per_step_small, PAIRS_PER_CHANNEL=cfg.pair_steps_per_channel, num_warps=warps,
+                o, g, i, lower_bound, h, dh, dy, dlb, fz, form, chunks, scale, T, NT, n_chunks, NV * n_chunks, H=H,
+                K=K, V=V, BT=bt, BK=bk, BVS=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None,
+                SPREC=sprec, FORM=FORM, NP=cfg.pairs_per_step_small, PAIRS_PER_CHANNEL=cfg.pair_steps_per_channel,
+                num_warps=warps,
             )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)
     if lower_bound is not None:
-        dlb = dlb.sum((0, 1)).to(lower_bound.dtype)
+        dlb = dlb.sum(-1).to(lower_bound.dtype)
     if initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)
     return do, dg, di, dlb, dh0

@@ -149,15 +149,17 @@ def _bwd_at(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, chunks, scale, T,
     h, dh = h + (i_c.to(tl.int64) * H + i_h) * V * K, dh + (i_c.to(tl.int64) * H + i_h) * V * K
     if LOAD_A:
         a_in += (i_c.to(tl.int64) * H + i_h) * BT * BT  # the forward's A of this chunk and head
+    # the β partial sums [H, K, NV · NC], a column per (V-block, chunk): their sum over chunks reads rows
+    rs = tl.num_programs(1) * NC
     if HAS_LB:
-        dlb += ((i_v * NC + i_c).to(tl.int64) * H + i_h) * K  # this program's row of the β partial sums
+        dlb += i_h.to(tl.int64) * K * rs + i_v * NC + i_c  # this program's column
     if n > 0:  # padding chunks: their β partial sums stay 0
-        _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H, K, V, BT, BK,
+        _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, rs, bb, scale, n, i_v, i_h, H, K, V, BT, BK,
                       BV, O_ACT, I_ACT, HAS_LB, MAX_SPREAD, DT, PREC, DV, DQK, LOAD_A, TIER)
 
 
 @triton.jit
-def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v, i_h, H: tl.constexpr,
+def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, rs, bb, scale, n, i_v, i_h, H: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   O_ACT: tl.constexpr, I_ACT: tl.constexpr, HAS_LB: tl.constexpr, MAX_SPREAD: tl.constexpr,
                   DT: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr, DQK: tl.constexpr, LOAD_A: tl.constexpr,
@@ -252,7 +254,7 @@ def _bwd_chunk(o, g, i, lb, h, a_in, dh, dy, do, dg, di, dlb, bb, scale, n, i_v,
             # (k e^{b_last − b}) dh_cᵀ breaks Triton 3.6's layout pass for fp32 inputs (k as the left operand).
             dvT += tl.dot(dh_c, tl.trans((k * w_end).to(DT)), input_precision=PREC)
         if DQK:
-            _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c,
+            _bwd_dqk(o, g, h, do, dg, dlb, rs, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c,
                         beta, offk, mtk, s_off, s_mask, ck, scale, K, O_ACT, HAS_LB, DT, PREC)
 
     if DV:
@@ -292,7 +294,7 @@ def _intra_dqk_sub(q, k, a, c, r, spread, ec, enc, dA, rows, BT: tl.constexpr, B
 
 
 @triton.jit
-def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c, beta, offk,
+def _bwd_dqk(o, g, h, do, dg, dlb, rs, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_do, v_c, dh_t, dh_c, beta, offk,
                 mtk, s_off, s_mask, ck, scale, K: tl.constexpr, O_ACT: tl.constexpr, HAS_LB: tl.constexpr,
                 DT: tl.constexpr, PREC: tl.constexpr):
     """One K-block of `chunk_parallel_bwd_kernel`'s dq, dk (the intra terms given), d log f and the stores of do,
@@ -324,7 +326,7 @@ def _bwd_dqk(o, g, h, do, dg, dlb, q, k, b_last, eb, w_end, dq_i, dk_i, db_i, b_
     tl.store(dg + offk, (k * s_pos * d_f).to(dg.dtype.element_ty), mask=mtk)
     if HAS_LB:  # the gates below SMALL_F take their share from `chunk_parallel_bwd_small_kernel`
         dlb_p = tl.sum(tl.where(mtk & (f >= SMALL_F), s_neg * d_f, 0.0), 0)
-        tl.store(dlb + ck, dlb_p, mask=ck < K)
+        tl.store(dlb + ck * rs, dlb_p, mask=ck < K)
 
 
 @triton.jit
@@ -335,7 +337,7 @@ def _sum_keep_later(s1, z1, k1, s2, z2, k2):
 
 @triton.jit
 def chunk_parallel_bwd_small_kernel(
-    o, g, i, lb, h, dh, dy, dlb, fz, form, chunks, scale, T, NT, NC,
+    o, g, i, lb, h, dh, dy, dlb, fz, form, chunks, scale, T, NT, NC, RS,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
     O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr, FORM: tl.constexpr,
     NP: tl.constexpr, PAIRS_PER_CHANNEL: tl.constexpr,
@@ -356,8 +358,8 @@ def chunk_parallel_bwd_small_kernel(
     for e in range(tl.program_id(0), tl.load(fz), tl.num_programs(0)):
         c_h = tl.load(fz + 1 + NC * H + e)
         if FORM == 0:
-            _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, tl.arange(0, BK), scale, T, NT, NC, H, K, V,
-                         BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP, PAIRS_PER_CHANNEL)
+            _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, tl.arange(0, BK), scale, T, NT, NC, RS, H,
+                         K, V, BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP, PAIRS_PER_CHANNEL)
         elif tl.load(form + c_h) != 0:
             groups = tl.load(fz + 1 + c_h).to(tl.int64)
             for kb in range(0, tl.cdiv(K, BK)):
@@ -366,12 +368,12 @@ def chunk_parallel_bwd_small_kernel(
                 last = tl.minimum((kb * BK + BK - 1) // SMALL_GROUP, 31)
                 if (groups & (((tl.full([], 1, tl.int64) << (last - first + 1)) - 1) << first)) != 0:
                     _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, kb * BK + tl.arange(0, BK), scale,
-                                 T, NT, NC, H, K, V, BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP,
+                                 T, NT, NC, RS, H, K, V, BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP,
                                  PAIRS_PER_CHANNEL)
 
 
 @triton.jit
-def _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, ck, scale, T, NT, NC, H: tl.constexpr,
+def _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, ck, scale, T, NT, NC, RS, H: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
                  O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr,
                  FORM: tl.constexpr, NP: tl.constexpr, PAIRS_PER_CHANNEL: tl.constexpr):
@@ -381,13 +383,13 @@ def _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, ck, scale, T, N
     n = (t1 - t0).to(tl.int32)
     base_k, base_v = (t0 * H + i_h) * K, (t0 * H + i_h) * V
     state = (i_c.to(tl.int64) * H + i_h) * V * K
-    row = dlb + (i_c.to(tl.int64) * H + i_h) * K  # V-block 0's row: the main kernel has written it
+    row = dlb + i_h.to(tl.int64) * K * RS + i_c  # V-block 0's column (stride RS): the main kernel has written it
     if FORM == 0:
-        _small_pairs_chunk(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row,
+        _small_pairs_chunk(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, RS,
                            form + c_h, n, i_h, scale, H, K, V, BT, BK, BVS, NP, PAIRS_PER_CHANNEL, O_ACT, I_ACT,
                            SPREC)
     else:
-        _small_channels_block(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, n,
+        _small_channels_block(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, RS, n,
                               i_h, ck, scale, H, K, V, BT, BK, BVS, O_ACT, I_ACT, SPREC)
 
 
@@ -401,7 +403,7 @@ def _small_mask(g, lb, n, i_h, ck, H: tl.constexpr, K: tl.constexpr, BK: tl.cons
 
 
 @triton.jit
-def _small_pairs_chunk(o, g, i, dy, lb, h, dh, row, form, n, i_h, scale, H: tl.constexpr, K: tl.constexpr,
+def _small_pairs_chunk(o, g, i, dy, lb, h, dh, row, rs, form, n, i_h, scale, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, NP: tl.constexpr,
                        PAIRS_PER_CHANNEL: tl.constexpr, O_ACT: tl.constexpr, I_ACT: tl.constexpr,
                        SPREC: tl.constexpr):
@@ -420,7 +422,7 @@ def _small_pairs_chunk(o, g, i, dy, lb, h, dh, row, form, n, i_h, scale, H: tl.c
             ck = kb * BK + tl.arange(0, BK)
             acc = _small_pairs(o, g, i, dy, lb, h, dh, n, i_h, ck, scale, H, K, V, BT, BK, BVS, NP, O_ACT, I_ACT,
                                SPREC)
-            tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)
+            tl.store(row + ck * rs, tl.load(row + ck * rs, mask=ck < K, other=0.0) + acc, mask=ck < K)
 
 
 @triton.jit
@@ -503,7 +505,7 @@ def _pair_grads(o, g, i, dy, lb, h, dh, n, i_h, tp, kp, valid, scale, H: tl.cons
 
 
 @triton.jit
-def _small_channels_block(o, g, i, dy, lb, h, dh, row, n, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr,
+def _small_channels_block(o, g, i, dy, lb, h, dh, row, rs, n, i_h, ck, scale, H: tl.constexpr, K: tl.constexpr,
                           V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
                           O_ACT: tl.constexpr, I_ACT: tl.constexpr, SPREC: tl.constexpr):
     """FORM 1 on one K-block of one chunk (pointers at its first row and head; h, dh at its state)."""
@@ -529,7 +531,7 @@ def _small_channels_block(o, g, i, dy, lb, h, dh, row, n, i_h, ck, scale, H: tl.
                                      True)[0], 0.0)
         acc = _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, H, K, V, BT, BK,
                               BVS, I_ACT, SPREC)
-        tl.store(row + ck, tl.load(row + ck, mask=ck < K, other=0.0) + acc, mask=ck < K)
+        tl.store(row + ck * rs, tl.load(row + ck * rs, mask=ck < K, other=0.0) + acc, mask=ck < K)
 
 
 @triton.jit

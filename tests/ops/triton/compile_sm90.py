@@ -258,7 +258,7 @@ def _chunk_parallel_variants():
                        b.chunk_parallel_bwd_small_kernel,
                        dict(o=f"*{sdt}", g=f"*{sdt}", i=f"*{sdt}", lb="*fp32", h=f"*{hdt}", dh=f"*{hdt}",
                             dy=f"*{sdt}", dlb="*fp32", fz="*i32", form="*i8", scale="fp32", T="i32", NT="i32",
-                            NC="i32"),
+                            NC="i32", RS="i32"),
                        dict(H=16, K=128, V=128, BT=common["BT"], BK=bk, BVS=32, O_ACT=1, I_ACT=0, VARLEN=False,
                             SPREC=prec if sdt == "fp32" else "tf32x3", FORM=form, NP=16, PAIRS_PER_CHANNEL=2), 4)
         yield (f"fwd_h varlen {dt}", f.chunk_parallel_fwd_h_kernel,
