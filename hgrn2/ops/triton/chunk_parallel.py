@@ -270,13 +270,13 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         # launch chooses each chunk's form, then the channel form's launch takes the chunks left to it.
         programs = max(1, min(n_chunks * H, max(1, cfg.small_programs_per_sm) * sm_count(o.device)))
         form = torch.empty(n_chunks * H, dtype=torch.int8, device=o.device)  # each listed chunk's form
-        for FORM, bk, warps in ((0, min(max(16, next_pow2(K)), 128), cfg.num_warps_small),
-                                (1, bk_small, cfg.num_warps_channels)):
+        bk_pairs = min(cfg.block_k_pairs or 128, max(16, next_pow2(K)))
+        for FORM, bk, warps in ((0, bk_pairs, cfg.num_warps_small), (1, bk_small, cfg.num_warps_channels)):
             chunk_parallel_bwd_small_kernel[(programs,)](
                 o, g, i, lower_bound, h, dh, dy, dlb, fz, form, chunks, scale, T, NT, n_chunks, NV * n_chunks, H=H,
                 K=K, V=V, BT=bt, BK=bk, BVS=bv_small, O_ACT=o_act, I_ACT=i_act, VARLEN=cu_seqlens is not None,
                 SPREC=sprec, FORM=FORM, NP=cfg.pairs_per_step_small, PAIRS_PER_CHANNEL=cfg.pair_steps_per_channel,
-                num_warps=warps,
+                num_warps=warps, maxnreg=cfg.maxnreg_small,
             )
     do = do[0] if NV == 1 else do.sum(0).to(o.dtype)
     dg = dg[0] if NV == 1 else dg.sum(0).to(g.dtype)

@@ -349,32 +349,40 @@ def chunk_parallel_bwd_small_kernel(
     would be divided by the small f), from the chunk-start state h_c and the end state's gradient dh_c, every
     exponent a sum of log f over the rows it spans (each ≤ 0: nothing divides by f), in one of two forms, launched
     one after the other:
-    - FORM 0 (BK-wide blocks over all of K) counts each listed (chunk, head)'s small gates and the channels
-      holding them, takes the chunk in the pair form (`_small_pairs`: NP (row, channel) pairs per step) when its
-      steps are at most PAIRS_PER_CHANNEL per such channel, and records its choice in `form`;
+    - FORM 0 (BK-wide K-blocks, those whose channel groups the chunk's mask leaves out skipped) counts each listed
+      (chunk, head)'s small gates and the channels holding them, takes the chunk in the pair form (`_small_pairs`:
+      NP (row, channel) pairs per step) when its steps are at most PAIRS_PER_CHANNEL per such channel, and records
+      its choice in `form`;
     - FORM 1 (BK-wide K-blocks, skipping those whose channel groups the chunk's mask leaves out) takes the other
       chunks in the channel form (`_small_channels`: one [BT, BT] product per channel).
     Each launch is compiled on its own, so neither form's registers limit the other's occupancy."""
     for e in range(tl.program_id(0), tl.load(fz), tl.num_programs(0)):
         c_h = tl.load(fz + 1 + NC * H + e)
+        groups = tl.load(fz + 1 + c_h).to(tl.int64)  # the chunk's channel groups holding a small gate
         if FORM == 0:
-            _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, tl.arange(0, BK), scale, T, NT, NC, RS, H,
-                         K, V, BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP, PAIRS_PER_CHANNEL)
+            _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, groups, tl.arange(0, BK), scale, T, NT, NC,
+                         RS, H, K, V, BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP, PAIRS_PER_CHANNEL)
         elif tl.load(form + c_h) != 0:
-            groups = tl.load(fz + 1 + c_h).to(tl.int64)
             for kb in range(0, tl.cdiv(K, BK)):
-                # this K-block's bits of the chunk's channel-group mask (int64: a block may reach bit 31)
-                first = tl.minimum(kb * BK // SMALL_GROUP, 31)
-                last = tl.minimum((kb * BK + BK - 1) // SMALL_GROUP, 31)
-                if (groups & (((tl.full([], 1, tl.int64) << (last - first + 1)) - 1) << first)) != 0:
-                    _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, kb * BK + tl.arange(0, BK), scale,
-                                 T, NT, NC, RS, H, K, V, BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP,
+                if _block_flagged(groups, kb, BK):
+                    _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, groups, kb * BK + tl.arange(0, BK),
+                                 scale, T, NT, NC, RS, H, K, V, BT, BK, BVS, O_ACT, I_ACT, VARLEN, SPREC, FORM, NP,
                                  PAIRS_PER_CHANNEL)
 
 
 @triton.jit
-def _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, ck, scale, T, NT, NC, RS, H: tl.constexpr,
-                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
+def _block_flagged(groups, kb, BK: tl.constexpr):
+    """Whether K-block kb holds a channel group that the chunk's mask `groups` (int64: a block may reach bit 31)
+    flags."""
+    first = tl.minimum(kb * BK // SMALL_GROUP, 31)
+    last = tl.minimum((kb * BK + BK - 1) // SMALL_GROUP, 31)
+    return (groups & (((tl.full([], 1, tl.int64) << (last - first + 1)) - 1) << first)) != 0
+
+
+@triton.jit
+def _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, groups, ck, scale, T, NT, NC, RS,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                 BVS: tl.constexpr,
                  O_ACT: tl.constexpr, I_ACT: tl.constexpr, VARLEN: tl.constexpr, SPREC: tl.constexpr,
                  FORM: tl.constexpr, NP: tl.constexpr, PAIRS_PER_CHANNEL: tl.constexpr):
     """`chunk_parallel_bwd_small_kernel` on the listed (chunk, head) c_h: the pointers moved there, then its work."""
@@ -386,8 +394,8 @@ def _small_chunk(o, g, i, lb, h, dh, dy, dlb, form, chunks, c_h, ck, scale, T, N
     row = dlb + i_h.to(tl.int64) * K * RS + i_c  # V-block 0's column (stride RS): the main kernel has written it
     if FORM == 0:
         _small_pairs_chunk(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, RS,
-                           form + c_h, n, i_h, scale, H, K, V, BT, BK, BVS, NP, PAIRS_PER_CHANNEL, O_ACT, I_ACT,
-                           SPREC)
+                           form + c_h, groups, n, i_h, scale, H, K, V, BT, BK, BVS, NP, PAIRS_PER_CHANNEL, O_ACT,
+                           I_ACT, SPREC)
     else:
         _small_channels_block(o + base_k, g + base_k, i + base_v, dy + base_v, lb, h + state, dh + state, row, RS, n,
                               i_h, ck, scale, H, K, V, BT, BK, BVS, O_ACT, I_ACT, SPREC)
@@ -403,26 +411,30 @@ def _small_mask(g, lb, n, i_h, ck, H: tl.constexpr, K: tl.constexpr, BK: tl.cons
 
 
 @triton.jit
-def _small_pairs_chunk(o, g, i, dy, lb, h, dh, row, rs, form, n, i_h, scale, H: tl.constexpr, K: tl.constexpr,
-                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, NP: tl.constexpr,
+def _small_pairs_chunk(o, g, i, dy, lb, h, dh, row, rs, form, groups, n, i_h, scale, H: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
+                       NP: tl.constexpr,
                        PAIRS_PER_CHANNEL: tl.constexpr, O_ACT: tl.constexpr, I_ACT: tl.constexpr,
                        SPREC: tl.constexpr):
     """FORM 0 on one chunk (pointers at its first row and head; h, dh at its state): the choice of form, then the
-    pair form over all of K when it is chosen. A pair step costs about half a channel of the channel form."""
-    pairs = tl.zeros([], dtype=tl.int32)
+    pair form over the K-blocks that `groups` flags when it is chosen (each block its own steps). A pair step costs
+    about half a channel of the channel form."""
+    steps = tl.zeros([], dtype=tl.int32)
     chans = tl.zeros([], dtype=tl.int32)
     for kb in range(0, tl.cdiv(K, BK)):
-        small = _small_mask(g, lb, n, i_h, kb * BK + tl.arange(0, BK), H, K, BK, BT)
-        pairs += tl.sum(small)
-        chans += tl.sum(tl.max(small, 0))
-    use_pairs = tl.cdiv(pairs, NP) <= PAIRS_PER_CHANNEL * chans
+        if _block_flagged(groups, kb, BK):
+            small = _small_mask(g, lb, n, i_h, kb * BK + tl.arange(0, BK), H, K, BK, BT)
+            steps += tl.cdiv(tl.sum(small), NP)
+            chans += tl.sum(tl.max(small, 0))
+    use_pairs = steps <= PAIRS_PER_CHANNEL * chans
     tl.store(form, tl.where(use_pairs, 0, 1).to(tl.int8))
     if use_pairs:
         for kb in range(0, tl.cdiv(K, BK)):
-            ck = kb * BK + tl.arange(0, BK)
-            acc = _small_pairs(o, g, i, dy, lb, h, dh, n, i_h, ck, scale, H, K, V, BT, BK, BVS, NP, O_ACT, I_ACT,
-                               SPREC)
-            tl.store(row + ck * rs, tl.load(row + ck * rs, mask=ck < K, other=0.0) + acc, mask=ck < K)
+            if _block_flagged(groups, kb, BK):
+                ck = kb * BK + tl.arange(0, BK)
+                acc = _small_pairs(o, g, i, dy, lb, h, dh, n, i_h, ck, scale, H, K, V, BT, BK, BVS, NP, O_ACT,
+                                   I_ACT, SPREC)
+                tl.store(row + ck * rs, tl.load(row + ck * rs, mask=ck < K, other=0.0) + acc, mask=ck < K)
 
 
 @triton.jit

@@ -124,14 +124,18 @@ class ChunkParallelConfig(_Config):
     # the backward in two parallel launches (dv; dq/dk/dg); None: split exactly when A is rebuilt
     bwd_split: bool | None = _knob(None, "flag?")
     # the small-gates dβ kernel (chunk_parallel_bwd_small_kernel): programs per SM, the V sub-block of its loops
-    # over all of V (64 spills in bf16); its pair form's warps, (row, channel) pairs per step, and the most steps
-    # per channel holding a small gate for which a chunk takes it; its channel form's warps and K-block (None:
-    # block_k_bwd)
+    # over all of V (64 spills in bf16); its pair form's warps, (row, channel) pairs per step, the most steps
+    # per channel holding a small gate for which a chunk takes it, and its K-block (the blocks without a small gate
+    # skipped, as in the channel form); its channel form's warps and K-block (None: block_k_bwd)
     small_programs_per_sm: int = _knob(8, "count")
     sub_block_v_small: int = _knob(32, "block")
     num_warps_small: int = _knob(4, "warps")
     pairs_per_step_small: int = _knob(16, "block")
     pair_steps_per_channel: int = _knob(2, "count")
+    block_k_pairs: int | None = _knob(16, "block?")  # the pair form's K-block (None: all of K up to 128)
+    # register cap of both forms' launches (None: the compiler's; a lower cap keeps more programs resident per SM,
+    # as their work is latency-bound, at the cost of spills)
+    maxnreg_small: int | None = _knob(None, "count?")
     num_warps_channels: int = _knob(4, "warps")
     block_k_small: int | None = _knob(16, "block?")
     chunk_max_spread: float = _knob(120.0, "spread")  # chunks whose log-decay is below this: one product

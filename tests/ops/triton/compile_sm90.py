@@ -249,11 +249,13 @@ def _chunk_parallel_variants():
                    dict(g=f"*{dt}", lb="*fp32", fz="*i32", T="i32", NT="i32", **({"chunks": "*i32"} if varlen else {})),
                    dict(H=16, K=128, BT=common["BT"], BK=ChunkParallelConfig().block_k_decay, HAS_LB=not varlen,
                         VARLEN=varlen, CHUNK_SPREAD=120.0, HALF_SPREAD=120.0, FLAG_SMALL=not varlen), 4)
-        # dβ at small gates, both forms at the default blocks (the pair form over K = 128, the channel form in
-        # K-blocks of 16; all of V in sub-blocks of 32), fp16 inputs (fp32 dot operands, bf16's SPREC) beside fp32's
+        # dβ at small gates, both forms at the default blocks (K-blocks of 16; all of V in sub-blocks of 32) and the
+        # pair form over all of K = 128 (block_k_pairs None), fp16 inputs (fp32 dot operands, bf16's SPREC) beside
+        # fp32's
+        small_cfg = ChunkParallelConfig()
         for sdt in (dt, "fp16") if dt == "fp32" else (dt,):
             hdt = "fp32" if sdt == "fp16" else sdt  # the stored states' dtype
-            for form, bk in ((0, 128), (1, 16)):
+            for form, bk in ((0, small_cfg.block_k_pairs), (0, 128), (1, small_cfg.block_k_small)):
                 yield (f"bwd small gates {sdt} form {form} K=V=128 BK={bk} BVS=32 w=4",
                        b.chunk_parallel_bwd_small_kernel,
                        dict(o=f"*{sdt}", g=f"*{sdt}", i=f"*{sdt}", lb="*fp32", h=f"*{hdt}", dh=f"*{hdt}",

@@ -68,14 +68,16 @@ def test_exact_in_either_form(steps):
                             output_final_state=True))
 
 
-def test_pairs_past_one_step():
-    """More pairs than one step holds (NP = 16), in rows whose small gates lie in several channels, some in a
-    second K-block of the pair form (K = 160: blocks of 128 and 32); the channel form is never chosen."""
+@pytest.mark.parametrize("block_k", [16, None], ids=["k-blocks-16", "k-block-128"])
+def test_pairs_past_one_step(block_k):
+    """More pairs than one step holds (NP = 16), in rows whose small gates lie in several channels: K = 160 in the
+    pair form's K-blocks of 16 (four of its ten hold a small gate, the first 18 pairs in two steps, the others 6
+    each; the rest skipped) or of 128 and 32 (30 pairs in two steps, then 6); the channel form is never chosen."""
     o, g, i, beta, h0 = make_inputs(1, 40, 1, 160, 16, lb=(2.0 ** -8, 0.9), n_states=1)
     chans = [0, 7, 8, 100, 130, 159]
     beta[0, chans] = 0.0
-    g[:, 3:9, 0, chans] = -30.0  # 36 pairs: three steps
-    with launch_config(chunk_parallel=cp.ChunkParallelConfig(pair_steps_per_channel=10**6)):
+    g[:, 3:9, 0, chans] = -30.0
+    with launch_config(chunk_parallel=cp.ChunkParallelConfig(pair_steps_per_channel=10**6, block_k_pairs=block_k)):
         check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
                         output_final_state=True))
 
