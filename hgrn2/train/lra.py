@@ -54,39 +54,81 @@ def load_preset(task: str, config_dir: str | Path = CONFIG_DIR) -> dict:
         return yaml.safe_load(f)
 
 
-def batch_tensors(split: Split, idx: np.ndarray, pixels: tuple[float, float] | None, device: torch.device,
-                  crop_flip: np.ndarray | None = None, full_length: bool = False):
-    """(inputs, mask or None, valid or None, labels) for the examples `idx`, trimmed to the batch's longest sequence.
+@dataclasses.dataclass
+class DeviceSplit:
+    """A split held on the training device, loaded once, so that each batch is gathered there: a step costs no host
+    copy, pinning or synchronisation. Tokens in the narrowest integer type that holds them (the model reads them as
+    int64), pixels uint8; `host_lengths`: the lengths on the host as well, where a batch trimmed to its longest
+    sequence takes its shape."""
+
+    inputs: torch.Tensor
+    lengths: torch.Tensor
+    labels: torch.Tensor
+    host_lengths: np.ndarray
+
+    @classmethod
+    def of(cls, split: Split, device: torch.device) -> DeviceSplit:
+        x = split.inputs
+        if x.dtype != np.uint8:
+            x = x.astype(_narrowest_int(x))
+        return cls(*(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (x, split.lengths, split.labels)),
+                   host_lengths=split.lengths)
+
+    def __len__(self) -> int:
+        return len(self.host_lengths)
+
+
+def _narrowest_int(x: np.ndarray) -> type:
+    """The narrowest of int16, int32 and int64 that holds every value of `x`."""
+    for t in (np.int16, np.int32):
+        if x.size == 0 or (np.iinfo(t).min <= x.min() and x.max() <= np.iinfo(t).max):
+            return t
+    return np.int64
+
+
+@dataclasses.dataclass
+class Indices:
+    """Example indices on the host (a trimmed batch's length is read from them) and on the device (the gather),
+    copied there once per epoch or evaluation rather than once per batch."""
+
+    host: np.ndarray
+    device: torch.Tensor
+
+    @classmethod
+    def of(cls, idx: np.ndarray, device: torch.device) -> Indices:
+        return cls(idx, torch.from_numpy(idx).to(device))
+
+    def __getitem__(self, part: slice) -> Indices:
+        return Indices(self.host[part], self.device[part])
+
+
+def batch_tensors(split: DeviceSplit, idx: Indices, pixels: tuple[float, float] | None,
+                  crop_flip: torch.Tensor | None = None, full_length: bool = False):
+    """(inputs, mask or None, valid or None, labels) for the examples `idx`, trimmed to the batch's longest sequence,
+    gathered on the split's device.
 
     `pixels`: a pixel task's grey (mean, std) (`TaskInfo.grey_norm`), None for tokens. Pixels become floats
-    [B, T, C] (`images.to_float`), first cropped and flipped by crop_flip[idx] where given
-    (`images.crop_flip_params` of the split); token pairs (retrieval) become [2, B, T]. `full_length`: tokens keep
-    the split's whole length (one shape for every batch, for a CUDA graph) and `valid` marks the positions before
-    the batch's longest sequence (`LRAClassifier.forward`)."""
-    labels = _to_device(torch.from_numpy(split.labels[idx]), device)
+    [B, T, C] (`images.to_float`), first cropped and flipped by crop_flip[idx] where given (`images.crop_flip_params`
+    of the split, on the device); token pairs (retrieval) become [2, B, T]. `full_length`: tokens keep the split's
+    whole length (one shape for every batch, for a CUDA graph) and `valid` marks the positions before the batch's
+    longest sequence (`LRAClassifier.forward`)."""
+    at = idx.device
+    labels = split.labels[at]
     if pixels is not None:
-        x = split.inputs[idx]
+        x = split.inputs[at]
         if crop_flip is not None:
-            x = images.random_crop_flip(x, crop_flip[idx])
-        return _to_device(torch.from_numpy(images.to_float(x, pixels)), device), None, None, labels
-    lengths = split.lengths[idx]
-    T = int(lengths.max())
-    x = torch.from_numpy(split.inputs[idx] if full_length else split.inputs[idx][..., :T])
-    positions = torch.arange(x.shape[-1])
-    mask = positions[None] < torch.from_numpy(lengths)[..., None]
-    valid = (positions < T).expand(mask.shape) if full_length else None
+            x = images.random_crop_flip(x, crop_flip[at])
+        return images.to_float(x, pixels), None, None, labels
+    lengths = split.lengths[at]
+    T = split.inputs.shape[-1] if full_length else int(split.host_lengths[idx.host].max())
+    x = split.inputs[..., :T][at].long()
+    positions = torch.arange(T, device=x.device)
+    mask = positions < lengths[..., None]
+    valid = (positions < lengths.max()).expand(mask.shape) if full_length else None
     if x.ndim == 3:  # pairs [B, 2, T] -> [2, B, T]
         x, mask = x.transpose(0, 1), mask.transpose(0, 1)
         valid = None if valid is None else valid.transpose(0, 1)
-    valid = None if valid is None else _to_device(valid, device)
-    return _to_device(x, device), _to_device(mask, device), valid, labels
-
-
-def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`x` on `device`; to a GPU through pinned memory and without waiting (a blocking copy syncs the stream)."""
-    if device.type != "cuda":
-        return x.to(device)
-    return x.contiguous().pin_memory().to(device, non_blocking=True)
+    return x, mask, valid, labels
 
 
 def _sums(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -96,14 +138,14 @@ def _sums(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torc
 
 
 @torch.no_grad()
-def evaluate(model, split: Split, pixels: tuple[float, float] | None, batch_size: int, d: distributed.Dist,
+def evaluate(model, split: DeviceSplit, pixels: tuple[float, float] | None, batch_size: int, d: distributed.Dist,
              amp: bool) -> dict:
     """Accuracy and mean loss over a split, sharded over ranks."""
     model.eval()
-    idx = np.arange(d.rank, len(split.labels), d.world)
+    idx = Indices.of(np.arange(d.rank, len(split), d.world), d.device)
     stats = torch.zeros(3, dtype=torch.float64, device=d.device)
-    for k in range(0, len(idx), batch_size):
-        x, mask, _, y = batch_tensors(split, idx[k:k + batch_size], pixels, d.device)
+    for k in range(0, len(idx.host), batch_size):
+        x, mask, _, y = batch_tensors(split, idx[k:k + batch_size], pixels)
         with torch.autocast(d.device.type, torch.bfloat16, enabled=amp):
             logits = model(x, mask).float()
         stats += _sums(F.cross_entropy(logits, y, reduction="sum"), logits, y)
@@ -298,15 +340,16 @@ class LRATask(Task):
         self.seed, self.augment, self.settings, self.epochs, self.amp = seed, augment, settings, epochs, amp
         self.run_dir, self.full_length = run_dir, full_length
         self.per_rank = batch // d.world
-        self.steps_per_epoch = len(data["train"].labels) // batch
+        self.steps_per_epoch = len(data["train"]) // batch
 
     def batches(self, epoch: int, start: int):
         split, b, r = self.data["train"], self.batch, self.d.rank
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(split.labels))
-        crop_flip = images.crop_flip_params(len(split.labels), self.seed, epoch) if self.augment else None
+        order = Indices.of(np.random.default_rng([self.seed, epoch]).permutation(len(split)), self.d.device)
+        crop_flip = (torch.from_numpy(images.crop_flip_params(len(split), self.seed, epoch)).to(self.d.device)
+                     if self.augment else None)
         for it in range(start, self.steps_per_epoch):
             idx = order[it * b + r * self.per_rank: it * b + (r + 1) * self.per_rank]
-            yield batch_tensors(split, idx, self.pixels, self.d.device, crop_flip, self.full_length)
+            yield batch_tensors(split, idx, self.pixels, crop_flip, self.full_length)
 
     def loss(self, model, x, mask, valid, y):
         logits = model(x, mask, valid).float()
@@ -382,8 +425,10 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
     amp = d.device.type == "cuda" and tr["precision"] == "bf16"
     settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task),
                                     {"data": lra_tasks.fingerprint(data)})
-    lra = LRATask(model, data, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"], amp,
-                  run_dir, full_length=args.cuda_graph and pixels is None)
+    on_device = {name: DeviceSplit.of(split, d.device) for name, split in data.items()}
+    del data  # the host's copy: the device holds the splits now
+    lra = LRATask(model, on_device, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"],
+                  amp, run_dir, full_length=args.cuda_graph and pixels is None)
 
     def schedule(step: int, epoch: int) -> float:
         return lr_at(step, schedule="cosine", lr=tr["lr"], warmup_steps=tr["warmup_steps"],

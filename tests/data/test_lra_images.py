@@ -2,6 +2,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hgrn2.data.lra import images, readers, tasks
 
@@ -17,12 +18,16 @@ def _authors_transform(image: np.ndarray, top: int, left: int, flip: bool, pad: 
     return out[:, ::-1] if flip else out
 
 
+def _crop_flip(x: np.ndarray, params: np.ndarray) -> np.ndarray:
+    return images.random_crop_flip(torch.from_numpy(x), torch.from_numpy(params)).numpy()
+
+
 def test_crop_and_flip_match_the_authors_transform():
     rng = np.random.default_rng(0)
     side = 6
     batch = rng.integers(0, 256, (5, side * side, 3), dtype=np.uint8)
     params = np.array([[0, 0, 0], [8, 8, 1], [4, 4, 0], [1, 7, 1], [8, 0, 1]])  # corners, identity, mixed
-    got = images.random_crop_flip(batch, params)
+    got = _crop_flip(batch, params)
     assert got.shape == batch.shape and got.dtype == np.uint8
     for k, (top, left, flip) in enumerate(params):
         want = _authors_transform(batch[k].reshape(side, side, 3), top, left, bool(flip))
@@ -30,13 +35,13 @@ def test_crop_and_flip_match_the_authors_transform():
     assert np.array_equal(got[2], batch[2])  # offset = padding, no flip: the image itself
     # the padding repeats the edge: shifting a 1-D ramp by 4 reads 3, 2, 1, 0, 0, 1, ...
     ramp = np.tile(np.arange(8, dtype=np.uint8), 8)[None]
-    assert images.random_crop_flip(ramp, np.array([[4, 0, 0]]))[0, :8].tolist() == [3, 2, 1, 0, 0, 1, 2, 3]
+    assert _crop_flip(ramp, np.array([[4, 0, 0]]))[0, :8].tolist() == [3, 2, 1, 0, 0, 1, 2, 3]
     grey = rng.integers(0, 256, (2, 64), dtype=np.uint8)
     for k, p in enumerate(images.crop_flip_params(2, seed=3, epoch=0)):
         want = _authors_transform(grey[k].reshape(8, 8), p[0], p[1], bool(p[2]))
-        assert np.array_equal(images.random_crop_flip(grey[k:k + 1], p[None])[0].reshape(8, 8), want)
+        assert np.array_equal(_crop_flip(grey[k:k + 1], p[None])[0].reshape(8, 8), want)
     with pytest.raises(ValueError, match="square"):
-        images.random_crop_flip(grey[:, :63], params[:2])
+        _crop_flip(grey[:, :63], params[:2])
 
 
 def test_crop_flip_draws_are_seeded_per_epoch():
@@ -70,13 +75,14 @@ def test_colour_cifar_keeps_the_three_channels():
 
 def test_pixels_to_model_inputs():
     grey = np.array([[0, 255, 51]], np.uint8)
-    assert np.allclose(images.to_float(grey), [[[-1.0], [1.0], [-0.6]]])
+    assert np.allclose(images.to_float(torch.from_numpy(grey)), [[[-1.0], [1.0], [-0.6]]])
     # grey CIFAR-10: the LRA code's Normalize(mean=122.6 / 255, std=61 / 255)
     from hgrn2.data.lra.tasks import TASKS
 
-    assert np.allclose(images.to_float(grey, TASKS["image"].grey_norm)[0, :, 0], (grey[0] - 122.6) / 61.0)
+    assert np.allclose(images.to_float(torch.from_numpy(grey), TASKS["image"].grey_norm)[0, :, 0],
+                       (grey[0] - 122.6) / 61.0)
     assert TASKS["pathfinder"].grey_norm == TASKS["pathx"].grey_norm == (0.5, 0.5)
     colour = np.array([[[0, 128, 255]]], np.uint8)
     want = (np.array([0, 128, 255]) / 255 - [0.4914, 0.4822, 0.4465]) / [0.247, 0.243, 0.261]
-    got = images.to_float(colour)
-    assert got.shape == (1, 1, 3) and got.dtype == np.float32 and np.allclose(got[0, 0], want, atol=1e-6)
+    got = images.to_float(torch.from_numpy(colour))
+    assert got.shape == (1, 1, 3) and got.dtype == torch.float32 and np.allclose(got[0, 0], want, atol=1e-6)

@@ -108,6 +108,33 @@ def test_lra_training_step_reads_nothing_on_the_host(device_checks, task):
     assert any("lower_bound" in a for a in assertions)  # the range checks still ran, on the device
 
 
+@pytest.mark.parametrize("full_length", [False, True])
+@pytest.mark.parametrize("task", ["tokens", "pairs", "pixels"])
+def test_lra_batches_read_nothing_on_the_host(device_checks, task, full_length):
+    """A training batch is gathered from the split on the device: its length (where trimmed) comes from the host's
+    copy of the lengths, never from a tensor, so that making it leaves the queued steps running."""
+    import numpy as np
+
+    from hgrn2.data.lra import images
+    from hgrn2.data.lra.readers import Split
+    from hgrn2.train.lra import DeviceSplit, Indices, batch_tensors
+
+    mode, _ = device_checks
+    rng = np.random.default_rng(0)
+    shape = {"tokens": (6, 12), "pairs": (6, 2, 12), "pixels": (6, 64)}[task]
+    lengths = rng.integers(3, 13, shape[:-1])
+    inputs = rng.integers(0, 200, shape).astype(np.uint8 if task == "pixels" else np.int64)
+    split = DeviceSplit.of(Split(inputs, lengths, np.arange(6)), torch.device("cpu"))
+    idx = Indices.of(rng.permutation(6), torch.device("cpu"))
+    pixels = (0.5, 0.5) if task == "pixels" else None
+    crop_flip = torch.from_numpy(images.crop_flip_params(6, seed=0, epoch=0)) if task == "pixels" else None
+    mode.active = True
+    with mode:
+        batch_tensors(split, idx[1:4], pixels, crop_flip, full_length)
+    mode.active = False
+    assert mode.reads == []
+
+
 def test_language_model_training_step_reads_nothing_on_the_host(device_checks):
     mode, assertions = device_checks
     cfg = HGRN2Config.from_preset("tiny")

@@ -140,40 +140,59 @@ def test_a_preset_data_section_per_model_and_its_errors(tmp_path):
 
 def test_training_batches_alone_are_cropped_and_flipped():
     from hgrn2.data.lra import images, readers
-    from hgrn2.train.lra import batch_tensors
+    from hgrn2.train.lra import DeviceSplit, Indices, batch_tensors
 
     split = readers.read_image(FIX, grayscale=False)["train"]
+    on_device = DeviceSplit.of(split, torch.device("cpu"))
     idx = np.array([4, 1, 7])
-    params = images.crop_flip_params(len(split.labels), seed=1, epoch=0)
-    x, mask, valid, y = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"), params)
-    want = images.to_float(images.random_crop_flip(split.inputs[idx], params[idx]))
-    assert mask is None and valid is None and torch.equal(x, torch.from_numpy(want)) and x.shape == (3, 1024, 3)
+    params = torch.from_numpy(images.crop_flip_params(len(split.labels), seed=1, epoch=0))
+    x, mask, valid, y = batch_tensors(on_device, Indices.of(idx, torch.device("cpu")), (0.5, 0.5), params)
+    pixels = torch.from_numpy(split.inputs[idx])
+    want = images.to_float(images.random_crop_flip(pixels, params[idx]))
+    assert mask is None and valid is None and torch.equal(x, want) and x.shape == (3, 1024, 3)
     assert torch.equal(y, torch.from_numpy(split.labels[idx]))
-    plain, _, _, y_plain = batch_tensors(split, idx, (0.5, 0.5), torch.device("cpu"))
-    assert torch.equal(plain, torch.from_numpy(images.to_float(split.inputs[idx]))) and torch.equal(y_plain, y)
+    plain, _, _, y_plain = batch_tensors(on_device, Indices.of(idx, torch.device("cpu")), (0.5, 0.5))
+    assert torch.equal(plain, images.to_float(pixels)) and torch.equal(y_plain, y)
     assert not torch.equal(plain, x)
 
 
 @pytest.mark.parametrize("pairs", [False, True])
 def test_token_batches_trimmed_or_whole_length_with_the_positions_they_would_hold(pairs):
     from hgrn2.data.lra.readers import Split
-    from hgrn2.train.lra import batch_tensors
+    from hgrn2.train.lra import DeviceSplit, Indices, batch_tensors
 
     rng = np.random.default_rng(0)
     lengths = np.array([[3, 7], [5, 2], [6, 6]]) if pairs else np.array([3, 7, 5, 2])
     inputs = rng.integers(1, 9, (*lengths.shape, 10))
     inputs[np.arange(10) >= lengths[..., None]] = 0
-    split = Split(inputs=inputs, lengths=lengths, labels=np.arange(len(lengths)))
-    idx = np.array([2, 0])
-    x, mask, valid, y = batch_tensors(split, idx, None, torch.device("cpu"))
-    T = int(lengths[idx].max())
+    split = DeviceSplit.of(Split(inputs=inputs, lengths=lengths, labels=np.arange(len(lengths))), torch.device("cpu"))
+    assert split.inputs.dtype == torch.int16  # tokens held narrow, read as int64
+    idx = Indices.of(np.array([2, 0]), torch.device("cpu"))
+    x, mask, valid, y = batch_tensors(split, idx, None)
+    T = int(lengths[idx.host].max())
     assert valid is None and x.shape[-1] == mask.shape[-1] == T and torch.equal(y, torch.tensor([2, 0]))
-    fx, fmask, fvalid, fy = batch_tensors(split, idx, None, torch.device("cpu"), full_length=True)
+    assert x.dtype == torch.int64
+    fx, fmask, fvalid, fy = batch_tensors(split, idx, None, full_length=True)
     assert fx.shape[-1] == fmask.shape[-1] == fvalid.shape[-1] == 10 and torch.equal(fy, y)
     assert torch.equal(fx[..., :T], x) and torch.equal(fmask[..., :T], mask) and not fmask[..., T:].any()
     assert fvalid.shape == fmask.shape and torch.equal(fvalid, (torch.arange(10) < T).expand(fmask.shape))
     if pairs:
         assert x.shape[:2] == (2, 2) and torch.equal(x[1, 0], torch.from_numpy(inputs[2, 1, :T]))
+
+
+def test_device_splits_hold_tokens_in_the_narrowest_type():
+    from hgrn2.data.lra.readers import Split
+    from hgrn2.train.lra import DeviceSplit
+
+    def held(inputs):
+        return DeviceSplit.of(Split(inputs, np.ones(len(inputs), np.int64), np.zeros(len(inputs), np.int64)),
+                              torch.device("cpu")).inputs
+
+    assert held(np.array([[1, 32767]])).dtype == torch.int16
+    assert held(np.array([[1, 32768]])).dtype == torch.int32
+    assert held(np.array([[1, 2**31]])).dtype == torch.int64
+    assert held(np.zeros((2, 3), np.uint8)).dtype == torch.uint8  # pixels stay bytes
+    assert torch.equal(held(np.array([[5, 70000]])), torch.tensor([[5, 70000]], dtype=torch.int32))
 
 
 def _image_cli(out: Path, *extra: str) -> None:
