@@ -195,6 +195,40 @@ def test_device_splits_hold_tokens_in_the_narrowest_type():
     assert torch.equal(held(np.array([[5, 70000]])), torch.tensor([[5, 70000]], dtype=torch.int32))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("task", ["tokens", "pairs", "pixels"])
+def test_gpu_batches_are_gathered_without_a_host_sync(task):
+    """On a GPU the batches of a split held there (trimmed, whole length, cropped and flipped) queue their gathers
+    without waiting for the device: torch's sync debug mode raises on any synchronising call."""
+    from hgrn2.data.lra import images
+    from hgrn2.data.lra.readers import Split
+    from hgrn2.train.lra import DeviceSplit, Indices, batch_tensors
+
+    rng, cuda = np.random.default_rng(0), torch.device("cuda")
+    shape = {"tokens": (64, 300), "pairs": (64, 2, 300), "pixels": (64, 1024, 3)}[task]  # colour pixels
+    lengths = rng.integers(20, shape[-1] + 1, shape[:-1]) if task != "pixels" else np.full(64, 1024)
+    inputs = rng.integers(0, 200, shape).astype(np.uint8 if task == "pixels" else np.int64)
+    split = DeviceSplit.of(Split(inputs, lengths, rng.integers(0, 10, 64)), cuda)
+    order = Indices.of(rng.permutation(64), cuda)
+    pixels = (0.5, 0.5) if task == "pixels" else None
+    crop_flip = torch.from_numpy(images.crop_flip_params(64, seed=0, epoch=0)).to(cuda) if pixels else None
+    want = batch_tensors(split, order[8:24], pixels, crop_flip)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for full_length in (False, True):
+            got = batch_tensors(split, order[8:24], pixels, crop_flip, full_length)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    T = want[0].shape[-1]
+    assert torch.equal(got[0][..., :T], want[0]) and torch.equal(got[3], want[3])
+    rows = torch.from_numpy(order.host[8:24])
+    if pixels is None:
+        x = torch.from_numpy(inputs)[rows][..., :T]
+        assert torch.equal(want[0].cpu(), x.transpose(0, 1) if task == "pairs" else x)
+
+
 def _image_cli(out: Path, *extra: str) -> None:
     args = ["lra", "image", "--data", str(FIX), "--out", str(out), "--epochs", "2", "--batch-size", "2",
             "--warmup-steps", "2", "--schedule-steps", "8", "--device", "cpu", "--log-every", "2", "--ckpt-every",

@@ -26,8 +26,9 @@ def to_float(x: torch.Tensor, grey_norm: tuple[float, float] = (0.5, 0.5)) -> to
     if x.ndim == 2:
         mean, std = grey_norm
         return ((x.float() / 255.0 - mean) / std)[..., None]
-    mean, std = (torch.tensor(c, dtype=torch.float32, device=x.device) for c in (CIFAR_MEAN, CIFAR_STD))
-    return (x.float() / 255.0 - mean) / std
+    # per channel with Python scalars: a constant tensor would be a host-to-device copy on every batch
+    return torch.stack([(x[..., c].float() / 255.0 - m) / s for c, (m, s) in enumerate(zip(CIFAR_MEAN, CIFAR_STD))],
+                       -1)
 
 
 def crop_flip_params(n: int, seed: int, epoch: int, pad: int = PAD) -> np.ndarray:
