@@ -74,6 +74,13 @@ class DeviceSplit:
         return cls(*(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (x, split.lengths, split.labels)),
                    host_lengths=split.lengths)
 
+    @staticmethod
+    def nbytes(split: Split) -> int:
+        """What `of` holds on the device for `split`."""
+        x = split.inputs
+        item = 1 if x.dtype == np.uint8 else np.dtype(_narrowest_int(x)).itemsize
+        return x.size * item + split.lengths.nbytes + split.labels.nbytes
+
     def __len__(self) -> int:
         return len(self.host_lengths)
 
@@ -425,7 +432,12 @@ def _train_run(task: str, mixer: str, args: argparse.Namespace, d: distributed.D
     amp = d.device.type == "cuda" and tr["precision"] == "bf16"
     settings_now = _resume_settings(cfg.to_dict(), tr, data_opts, _run_settings(args, task),
                                     {"data": lra_tasks.fingerprint(data)})
-    on_device = {name: DeviceSplit.of(split, d.device) for name, split in data.items()}
+    try:
+        on_device = {name: DeviceSplit.of(split, d.device) for name, split in data.items()}
+    except torch.OutOfMemoryError:
+        gib = sum(DeviceSplit.nbytes(split) for split in data.values()) / 2**30
+        raise ValueError(f"`--device`: {task}'s splits take {gib:.2f} GiB on {d.device}, more than it has free "
+                         "(train fewer runs at once on it, or on a device with more memory)") from None
     del data  # the host's copy: the device holds the splits now
     lra = LRATask(model, on_device, pixels, batch, d, args.seed, data_opts["augment"], settings_now, tr["epochs"],
                   amp, run_dir, full_length=args.cuda_graph and pixels is None)

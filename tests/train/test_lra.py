@@ -193,6 +193,20 @@ def test_device_splits_hold_tokens_in_the_narrowest_type():
     assert held(np.array([[1, 2**31]])).dtype == torch.int64
     assert held(np.zeros((2, 3), np.uint8)).dtype == torch.uint8  # pixels stay bytes
     assert torch.equal(held(np.array([[5, 70000]])), torch.tensor([[5, 70000]], dtype=torch.int32))
+    split = Split(np.zeros((4, 100), np.int64), np.ones(4, np.int64), np.zeros(4, np.int64))
+    assert DeviceSplit.nbytes(split) == 4 * 100 * 2 + 2 * 4 * 8
+
+
+def test_splits_that_do_not_fit_the_device_are_a_clear_error(tmp_path, monkeypatch):
+    """A device without room for the splits: a one-line error naming --device and the size, not CUDA's."""
+    from hgrn2.train.lra import DeviceSplit
+
+    def full(split, device):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate ...")
+
+    monkeypatch.setattr(DeviceSplit, "of", full)
+    with pytest.raises(ValueError, match=r"`--device`: listops's splits take 0\.00 GiB on cpu, more than it has"):
+        _listops_losses(tmp_path / "runs", tmp_path / "data", "cpu")
 
 
 @pytest.mark.gpu
