@@ -68,9 +68,7 @@ class DeviceSplit:
 
     @classmethod
     def of(cls, split: Split, device: torch.device) -> DeviceSplit:
-        x = split.inputs
-        if x.dtype != np.uint8:
-            x = x.astype(_narrowest_int(x))
+        x = split.inputs.astype(_held_dtype(split.inputs), copy=False)
         return cls(*(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (x, split.lengths, split.labels)),
                    host_lengths=split.lengths)
 
@@ -78,19 +76,19 @@ class DeviceSplit:
     def nbytes(split: Split) -> int:
         """What `of` holds on the device for `split`."""
         x = split.inputs
-        item = 1 if x.dtype == np.uint8 else np.dtype(_narrowest_int(x)).itemsize
-        return x.size * item + split.lengths.nbytes + split.labels.nbytes
+        return x.size * np.dtype(_held_dtype(x)).itemsize + split.lengths.nbytes + split.labels.nbytes
 
     def __len__(self) -> int:
         return len(self.host_lengths)
 
 
-def _narrowest_int(x: np.ndarray) -> type:
-    """The narrowest of int16, int32 and int64 that holds every value of `x`."""
-    for t in (np.int16, np.int32):
-        if x.size == 0 or (np.iinfo(t).min <= x.min() and x.max() <= np.iinfo(t).max):
-            return t
-    return np.int64
+def _held_dtype(x: np.ndarray) -> type:
+    """The dtype a split's inputs take on the device: pixels stay uint8, tokens the narrowest of int16, int32 and
+    int64 that holds every value."""
+    if x.dtype == np.uint8:
+        return np.uint8
+    lo, hi = (x.min(), x.max()) if x.size else (0, 0)
+    return next(t for t in (np.int16, np.int32, np.int64) if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
 
 
 @dataclasses.dataclass
