@@ -380,13 +380,15 @@ def lra_table(rec: dict) -> str:
     table = format_table(matrix, [("model", "model", "")] + [(LRA_NAMES.get(t, t), t, "") for t in tasks])
     details = format_table([dict(r, model=_lra_label(r), test=_pct(r["test_acc"]), val=_pct(r["best_val_acc"]),
                                  last=_pct(r.get("test_acc_last")), best=_pct(r.get("test_acc_max")),
-                                 seed=r.get("seed", LRA_SEED), epochs_str=f"{r['epochs_done']} / {r['epochs']}")
+                                 seed=r.get("seed", LRA_SEED), epochs_str=f"{r['epochs_done']} / {r['epochs']}",
+                                 commit=r.get("commit") or "–")
                             for r in rows],
                            [("task", "task", ""), ("model", "model", ""), ("seed", "seed", "d"),
                             ("params", "parameters", ",d"), ("test acc %", "test", ".2f"), ("best val %", "val", ".2f"),
                             ("last test %", "last", ".2f"), ("best test %", "best", ".2f"),
                             ("epochs", "epochs_str", ""), ("steps", "steps", "d"),
-                            ("s / epoch", "time_per_epoch_s", ".1f"), ("GPUs", "world_size", "d")])
+                            ("s / epoch", "time_per_epoch_s", ".1f"), ("GPUs", "world_size", "d"),
+                            ("commit", "commit", "")])
     notes = {(r["task"], r["variant"]): _variant_note(r) for r in rows if r.get("variant")}
     if not notes:
         return f"{table}\n\n{details}"

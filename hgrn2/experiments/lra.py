@@ -6,6 +6,7 @@
     hgrn2 lra listops --seed 2222 1 2 --concurrent 3 --mps --out runs/lra # three runs side by side on one GPU
     hgrn2 lra --report --out runs/lra            # the paper-style table and the curves
     hgrn2 lra --report --out runs/lra --record   # also benchmarks/results/<device>/lra.json with the curves
+    hgrn2 lra --report --out runs/lra --record --keep-recorded  # ... keeping its rows of runs not under runs/lra
 
 Each (task, model) run lives in `<out>/<task>-<model>/`: `result.json` (settings, learning curve per epoch: train
 loss and accuracy, validation and test accuracy; time per epoch; the best validation accuracy and the test accuracy
@@ -15,7 +16,7 @@ run). Running the same command again resumes exactly: model, optimiser, step, da
 other settings it is refused (more `--epochs` excepted), and a run already past `--epochs` or `--max-steps` trains
 nothing. A step whose loss or gradient norm is not finite stops the run before anything of it is saved.
 `result.json` holds the environment of the machine that trained the run (device, versions, commit), which
-`--record` writes into the record wherever it runs.
+`--record` writes into the record wherever it runs; each row names the commit its run trained at.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from hgrn2.bench.common import (
+    RESULTS_DIR,
     SEEDS_NOTE,
     add_record_argument,
     best_val_reading,
@@ -80,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "prepare them on a CPU machine, or once before runs start")
     p.add_argument("--report", action="store_true", help="print the table over the runs in --out and plot curves")
     add_record_argument(p)
+    p.add_argument("--keep-recorded", action="store_true",
+                   help="with --record: keep the existing record's rows of runs that are not under --out (a row of "
+                        "a run under --out replaces its old one), with the commits they trained at, and draw their "
+                        "curves (dashed) in its figure")
 
 
 def results_in(out: str | Path) -> list[dict]:
@@ -116,10 +122,12 @@ def gpu_minutes(result: dict) -> np.ndarray:
     return np.cumsum([h["epoch_time"] for h in result["history"]]) * result.get("world_size", 1) / 60
 
 
-def plot(out: str | Path) -> Path | None:
+def plot(out: str | Path, recorded: list[dict] = ()) -> Path | None:
     """Validation accuracy per epoch (top) and against GPU-minutes (bottom: each epoch's wall time, training and
-    evaluation, times the run's GPUs), one column per task, one line per run; None without matplotlib or runs."""
-    results = results_in(out)
+    evaluation, times the run's GPUs), one column per task, one line per run; None without matplotlib or runs.
+    `recorded`: rows of a record (`--keep-recorded`) drawn dashed beside the runs, their epochs at the run's mean
+    time per epoch (a record keeps no per-epoch times)."""
+    results = results_in(out) + [_as_result(r) for r in recorded if r.get("curve") and not r.get("read_from_preset")]
     plt = pyplot() if results else None
     if plt is None:
         return None
@@ -130,7 +138,8 @@ def plot(out: str | Path) -> Path | None:
         by_epoch, by_minutes = axes[0][col], axes[1][col]
         runs = [r for r in results if r["task"] == task and r["history"]]
         for k, r in enumerate(runs):
-            style = dict(label=lra_run_label(*_run_key(r), r.get("seed")), color=colors[k % len(colors)])
+            label = lra_run_label(*_run_key(r), r.get("seed")) + (" (recorded)" if r.get("recorded") else "")
+            style = dict(label=label, color=colors[k % len(colors)], linestyle="--" if r.get("recorded") else "-")
             val = [h["val_acc"] for h in r["history"]]
             minutes = gpu_minutes(r)
             by_epoch.plot([h["epoch"] for h in r["history"]], val, **style)
@@ -139,12 +148,19 @@ def plot(out: str | Path) -> Path | None:
         by_minutes.set(xlabel="GPU-minutes (a shared GPU counts whole)", ylabel="val accuracy")
         if runs:  # no finished epoch yet: empty panels
             by_minutes.legend(fontsize="x-small", loc="lower right")
-    path = Path(out) / "curves.png"
+    path = Path(out) / ("curves+recorded.png" if recorded else "curves.png")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
+
+def _as_result(row: dict) -> dict:
+    """A record's row as `plot` reads a run's result.json."""
+    history = [{"epoch": e, "val_acc": val, "test_acc": test, "epoch_time": row["time_per_epoch_s"] or 0.0}
+               for e, val, test in row["curve"]]
+    return {"task": row["task"], "model": row["model"], "settings_of": row["settings"], "variant": row["variant"],
+            "seed": row["seed"], "world_size": row.get("world_size", 1), "history": history, "recorded": True}
 
 
 def _check_limits(args: argparse.Namespace) -> None:
@@ -171,6 +187,8 @@ def _check_graphable(built: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "keep_recorded", False) and args.record is None:
+        raise ValueError("`--keep-recorded`: keeps rows of the record that --record writes; give --record too")
     if args.report:
         print(report(args.out))
         path = plot(args.out)
@@ -293,12 +311,11 @@ def _train_in_worker(task: str, mixer: str, variant: str | None, args: argparse.
 def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
     """`lra.json`: one row per run under --out (test accuracy at the best validation epoch, and at the last epoch and
     the best over epochs, the LRA code's other readings; epochs done, time per epoch; the curve [epoch, val, test]
-    per epoch), the paper's numbers beside, the curves as its figure; in the environment the runs recorded where they
-    trained."""
+    per epoch; the commit it trained at), the paper's numbers beside, the curves as its figure; in the environment
+    the runs recorded where they trained. `--keep-recorded`: the existing record's rows of other runs stay."""
     results = results_in(args.out)
     if not results:
         raise ValueError(f"--record: no finished epoch under {args.out} (no */result.json)")
-    order = {t: k for k, t in enumerate((*PAPER_ORDER, *lra_tasks.TASKS))}
     rows = [{"task": r["task"], "model": r["model"], "settings": _run_key(r)[1], "variant": _run_key(r)[2],
              "variant_note": r.get("variant_note"), "seed": r.get("seed", SEED_DEFAULTS["seed"]),
              "parameters": r["parameters"],
@@ -306,13 +323,38 @@ def record_results(args: argparse.Namespace, figure: Path | None) -> Path:
              "test_acc_last": r.get("test_acc_last"), "test_acc_max": r.get("test_acc_max"),
              "epochs_done": r["epochs_done"], "epochs": r["train"]["epochs"], "steps": r["steps"],
              "time_per_epoch_s": r["time_per_epoch_s"], "stopped": r["stopped"], "world_size": r["world_size"],
+             "commit": (r.get("environment") or {}).get("commit"),
              "curve": [[h["epoch"], round(h["val_acc"], 6), round(h["test_acc"], 6)] for h in r["history"]]}
             for r in results]
-    rows = sorted(rows + _prefix_rows(rows, args.config),
-                  key=lambda r: (order.get(r["task"], len(order)), r["model"], r["seed"]))
-    paper = {label: dict(zip(PAPER_ORDER, values)) for label, values in PAPER.items()}
+    rows += _prefix_rows(rows, args.config)
     env = runs_environment([r.get("environment") for r in results], args.out)
+    kept = _kept_rows(args, env, rows) if getattr(args, "keep_recorded", False) else []
+    if kept:
+        figure = plot(args.out, kept)
+        commits = sorted({str(r["commit"]) for r in rows + kept if r["commit"]})
+        env = {**env, "commit": ", ".join(commits) + (" (per row)" if len(commits) > 1 else "")}
+    order = {t: k for k, t in enumerate((*PAPER_ORDER, *lra_tasks.TASKS))}
+    rows = sorted(rows + kept, key=lambda r: (order.get(r["task"], len(order)), r["model"], r["seed"]))
+    paper = {label: dict(zip(PAPER_ORDER, values)) for label, values in PAPER.items()}
     return write_result(args.record or None, "lra", env, rows, command_of(args), figure=figure, paper=paper)
+
+
+def _row_key(row: dict) -> tuple:
+    return row["task"], row["model"], row["settings"], row["variant"], row["seed"]
+
+
+def _kept_rows(args: argparse.Namespace, env: dict, rows: list[dict]) -> list[dict]:
+    """The rows of the record that --record is about to replace whose runs are not among `rows`; a row recorded
+    without its own commit takes the record's."""
+    path = Path(args.record or RESULTS_DIR / env["device_slug"]) / "lra.json"
+    if not path.is_file():
+        raise ValueError(f"`--keep-recorded`: no record at {path} to keep rows of")
+    old = json.loads(path.read_text())
+    if old["device"] != env["device"]:
+        raise ValueError(f"`--keep-recorded`: {path} holds runs on {old['device']}, those under {args.out} ran on "
+                         f"{env['device']}; record each device's runs apart")
+    new = {_row_key(r) for r in rows}
+    return [{**r, "commit": r.get("commit") or old["commit"]} for r in old["rows"] if _row_key(r) not in new]
 
 
 def _prefix_rows(rows: list[dict], config_dir: str | Path) -> list[dict]:

@@ -69,7 +69,8 @@ class DeviceSplit:
     @classmethod
     def of(cls, split: Split, device: torch.device) -> DeviceSplit:
         x = split.inputs.astype(_held_dtype(split.inputs), copy=False)
-        return cls(*(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (x, split.lengths, split.labels)),
+        # a copy (memory-mapped splits are read-only, which torch.from_numpy warns about)
+        return cls(*(torch.tensor(a, device=device) for a in (x, split.lengths, split.labels)),
                    host_lengths=split.lengths)
 
     @staticmethod

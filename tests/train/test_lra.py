@@ -534,6 +534,46 @@ def test_record_in_the_environment_of_the_runs(tmp_path):
         main(["lra", "--report", "--out", str(tmp_path / "empty"), "--record", str(rec_dir)])
 
 
+def test_keep_recorded_keeps_the_rows_of_runs_not_under_out(tmp_path):
+    """--keep-recorded: a record's rows of runs that are not under --out stay, with the commit they trained at and
+    their curves in the figure; a run under --out replaces its old row; a record of another device is refused."""
+    out, rec_dir = tmp_path / "run", tmp_path / "rec"
+    _cli(out, "--seed", "2222", "1", "--epochs", "1")
+    h100 = {"device": "NVIDIA H100 80GB HBM3", "device_slug": "h100", "versions": {"torch": "2.11.0"},
+            "commit": "abc1234", "date": "2026-11-20"}
+    for run in out.iterdir():
+        result = json.loads((run / "result.json").read_text())
+        (run / "result.json").write_text(json.dumps(dict(result, environment=h100)))
+    assert main(["lra", "--report", "--out", str(out), "--record", str(rec_dir)]) == 0
+    old = json.loads((rec_dir / "lra.json").read_text())
+    assert [(r["seed"], r["commit"]) for r in old["rows"]] == [(1, "abc1234"), (2222, "abc1234")]
+    # an older record: one row without a commit of its own (the record's), the seed-1 run's folder gone
+    old["rows"] = [{k: v for k, v in r.items() if k != "commit"} if r["seed"] == 1 else r for r in old["rows"]]
+    old["rows"][0]["test_acc"], old["commit"] = 0.125, "old5678"
+    (rec_dir / "lra.json").write_text(json.dumps(old))
+    import shutil
+    shutil.rmtree(out / "fashion_mnist-hgrn2-seed1")
+    run = out / "fashion_mnist-hgrn2"
+    result = json.loads((run / "result.json").read_text())
+    (run / "result.json").write_text(json.dumps(dict(result, environment=dict(h100, commit="def9012"))))
+    with pytest.raises(ValueError, match="`--keep-recorded`: .* give --record too"):
+        main(["lra", "--report", "--out", str(out), "--keep-recorded"])
+    assert main(["lra", "--report", "--out", str(out), "--record", str(rec_dir), "--keep-recorded"]) == 0
+    rec = json.loads((rec_dir / "lra.json").read_text())
+    assert [(r["seed"], r["commit"], r["test_acc"]) for r in rec["rows"]] == [
+        (1, "old5678", 0.125), (2222, "def9012", result["test_acc_at_best_val"])]
+    assert rec["commit"] == "def9012, old5678 (per row)"
+    assert (rec_dir / rec["figure"]).read_bytes() == (out / "curves+recorded.png").read_bytes()
+    # without the flag the record holds the runs under --out alone
+    assert main(["lra", "--report", "--out", str(out), "--record", str(rec_dir)]) == 0
+    assert [r["seed"] for r in json.loads((rec_dir / "lra.json").read_text())["rows"]] == [2222]
+    (rec_dir / "lra.json").write_text(json.dumps(dict(old, device="NVIDIA H200")))
+    with pytest.raises(ValueError, match="`--keep-recorded`: .* holds runs on NVIDIA H200"):
+        main(["lra", "--report", "--out", str(out), "--record", str(rec_dir), "--keep-recorded"])
+    with pytest.raises(ValueError, match="`--keep-recorded`: no record at"):
+        main(["lra", "--report", "--out", str(out), "--record", str(tmp_path / "none"), "--keep-recorded"])
+
+
 def test_settings_of_reproduces_hgrn2_as_the_paper_describes_it():
     # "using HGRN1's configuration": HGRN2's mixer with HGRN1's preset settings; these are the settings the recorded
     # ListOps and Pathfinder runs wrote into their result.json (ListOps' without grad_clip, which then meant none,
