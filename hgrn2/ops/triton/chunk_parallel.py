@@ -241,7 +241,7 @@ def chunk_parallel_bwd(o: torch.Tensor, g: torch.Tensor, i: torch.Tensor, lower_
         dg = torch.empty_like(do)
     di = torch.empty_like(i)
     dlb = o.new_empty(0)
-    if lower_bound is not None:  # every real chunk writes its row: only varlen's padding chunks need the zeros
+    if lower_bound is not None:  # every real chunk writes its column: only varlen's padding chunks need the zeros
         # a column per (V-block, chunk), so that their sum reads rows
         dlb = (o.new_empty if cu_seqlens is None else o.new_zeros)(H, K, NV * n_chunks, dtype=torch.float32)
     if b_saved.numel():
