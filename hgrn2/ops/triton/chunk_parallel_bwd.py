@@ -550,91 +550,89 @@ def _small_channels_block(o, g, i, dy, lb, h, dh, row, rs, n, i_h, ck, scale, H:
 def _small_channels(i, dy, h, dh, n, ck, a, k, w, q, a_next, chans, rows, cols, H: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, I_ACT: tl.constexpr,
                     SPREC: tl.constexpr):
-    """The channel form. With h_c and dh_c the chunk's start state and its end state's gradient, per channel (its
-    index dropped):
+    """The channel form, in sub-chunks of SB = 16 rows. Each sub-chunk j's start state S_j and its end state's
+    gradient E_j (from the rows after it) come from the chunk's h_c and dh_c in one product each,
 
-        h_{t−1} = α_t h_c + Σ_{s<t} N[t, s] v_s           N[t, s] = k_s e^{Σ_{s<τ<t} log f_τ},  α_t = e^{b_{t−1}}
-        dH_t = γ_t dh_c + Σ_{u≥t} M[t, u] dy_u            M[t, u] = q_u e^{Σ_{t<τ≤u} log f_τ},  γ_t = e^{b_last − b_t}
+        S_j = e^{Σ_{τ<r_j} log f_τ} h_c + Σ_{s<r_j} v_s (k_s e^{Σ_{s<τ<r_j} log f_τ})
+        E_j = e^{Σ_{τ>e_j} log f_τ} dh_c + Σ_{u>e_j} dy_u (q_u e^{Σ_{e_j<τ≤u} log f_τ})
 
-    so that dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is, with Ñ = N − I and G = dy vᵀ, Vd = v dh_c, Yh = dy h_c (the
-    products over V, shared by the block's channels),
+    (r_j, e_j its first and last row); within a sub-chunk, per channel (its index dropped),
 
-        γ_t (α_t Σ_v dh_c ⊙ h_c + (Ñ Vd)_t) + α_t (M Yh)_t + Σ_s (M G)[t, s] Ñ[t, s],
+        h_{t−1} = α_t S_j + Σ_{s<t} N[t, s] v_s     N[t, s] = k_s e^{Σ_{s<τ<t} log f_τ},  α_t = e^{Σ_{r_j≤τ<t} log f_τ}
+        dH_t = γ_t E_j + Σ_{u≥t} M[t, u] dy_u       M[t, u] = q_u e^{Σ_{t<τ≤u} log f_τ},  γ_t = e^{Σ_{t<τ≤e_j} log f_τ}
 
-    one [BT, BT] product per channel that holds a small gate. Each exponent of M and N is a sum of log f over
-    the rows it spans, as in the pair form (`_channel_decays`). Returns the block's dβ share [BK]."""
-    G = tl.zeros([BT, BT], dtype=tl.float32)
-    Vd = tl.zeros([BT, BK], dtype=tl.float32)
-    Yh = tl.zeros([BT, BK], dtype=tl.float32)
-    hd = tl.zeros([BK], dtype=tl.float32)
+    so that dL/df_t = Σ_v dH_t ⊙ (h_{t−1} − v_t) is, with Ñ = N − I and, per sub-chunk, G = dy vᵀ, Vd = v E_j,
+    Yh = dy S_j (the products over V, shared by the block's channels),
+
+        γ_t (α_t Σ_v E_j ⊙ S_j + (Ñ Vd)_t) + α_t (M Yh)_t + Σ_s (M G)[t, s] Ñ[t, s],
+
+    one [16, 16] product per sub-chunk and channel that holds a small gate: a [BT, BT] one per channel would cost
+    BT/16 times the products and elementwise work. Every exponent is a sum of log f over the rows it spans (each
+    ≤ 0: none is a difference, so none cancels). Returns the block's dβ share [BK]."""
+    SB: tl.constexpr = 16
+    NB: tl.constexpr = BT // SB
+    first = tl.arange(0, NB) * SB
+    r3, s3, e3 = rows[:, None, None], first[None, :, None], (first + SB - 1)[None, :, None]
+    span_h = tl.cumsum(tl.where(r3 + 1 < s3, a_next[:, None, :], 0.0), 0, reverse=True)  # Σ_{s<τ<r_j}
+    into_start = tl.reshape(tl.where(r3 < s3, k[:, None, :] * fast_exp(span_h), 0.0), (BT, NB * BK))
+    span_d = tl.cumsum(tl.where(r3 > e3, a[:, None, :], 0.0), 0)  # Σ_{e_j<τ≤u}
+    into_end = tl.reshape(tl.where(r3 > e3, q[:, None, :] * fast_exp(span_d), 0.0), (BT, NB * BK))
+    to_start = fast_exp(tl.sum(tl.where(r3 < s3, a[:, None, :], 0.0), 0))  # [NB, BK]
+    to_end = fast_exp(tl.sum(tl.where(r3 > e3, a[:, None, :], 0.0), 0))
+    G = tl.zeros([NB, SB, SB], dtype=tl.float32)
+    Vd = tl.zeros([NB, SB, BK], dtype=tl.float32)
+    Yh = tl.zeros([NB, SB, BK], dtype=tl.float32)
+    hd = tl.zeros([NB, BK], dtype=tl.float32)
     for j in range(0, tl.cdiv(V, BVS)):
         cv, v, dy_j = _v_dy_block(i, dy, n, j, H, V, BT, BVS, I_ACT)
         s_off = cv[:, None] * K + ck[None, :]
         s_mask = (cv < V)[:, None] & (ck < K)[None, :]
         S = tl.load(h + s_off, mask=s_mask, other=0.0).to(tl.float32)
         dS = tl.load(dh + s_off, mask=s_mask, other=0.0).to(tl.float32)
-        G = tl.dot(dy_j, tl.trans(v), G, input_precision=SPREC)
-        Vd = tl.dot(v, dS, Vd, input_precision=SPREC)
-        Yh = tl.dot(dy_j, S, Yh, input_precision=SPREC)
-        hd += tl.sum(dS * S, 0)
-    diag = rows[None, :] == rows[:, None]
+        starts = tl.permute(tl.reshape(tl.dot(tl.trans(v), into_start, input_precision=SPREC), (BVS, NB, BK)),
+                            (1, 0, 2)) + S[None, :, :] * to_start[:, None, :]  # [NB, BVS, BK]
+        ends = tl.permute(tl.reshape(tl.dot(tl.trans(dy_j), into_end, input_precision=SPREC), (BVS, NB, BK)),
+                          (1, 0, 2)) + dS[None, :, :] * to_end[:, None, :]
+        v3 = tl.reshape(v, (NB, SB, BVS))
+        dy3 = tl.reshape(dy_j, (NB, SB, BVS))
+        G = tl.dot(dy3, tl.permute(v3, (0, 2, 1)), G, input_precision=SPREC)
+        Vd = tl.dot(v3, ends, Vd, input_precision=SPREC)
+        Yh = tl.dot(dy3, starts, Yh, input_precision=SPREC)
+        hd += tl.sum(ends * starts, 1)
+    eye = (tl.arange(0, SB)[:, None] == tl.arange(0, SB)[None, :])[None, :, :]
     acc = tl.zeros([BK], dtype=tl.float32)
     for c in range(0, BK):
         if (chans >> c) & 1:
-            P, Q, alpha, gamma = _channel_decays(_column(a, cols, c), _column(a_next, cols, c), BT)
-            M = P * _column(q, cols, c)[None, :]
-            N = Q * _column(k, cols, c)[None, :] - tl.where(diag, 1.0, 0.0)  # Ñ
-            hd_c = tl.sum(tl.where(cols == c, hd, 0.0), 0)
-            d_f = (gamma * (alpha * hd_c + tl.sum(N * _column(Vd, cols, c)[None, :], 1))
-                   + alpha * tl.sum(M * _column(Yh, cols, c)[None, :], 1)
-                   + tl.sum(tl.dot(M, G, input_precision=SPREC) * N, 1))
-            acc += tl.where(cols == c, tl.sum(_column(w, cols, c) * d_f, 0), 0.0)
+            P, Q, alpha, gamma = _sub_decays(tl.reshape(_column(a, cols, c), (NB, SB)),
+                                             tl.reshape(_column(a_next, cols, c), (NB, SB)), SB)
+            M = P * tl.reshape(_column(q, cols, c), (NB, SB))[:, None, :]
+            N = Q * tl.reshape(_column(k, cols, c), (NB, SB))[:, None, :] - tl.where(eye, 1.0, 0.0)  # Ñ
+            pick = cols[None, None, :] == c
+            d_f = (gamma * (alpha * tl.sum(tl.where(cols[None, :] == c, hd, 0.0), 1)[:, None]
+                            + tl.sum(N * tl.sum(tl.where(pick, Vd, 0.0), 2)[:, None, :], 2))
+                   + alpha * tl.sum(M * tl.sum(tl.where(pick, Yh, 0.0), 2)[:, None, :], 2)
+                   + tl.sum(tl.dot(M, G, input_precision=SPREC) * N, 2))
+            share = tl.sum(tl.sum(tl.reshape(_column(w, cols, c), (NB, SB)) * d_f, 1), 0)
+            acc += tl.where(cols == c, share, 0.0)
     return acc
 
 
 @triton.jit
-def _channel_decays(a, a_next, BT: tl.constexpr):
-    """One channel's decays over a chunk from its log f a [BT] (a_next[s] = a[s + 1]), every exponent a sum of log f
-    over the rows it spans (each ≤ 0: no sum is a difference, so none cancels):
+def _sub_decays(a, a_next, SB: tl.constexpr):
+    """One channel's decays within each sub-chunk from its log f a [NB, SB] (a_next: each row's successor's),
+    every exponent a sum of log f over the rows it spans (each ≤ 0: no sum is a difference, so none cancels):
 
-        P[t, u] = e^{Σ_{t<τ≤u} a_τ} (u ≥ t),  Q[t, s] = e^{Σ_{s<τ<t} a_τ} (s < t),  0 elsewhere,
-        alpha_t = e^{Σ_{τ<t} a_τ},  gamma_t = e^{Σ_{τ>t} a_τ}.
-
-    In 16-row sub-blocks: a pair in one sub-block takes a row scan of that sub-block ([NB, 16, 16] in all, a quarter
-    of a [BT, BT] scan at BT 64); a pair across sub-blocks is the product e^{rest of the first} · e^{blocks between}
-    · e^{start of the second}, exps of vectors and of an [NB, NB] table. Each factor is at least the product, so none
-    underflows where the product does not."""
-    SB: tl.constexpr = 16
-    NB: tl.constexpr = BT // SB
+        P[t, u] = e^{Σ_{t<τ≤u} a_τ} (u ≥ t),  Q[t, s] = e^{Σ_{s<τ<t} a_τ} (s < t),  0 elsewhere  [NB, SB, SB],
+        alpha_t = e^{Σ_{τ<t} a_τ},  gamma_t = e^{Σ_{τ>t} a_τ}  [NB, SB]   (τ within t's sub-chunk)."""
     p = tl.arange(0, SB)
-    x = p[None, :, None]  # the row within its sub-block
+    x = p[None, :, None]  # the row
     y = p[None, None, :]  # the row summed over
-    A = tl.reshape(a, (NB, SB))[:, None, :]
-    incl = tl.sum(tl.where(y <= x, A, 0.0), 2)  # [NB, SB]: Σ_{start ≤ τ ≤ x}
-    excl = tl.sum(tl.where(y < x, A, 0.0), 2)  # Σ_{start ≤ τ < x}
-    rest = tl.sum(tl.where(y > x, A, 0.0), 2)  # Σ_{x < τ ≤ end}
-    total = tl.sum(tl.reshape(a, (NB, SB)), 1)  # [NB]
-    b = tl.arange(0, NB)
-    # [j, k]: the sub-blocks strictly between j and k (j < k)
-    between = tl.sum(tl.where((b[None, None, :] > b[:, None, None]) & (b[None, None, :] < b[None, :, None]),
-                              total[None, None, :], 0.0), 2)
-    before = tl.sum(tl.where(b[None, :] < b[:, None], total[None, :], 0.0), 1)
-    after = tl.sum(tl.where(b[None, :] > b[:, None], total[None, :], 0.0), 1)
-    in_p = fast_exp(tl.cumsum(tl.where(y > x, A, 0.0), 2))  # [NB, t, u]: Σ_{t<τ≤u} for u > t
-    in_q = fast_exp(tl.cumsum(tl.where(y + 1 < x, tl.reshape(a_next, (NB, SB))[:, None, :], 0.0), 2,
-                              reverse=True))  # [NB, t, s]: Σ_{s<τ<t} for s < t
-    e_rest, e_between = fast_exp(rest), fast_exp(between)
-    b1, t4 = b[:, None, None, None], p[None, :, None, None]  # the row's sub-block and place
-    b2, u4 = b[None, None, :, None], p[None, None, None, :]  # the column's
-    P = tl.where(b1 == b2, tl.where(u4 > t4, in_p[:, :, None, :], tl.where(u4 == t4, 1.0, 0.0)),
-                 tl.where(b2 > b1, e_rest[:, :, None, None] * e_between[:, None, :, None]
-                          * fast_exp(incl)[None, None, :, :], 0.0))
-    Q = tl.where(b1 == b2, tl.where(u4 < t4, in_q[:, :, None, :], 0.0),
-                 tl.where(b2 < b1, fast_exp(excl)[:, :, None, None] * tl.trans(e_between)[:, None, :, None]
-                          * e_rest[None, None, :, :], 0.0))
-    alpha = tl.reshape(fast_exp(before[:, None] + excl), (BT,))
-    gamma = tl.reshape(fast_exp(rest + after[:, None]), (BT,))
-    return tl.reshape(P, (BT, BT)), tl.reshape(Q, (BT, BT)), alpha, gamma
+    A = a[:, None, :]
+    P = tl.where(y >= x, fast_exp(tl.cumsum(tl.where(y > x, A, 0.0), 2)), 0.0)
+    Q = tl.where(y < x, fast_exp(tl.cumsum(tl.where(y + 1 < x, a_next[:, None, :], 0.0), 2, reverse=True)), 0.0)
+    alpha = fast_exp(tl.sum(tl.where(y < x, A, 0.0), 2))
+    gamma = fast_exp(tl.sum(tl.where(y > x, A, 0.0), 2))
+    return P, Q, alpha, gamma
 
 
 @triton.jit

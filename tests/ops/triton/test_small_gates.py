@@ -9,7 +9,7 @@ import triton.language as tl
 
 from hgrn2.ops.triton import chunk_parallel as cp
 from hgrn2.ops.triton.chunk_parallel import hgrn2_chunk_parallel_triton
-from hgrn2.ops.triton.chunk_parallel_bwd import _channel_decays
+from hgrn2.ops.triton.chunk_parallel_bwd import _sub_decays
 from hgrn2.ops.triton.config import launch_config
 from hgrn2.ops.triton.fused_chunk import hgrn2_fused_chunk_triton
 
@@ -66,6 +66,22 @@ def test_exact_in_either_form(steps):
         with launch_config(chunk_parallel=cp.ChunkParallelConfig(pair_steps_per_channel=steps)):
             check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
                             output_final_state=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channel_form_carries_state_across_sub_chunks(dtype):
+    """The channel form's 16-row sub-chunks take their start states and end-state gradients from the chunk's ends:
+    channels at β 0 that keep their state (g = +3) but for closed gates at rows 84 and 109, so that the chunk-start
+    state, the earlier sub-chunks' inputs, the later ones' outputs and the chunk-end gradient all reach a small gate
+    across one or more sub-chunk boundaries (chunks of 32 rows in fp32, 64 in bf16; an initial state and a
+    final-state gradient). Every gradient, dβ too, against fp64."""
+    o, g, i, beta, h0 = make_inputs(1, 150, 2, 16, 16, lb=(2.0 ** -8, 0.9), n_states=1, dtype=dtype)
+    beta[1, 2:6] = 0.0
+    g[:, :, 1, 2:6] = 3.0
+    g[:, [84, 109], 1, 2:6] = -30.0
+    with launch_config(chunk_parallel=cp.ChunkParallelConfig(pair_steps_per_channel=0)):
+        check(*run_both([o, g, i, beta, h0], hgrn2_chunk_parallel_triton, scale=0.5, o_act="silu",
+                        output_final_state=True))
 
 
 @pytest.mark.parametrize("block_k", [16, None], ids=["k-blocks-16", "k-block-128"])
@@ -229,21 +245,23 @@ def test_gpu_cuda_graph_is_exact():
 
 @triton.jit
 def _decays_kernel(a_ptr, p_ptr, q_ptr, al_ptr, ga_ptr, BT: tl.constexpr):
+    SB: tl.constexpr = 16
     r = tl.arange(0, BT)
     a = tl.load(a_ptr + r)
     a_next = tl.load(a_ptr + r + 1, mask=r + 1 < BT, other=0.0)
-    P, Q, alpha, gamma = _channel_decays(a, a_next, BT)
-    tl.store(p_ptr + r[:, None] * BT + r[None, :], P)
-    tl.store(q_ptr + r[:, None] * BT + r[None, :], Q)
-    tl.store(al_ptr + r, alpha)
-    tl.store(ga_ptr + r, gamma)
+    P, Q, alpha, gamma = _sub_decays(tl.reshape(a, (BT // SB, SB)), tl.reshape(a_next, (BT // SB, SB)), SB)
+    sq = (r[:, None] // SB) * (SB * SB) + (r[:, None] % SB) * SB + tl.arange(0, SB)[None, :]  # [NB, SB, SB] flat
+    tl.store(p_ptr + sq, tl.reshape(P, (BT, SB)))
+    tl.store(q_ptr + sq, tl.reshape(Q, (BT, SB)))
+    tl.store(al_ptr + r, tl.reshape(alpha, (BT,)))
+    tl.store(ga_ptr + r, tl.reshape(gamma, (BT,)))
 
 
 @pytest.mark.parametrize("BT", [32, 64])
-def test_channel_decays_against_their_definitions(BT):
-    """`_channel_decays` (16-row sub-blocks: row scans inside one, products of exps across) against the decays
-    summed in fp64 from their definitions, on log f from -80 (closed) to near 0 with the chunk cut short (rows past
-    n hold 0, as the kernel masks them): every entry that is not negligible within 1e-5."""
+def test_sub_chunk_decays_against_their_definitions(BT):
+    """`_sub_decays` (each 16-row sub-chunk's decays, row scans) against the decays summed in fp64 from their
+    definitions, on log f from -80 (closed) to near 0 with the chunk cut short (rows past n hold 0, as the kernel
+    masks them): every entry that is not negligible within 1e-5."""
     gen = torch.Generator().manual_seed(BT)
     scales = torch.tensor([0.01, 1.0, 80.0], dtype=torch.float64)
     for top in (3, 2):  # log f up to -80 (closed gates) and up to -1 (decays that stay visible across the chunk)
@@ -253,15 +271,17 @@ def test_channel_decays_against_their_definitions(BT):
 
 
 def _check_decays(a: torch.Tensor, BT: int) -> None:
+    SB, NB = 16, BT // 16
     a = a.float().double()  # the kernel's inputs, exactly
-    outs = [torch.empty(BT, BT, device=DEV), torch.empty(BT, BT, device=DEV), torch.empty(BT, device=DEV),
+    outs = [torch.empty(NB, SB, SB, device=DEV), torch.empty(NB, SB, SB, device=DEV), torch.empty(BT, device=DEV),
             torch.empty(BT, device=DEV)]
     _decays_kernel[(1,)](a.float().to(DEV), *outs, BT=BT)
-    c = torch.cat([a.new_zeros(1), a.cumsum(0)])  # c[x] = Σ_{τ<x} a_τ (fp64: the differences are exact enough)
-    t, u = torch.arange(BT)[:, None], torch.arange(BT)[None, :]
-    P = torch.where(u >= t, (c[u + 1] - c[t + 1]).exp(), 0.0)  # Σ_{t<τ≤u}
-    Q = torch.where(u < t, (c[t] - c[u + 1]).exp(), 0.0)  # Σ_{s<τ<t}, s = u
-    alpha, gamma = c[:BT].exp(), (c[BT] - c[1:]).exp()
+    blocks = a.view(NB, SB)
+    c = torch.cat([blocks.new_zeros(NB, 1), blocks.cumsum(1)], 1)  # c[j, x] = Σ_{τ<x} a_τ within sub-chunk j
+    t, u = torch.arange(SB)[:, None], torch.arange(SB)[None, :]
+    P = torch.where(u >= t, (c[:, u + 1] - c[:, t + 1]).exp(), 0.0)  # Σ_{t<τ≤u} (fp64: exact enough)
+    Q = torch.where(u < t, (c[:, t] - c[:, u + 1]).exp(), 0.0)  # Σ_{s<τ<t}, s = u
+    alpha, gamma = c[:, :SB].exp().flatten(), (c[:, SB:] - c[:, 1:]).exp().flatten()
     for got, want in zip(outs, (P, Q, alpha, gamma)):
         got = got.double().cpu()
         big = want > 1e-30
