@@ -551,7 +551,6 @@ def test_keep_recorded_keeps_the_rows_of_runs_not_under_out(tmp_path):
     old["rows"] = [{k: v for k, v in r.items() if k != "commit"} if r["seed"] == 1 else r for r in old["rows"]]
     old["rows"][0]["test_acc"], old["commit"] = 0.125, "old5678"
     (rec_dir / "lra.json").write_text(json.dumps(old))
-    import shutil
     shutil.rmtree(out / "fashion_mnist-hgrn2-seed1")
     run = out / "fashion_mnist-hgrn2"
     result = json.loads((run / "result.json").read_text())
