@@ -143,7 +143,7 @@ def _pathfinder(task: str, data_dir: Path, seed: int, examples: int | None, leve
     res = 32 if task == "pathfinder" else 128
     n = examples or PATHFINDER_IMAGES
     spec = pathfinder.Spec.for_resolution(res, level)
-    base = data_dir / f"pathfinder{res}-{level}-seed{seed}-n{n}"
+    base = data_dir / f"pathfinder{res}-{level}-v{pathfinder.VERSION}-seed{seed}-n{n}"
     if not (base / "test.npz").is_file():
         pathfinder.write_splits(base, spec, n, seed, workers)
     out = {}
