@@ -383,7 +383,8 @@ class LRATask(Task):
         return {"settings": self.settings, "epochs": self.epochs}
 
     def line(self, entry: dict) -> str:
-        return (f"{self.run_dir.name} epoch {entry['epoch']}: val {entry['val_acc']:.4f} test {entry['test_acc']:.4f} "
+        return (f"{self.run_dir.name} epoch {entry['epoch']}: train loss {entry['train_loss']:.4f} acc "
+                f"{entry['train_acc']:.4f}, val {entry['val_acc']:.4f} test {entry['test_acc']:.4f} "
                 f"({entry['epoch_time']:.1f}s)")
 
     def load_state(self, state: dict) -> None:
