@@ -53,6 +53,12 @@ def test_outcomes_per_file_recorded_and_rendered(tmp_path):
     assert "## Tests on the GPU" in text and "test_bad, test_fixed" in text and "pytest exit 1" in text
 
 
+def _default_sigint():
+    """SIGINT back to its default in the child, as `timeout` leaves it: a shell starts background jobs with it
+    ignored, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_time_limit_still_records_what_ran(tmp_path):
     """`timeout -s INT` signals the whole process group: pytest stops, writes what it ran, and the record says so."""
     marker = tmp_path / "hanging"
@@ -62,7 +68,7 @@ def test_a_time_limit_still_records_what_ran(tmp_path):
     out = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "hgrn2.cli", "bench", "tests", "--device", "cpu", "--out",
                              str(out), str(tmp_path / "test_slow.py")], start_new_session=True,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[2], preexec_fn=_default_sigint)
     deadline = time.time() + 120
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
