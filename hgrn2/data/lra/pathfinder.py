@@ -2,7 +2,9 @@
 Seeded images generated in parallel over CPU cores.
 
 LRA's images come from the `snakes2` generator (github.com/drewlinsley/pathfinder, Kim et al. 2020), run by
-`snakes2_wrapper.py` for its `curv_contour_length_{6,9,14}` sets. This module follows that construction:
+`snakes2_wrapper.py` for its `curv_contour_length_{6,9,14}` sets, directly at each output resolution with the
+parameters LRA lists per resolution (google-research/long-range-arena `lra_benchmarks/data/pathfinder.py`; the
+`Spec.for_resolution` table). This module follows that construction:
 
 - a contour ("snake") is a chain of paddles, straight bars `paddle_length` × `paddle_thickness`. Consecutive
   paddles are joined through a pivot that lies `margin` beyond the end of one paddle and `margin` before the start
@@ -13,71 +15,87 @@ LRA's images come from the `snakes2` generator (github.com/drewlinsley/pathfinde
   candidates by a mask dilated twice by `margin`). Up to `paddle_tries` candidates are then drawn, and the first
   whose ink keeps 2·margin from every paddle but the snake's previous one, and `margin` from the `padding` frame,
   is taken (snakes2: the paddle's mask dilated by `margin` must not overlap the accumulated dilated masks);
-- two target snakes of `contour_length` paddles start `seed_distance` apart (the first start at least
-  2·seed_distance from the window's edges) and grow in turns; if either cannot grow, both are drawn again;
+- two target snakes of `contour_length` paddles start `seed_distance` apart (the first paddle inside the window
+  less 2·seed_distance at each edge) and grow in turns; if either cannot grow, both are drawn again;
 - then `num_distractor_snakes` snakes of `distractor_length` paddles, each started at a uniformly random place
   where its first paddle fits and retried up to `distractor_tries` times, else left out;
 - markers are discs of `marker_radius` drawn over everything: one at the start of a random target snake and one at
   the end of the same snake (label 1) or of the other target snake (label 0). Labels are exact by construction;
-- the image is the pixel-wise maximum of paddles and markers, scaled so that its maximum is 255.
+- paddles are drawn at intensity `paddle_contrast` (snakes2's snake contrast × paddle contrast), markers at 1; the
+  image is their pixel-wise maximum scaled so that its maximum is 255 (what scipy's `imsave` did to snakes2's
+  floats).
 
-The reference geometry is snakes2_wrapper's: a 300 × 300 window, padding 22, paddles 5 × 2, margin 3, marker radius
-5, continuity 1.8, seed distance 27, distractors of contour_length // 3 paddles. Its distractor count is
-`30 / distractor_length` evaluated once, for contour length 6 (15), and not recomputed in its loop over lengths 9
-and 14, so every level has 15 distractor snakes (pass `num_distractor_snakes` to change it).
+snakes2_wrapper computes the distractor count once, with the contour length its settings start from (14 in LRA's
+lists), and does not update it in its loop over lengths, so every level has the same count; in Python 2, as it
+ran, 20 // (14 / 3) = 5 at 32 px and 35 / (14 / 3) = 8 at 128 px.
 
-Our choices, not snakes2's: geometry is computed exactly on segments (in units of the 300-px window) instead of on
-dilated raster masks; paddle ink clearance is checked against every other paddle, including the other target
-snake's newest one, which snakes2's masks miss; and the rendering. LRA releases 32 × 32 and 128 × 128 images whose
-downsizing procedure is not documented here, so drawing the 300-px scene at the output resolution is an assumption:
-paddles and markers are drawn with box-filtered coverage on a canvas `supersample` times finer than the output and
-area-averaged down to `resolution`.
+Our choices, not snakes2's: geometry is computed exactly on continuous coordinates instead of on dilated raster
+masks at integer pixels; paddle ink clearance is checked against every other paddle, including the other target
+snake's newest one, which snakes2's masks miss; and paddles and markers are drawn with box-filtered coverage on a
+canvas `supersample` (snakes2's antialias scale) times finer than the output and area-averaged down, where snakes2
+resizes with a Lanczos filter.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
 LEVELS = {"easy": 6, "intermediate": 9, "hard": 14}
-VERSION = 2  # in the cache folder's name: raised whenever the same seed would draw different images
+VERSION = 3  # in the cache folder's name: raised whenever the same seed would draw different images
 CHUNK = 1000
 SEED_BATCH = 16  # distractor starts tried at once (rejection sampling of snakes2's uniform draw over free places)
 
 
-@dataclass(frozen=True)
+# LRA's parameters per resolution (its TFDS builders' docstrings); the rest are snakes2_wrapper's defaults
+LRA = {
+    32: dict(padding=1.0, paddle_length=2.0, paddle_thickness=0.5, margins=(1.0,), marker_radius=1.5,
+             seed_distance=7.0, continuity=1.0, supersample=2, num_distractor_snakes=5, paddle_contrast=1.5),
+    64: dict(padding=1.0, paddle_length=5.0, paddle_thickness=1.0, margins=(1.0,), marker_radius=2.5,
+             seed_distance=12.0, continuity=1.8, supersample=2, num_distractor_snakes=5, paddle_contrast=0.8),
+    128: dict(padding=1.0, paddle_length=5.0, paddle_thickness=1.5, margins=(2.0, 3.0),
+              marker_radius=3.0, seed_distance=20.0, continuity=1.8, supersample=2, num_distractor_snakes=8,
+              paddle_contrast=0.9),
+    256: dict(padding=22.0, paddle_length=5.0, paddle_thickness=2.0, margins=(3.0,), marker_radius=5.0,
+              seed_distance=27.0, continuity=1.8, supersample=2, num_distractor_snakes=7, paddle_contrast=1.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class Spec:
-    """One image family. Lengths are in pixels of the `window`-wide reference image (snakes2_wrapper's 300)."""
+    """One image family. Lengths are in pixels of the output image."""
 
     resolution: int = 32
-    supersample: int = 4
+    supersample: int = 2
     contour_length: int = 14
     distractor_length: int = 4
-    num_distractor_snakes: int = 15
-    paddle_length: float = 5.0
-    paddle_thickness: float = 2.0
-    margin: float = 3.0
-    continuity: float = 1.8
-    seed_distance: float = 27.0
-    marker_radius: float = 5.0
-    padding: float = 22.0
-    window: float = 300.0
+    num_distractor_snakes: int = 5
+    paddle_length: float = 2.0
+    paddle_thickness: float = 0.5
+    margin: float = 1.0
+    margins: tuple[float, ...] = ()  # snakes2's paddle_margin_list: when given, each image draws `margin` from it
+    continuity: float = 1.0
+    seed_distance: float = 7.0
+    marker_radius: float = 1.5
+    padding: float = 1.0
+    paddle_contrast: float = 1.5
     paddle_tries: int = 3  # snakes2 max_paddle_retrial = 2 retries
     distractor_tries: int = 5  # snakes2 max_distractor_contour_retrial = 4 retries
 
     def __post_init__(self):
         # a crossing of two paddles leaves an end within paddle_length / 2 of the other, which the clearance test
         # then catches: this is what lets it compare end-to-segment distances only
-        if self.paddle_length / 2 >= 2 * self.margin + self.paddle_thickness:
-            raise ValueError(f"`paddle_length`: expected < 2 * (2 * margin + paddle_thickness), got "
-                             f"{self.paddle_length}")
+        for m in self.margins or (self.margin,):
+            if self.paddle_length / 2 >= 2 * m + self.paddle_thickness:
+                raise ValueError(f"`paddle_length`: expected < 2 * (2 * margin + paddle_thickness), got "
+                                 f"{self.paddle_length} with margin {m}")
         if self.continuity <= 0:
             raise ValueError(f"`continuity`: expected > 0, got {self.continuity}")
 
@@ -85,26 +103,31 @@ class Spec:
     def for_resolution(cls, resolution: int, level: str = "hard", **kw) -> Spec:
         if level not in LEVELS:
             raise ValueError(f"`level`: expected one of {sorted(LEVELS)}, got {level!r}")
+        if resolution not in LRA:
+            raise ValueError(f"`resolution`: expected one of {sorted(LRA)} (LRA's sets), got {resolution}")
         n = LEVELS[level]
-        base = dict(resolution=resolution, supersample=4 if resolution < 128 else 2, contour_length=n,
-                    distractor_length=n // 3)
+        lra = LRA[resolution]
+        base = dict(lra, resolution=resolution, margin=lra["margins"][0], contour_length=n, distractor_length=n // 3)
+        if len(lra["margins"]) == 1:
+            base["margins"] = ()
         return cls(**{**base, **kw})
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Drawing:
     """How one image was built. `snakes[s]` holds snake s's paddles as [n, 2 (start, end), 2 (row, column)] in
-    reference pixels, the two targets first; `markers` are the marker centres [2, 2] in output pixels (row, column,
-    continuous: pixel (i, j) spans [i, i+1) × [j, j+1)); `tips[k] = (snake, end)` says which tip marker k sits on,
-    end 0 being the start of the snake's first paddle and 1 the end of its last."""
+    output pixels (continuous: pixel (i, j) spans [i, i+1) × [j, j+1)), the two targets first; `markers` are the
+    marker centres [2, 2] (row, column); `tips[k] = (snake, end)` says which tip marker k sits on, end 0 being the
+    start of the snake's first paddle and 1 the end of its last; `margin` is the paddle margin the image drew."""
 
     label: int
     markers: np.ndarray
     tips: tuple[tuple[int, int], tuple[int, int]]
     snakes: tuple[np.ndarray, ...]
+    margin: float
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Geometry:
     L: float
     clear2: float  # squared centre-line distance that keeps two paddles' ink 2·margin apart
@@ -133,8 +156,9 @@ def _geometry(spec: Spec) -> _Geometry:
     p2 = (L + 2 * m) * u1
     two_back = _segment2(np.complex128(-(m + L)), np.complex128(-m), p2 + m * u2, p2 + (m + L) * u2, L * L)
     back = 2 if two_back.min() >= (2 * m + t) ** 2 else 1
-    return _Geometry(L, (2 * m + t) ** 2, (2 * m + t / 2) ** 2, (lo, spec.window - lo), (hlo, spec.window - hlo),
-                     m + L / 2 + L + 2 * m + t, np.exp(1j * turns), weights, back)
+    S = spec.resolution
+    return _Geometry(L, (2 * m + t) ** 2, (2 * m + t / 2) ** 2, (lo, S - lo), (hlo, S - hlo), m + L / 2 + L + 2 * m + t,
+                     np.exp(1j * turns), weights, back)
 
 
 def _inside(z: np.ndarray, box: tuple[float, float]) -> np.ndarray:
@@ -157,7 +181,7 @@ def _segment2(a1, b1, a2, b2, L2: float) -> np.ndarray:
 
 
 class _Scene:
-    """Paddles placed so far (complex x + iy centre-line ends, reference pixels) and the snake of each."""
+    """Paddles placed so far (complex x + iy centre-line ends, output pixels) and the snake of each."""
 
     def __init__(self, spec: Spec):
         cap = 2 * spec.contour_length + spec.num_distractor_snakes * spec.distractor_length
@@ -251,11 +275,13 @@ def _seed(rng: np.random.Generator, g: _Geometry, spec: Spec, scene: _Scene):
 def _targets(rng: np.random.Generator, g: _Geometry, spec: Spec, scene: _Scene) -> bool:
     """Place the two target snakes (snakes 0 and 1); False when they must be drawn again."""
     sd = spec.seed_distance
-    edge = 2 * sd + spec.margin + spec.paddle_thickness / 2
     heading = rng.uniform(-math.pi, math.pi)
     d = g.L * complex(math.cos(heading), math.sin(heading))
-    x0, x1 = edge - min(0.0, d.real), spec.window - edge - max(0.0, d.real)
-    y0, y1 = edge - min(0.0, d.imag), spec.window - edge - max(0.0, d.imag)
+    # the first paddle lies at least 2·seed_distance from each edge (snakes2 masks that frame before seeding)
+    x0, x1 = 2 * sd - min(0.0, d.real), spec.resolution - 2 * sd - max(0.0, d.real)
+    y0, y1 = 2 * sd - min(0.0, d.imag), spec.resolution - 2 * sd - max(0.0, d.imag)
+    if x1 < x0 or y1 < y0:
+        return False
     r = rng.random(2)
     start = x0 + r[0] * (x1 - x0) + 1j * (y0 + r[1] * (y1 - y0))
     own = [[scene.add(start, start + d, 0)], []]
@@ -299,7 +325,7 @@ def _distractors(rng: np.random.Generator, g: _Geometry, spec: Spec, scene: _Sce
 
 def _coverage(spec: Spec, starts: np.ndarray, ends: np.ndarray):
     """Canvas pixels (rows, columns) [n, B, B] around each paddle and the fraction of each the paddle covers."""
-    k = spec.resolution * spec.supersample / spec.window
+    k = spec.supersample
     L, h = spec.paddle_length * k, spec.paddle_thickness * k / 2
     r = math.ceil(L / 2 + h + 1)
     a, b = starts * k, ends * k
@@ -317,7 +343,7 @@ def _coverage(spec: Spec, starts: np.ndarray, ends: np.ndarray):
 
 
 def _disc_coverage(spec: Spec, centres: np.ndarray):
-    k = spec.resolution * spec.supersample / spec.window
+    k = spec.supersample
     R = spec.marker_radius * k
     r = math.ceil(R + 1)
     off = np.arange(-r, r + 1)
@@ -332,7 +358,7 @@ def _canvas(spec: Spec, parts, layers: np.ndarray | None = None, n_layers: int =
     """Pixel-wise maximum of coverages on the supersampled canvas [n_layers, C, C] (layer per shape: `layers`)."""
     C = spec.resolution * spec.supersample
     pad = 2 + math.ceil((spec.paddle_length + spec.paddle_thickness + 2 * spec.marker_radius)
-                        * C / spec.window)
+                        * spec.supersample)
     out = np.zeros((n_layers, C + 2 * pad, C + 2 * pad))
     for i, (rows, cols, cov) in enumerate(parts):
         lay = 0 if layers is None else np.broadcast_to(layers[i][:, None, None], cov.shape)
@@ -342,7 +368,8 @@ def _canvas(spec: Spec, parts, layers: np.ndarray | None = None, n_layers: int =
 
 def _render(spec: Spec, scene: _Scene, markers: np.ndarray) -> np.ndarray:
     n = scene.n
-    canvas = _canvas(spec, [_coverage(spec, scene.start[:n], scene.end[:n]), _disc_coverage(spec, markers)])[0]
+    rows, cols, cov = _coverage(spec, scene.start[:n], scene.end[:n])
+    canvas = _canvas(spec, [(rows, cols, cov * spec.paddle_contrast), _disc_coverage(spec, markers)])[0]
     S, f = spec.resolution, spec.supersample
     img = canvas.reshape(S, f, S, f).mean((1, 3))
     return np.rint(img * (255 / img.max())).astype(np.uint8)
@@ -361,8 +388,10 @@ def ink_masks(spec: Spec, drawing: Drawing) -> np.ndarray:
     return _canvas(spec, [part], [np.concatenate(layers)], len(drawing.snakes)) > 0
 
 
-def draw(rng: np.random.Generator, spec: Spec, positive: bool, tries: int = 1000) -> tuple[np.ndarray, Drawing]:
+def draw(rng: np.random.Generator, spec: Spec, positive: bool, tries: int = 100_000) -> tuple[np.ndarray, Drawing]:
     """One uint8 image [S, S] (0 background, maximum 255) and how it was built."""
+    if spec.margins:
+        spec = dataclasses.replace(spec, margin=spec.margins[int(rng.integers(len(spec.margins)))], margins=())
     g = _geometry(spec)
     for _ in range(tries):
         scene = _Scene(spec)
@@ -382,8 +411,7 @@ def draw(rng: np.random.Generator, spec: Spec, positive: bool, tries: int = 1000
     centres = np.array([snakes[s][0, 0] if end == 0 else snakes[s][-1, 1] for s, end in tips])
     zc = centres[:, 1] + 1j * centres[:, 0]
     img = _render(spec, scene, zc)
-    markers = centres * (spec.resolution / spec.window)
-    return img, Drawing(int(positive), markers, tips, tuple(snakes))
+    return img, Drawing(int(positive), centres, tips, tuple(snakes), spec.margin)
 
 
 def _chunk(args) -> tuple[np.ndarray, np.ndarray]:
