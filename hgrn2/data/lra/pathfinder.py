@@ -11,10 +11,10 @@ parameters LRA lists per resolution (google-research/long-range-arena `lra_bench
   of the next, so they are 2·margin apart. The next paddle's direction is drawn from candidates spaced one pixel of
   arc apart (at radius paddle_length + margin) with weight cos²(min(continuity·|turn|, π/2)): with continuity 1.8
   a joint turns by less than π / 3.6 = 50°, and small turns are favoured;
-- the candidate's far end must lie more than 2·margin from the ink of the other paddles (snakes2 weights its
+- the candidate's far end must lie about 2·margin from the ink of the other paddles (snakes2 weights its
   candidates by a mask dilated twice by `margin`). Up to `paddle_tries` candidates are then drawn, and the first
-  whose ink keeps 2·margin from every paddle but the snake's previous one, and `margin` from the `padding` frame,
-  is taken (snakes2: the paddle's mask dilated by `margin` must not overlap the accumulated dilated masks);
+  whose ink keeps about 2·margin from every paddle but the snake's previous one, and `margin` from the `padding`
+  frame, is taken (snakes2: the paddle's mask dilated by `margin` must not overlap the accumulated dilated masks);
 - two target snakes of `contour_length` paddles start `seed_distance` apart (the first paddle inside the window
   less 2·seed_distance at each edge) and grow in turns; if either cannot grow, both are drawn again;
 - then `num_distractor_snakes` snakes of `distractor_length` paddles, each started at a uniformly random place
@@ -30,10 +30,10 @@ lists), and does not update it in its loop over lengths, so every level has the 
 ran, 20 // (14 / 3) = 5 at 32 px and 35 / (14 / 3) = 8 at 128 px.
 
 Our choices, not snakes2's: geometry is computed exactly on continuous coordinates instead of on dilated raster
-masks at integer pixels; paddle ink clearance is checked against every other paddle, including the other target
-snake's newest one, which snakes2's masks miss; and paddles and markers are drawn with box-filtered coverage on a
-canvas `supersample` (snakes2's antialias scale) times finer than the output and area-averaged down, where snakes2
-resizes with a Lanczos filter.
+masks at integer pixels, at the distances where snakes2's raster test passes (`SLACK`); paddle ink clearance is
+checked against every other paddle, including the other target snake's newest one, which snakes2's masks miss; and
+paddles and markers are drawn with box-filtered coverage on a canvas `supersample` (snakes2's antialias scale)
+times finer than the output and area-averaged down, where snakes2 resizes with a Lanczos filter.
 """
 
 from __future__ import annotations
@@ -52,19 +52,21 @@ LEVELS = {"easy": 6, "intermediate": 9, "hard": 14}
 VERSION = 3  # in the cache folder's name: raised whenever the same seed would draw different images
 CHUNK = 1000
 SEED_BATCH = 16  # distractor starts tried at once (rejection sampling of snakes2's uniform draw over free places)
+# snakes2 keeps paddles apart on raster masks: each paddle dilated by `margin`, Lanczos-resized to the output, and a
+# placement refused where two masks sum to 1.8. Drawn as it draws them (at 32 and 128 px, parallel and diagonal
+# pairs, and against the padding frame), that test refuses centre lines 2·margin + thickness − 1.5 px apart or
+# closer and passes them from 2·margin + thickness − 0.5 px: the exact distances here are snakes2's less SLACK
+SLACK = 1.0
 
 
-# LRA's parameters per resolution (its TFDS builders' docstrings); the rest are snakes2_wrapper's defaults
+# LRA's parameters for Pathfinder (32 px) and Path-X (128 px), from its TFDS builders' docstrings; the rest are
+# snakes2_wrapper's defaults
 LRA = {
     32: dict(padding=1.0, paddle_length=2.0, paddle_thickness=0.5, margins=(1.0,), marker_radius=1.5,
              seed_distance=7.0, continuity=1.0, supersample=2, num_distractor_snakes=5, paddle_contrast=1.5),
-    64: dict(padding=1.0, paddle_length=5.0, paddle_thickness=1.0, margins=(1.0,), marker_radius=2.5,
-             seed_distance=12.0, continuity=1.8, supersample=2, num_distractor_snakes=5, paddle_contrast=0.8),
     128: dict(padding=1.0, paddle_length=5.0, paddle_thickness=1.5, margins=(2.0, 3.0),
               marker_radius=3.0, seed_distance=20.0, continuity=1.8, supersample=2, num_distractor_snakes=8,
               paddle_contrast=0.9),
-    256: dict(padding=22.0, paddle_length=5.0, paddle_thickness=2.0, margins=(3.0,), marker_radius=5.0,
-              seed_distance=27.0, continuity=1.8, supersample=2, num_distractor_snakes=7, paddle_contrast=1.0),
 }
 
 
@@ -93,8 +95,8 @@ class Spec:
         # a crossing of two paddles leaves an end within paddle_length / 2 of the other, which the clearance test
         # then catches: this is what lets it compare end-to-segment distances only
         for m in self.margins or (self.margin,):
-            if self.paddle_length / 2 >= 2 * m + self.paddle_thickness:
-                raise ValueError(f"`paddle_length`: expected < 2 * (2 * margin + paddle_thickness), got "
+            if self.paddle_length / 2 >= 2 * m + self.paddle_thickness - SLACK:
+                raise ValueError(f"`paddle_length`: expected < 2 * (2 * margin + paddle_thickness - {SLACK}), got "
                                  f"{self.paddle_length} with margin {m}")
         if self.continuity <= 0:
             raise ValueError(f"`continuity`: expected > 0, got {self.continuity}")
@@ -130,7 +132,7 @@ class Drawing:
 @dataclasses.dataclass(frozen=True)
 class _Geometry:
     L: float
-    clear2: float  # squared centre-line distance that keeps two paddles' ink 2·margin apart
+    clear2: float  # squared centre-line distance that snakes2's raster test asks of two paddles' (SLACK)
     head_clear2: float  # squared distance from a candidate's far end to other centre lines that snakes2 weights out
     box: tuple[float, float]  # where paddle centre lines may lie (ink `margin` clear of the padding frame)
     head_box: tuple[float, float]
@@ -143,7 +145,8 @@ class _Geometry:
 @functools.lru_cache(maxsize=16)
 def _geometry(spec: Spec) -> _Geometry:
     L, t, m = spec.paddle_length, spec.paddle_thickness, spec.margin
-    lo, hlo = spec.padding + m + t / 2, spec.padding + m
+    lo, hlo = spec.padding + m + t / 2 - SLACK, spec.padding + m - SLACK
+    clear = 2 * m + t - SLACK
     # candidate turns one pixel of arc apart at the pivot-to-far-end radius, as snakes2 samples its circle
     step = 1 / (L + m)
     k = math.ceil(min(math.pi / (2 * spec.continuity), math.pi) / step)  # snakes2's turns are at most π
@@ -155,9 +158,9 @@ def _geometry(spec: Spec) -> _Geometry:
     u2 = u1 * np.exp(1j * turns)[None, :]
     p2 = (L + 2 * m) * u1
     two_back = _segment2(np.complex128(-(m + L)), np.complex128(-m), p2 + m * u2, p2 + (m + L) * u2, L * L)
-    back = 2 if two_back.min() >= (2 * m + t) ** 2 else 1
+    back = 2 if two_back.min() >= clear ** 2 else 1
     S = spec.resolution
-    return _Geometry(L, (2 * m + t) ** 2, (2 * m + t / 2) ** 2, (lo, S - lo), (hlo, S - hlo), m + L / 2 + L + 2 * m + t,
+    return _Geometry(L, clear ** 2, (2 * m + t / 2 - SLACK) ** 2, (lo, S - lo), (hlo, S - hlo), m + L / 2 + L + clear,
                      np.exp(1j * turns), weights, back)
 
 
